@@ -304,4 +304,3 @@ class TopicIndex:
             if i == n and node.filter is not None:
                 out.append(node.filter)
         return out
-
