@@ -1,0 +1,17 @@
+"""Command-line entry points: ``gatewayd`` (the server) and ``gatewayctl`` (control)."""
+
+from __future__ import annotations
+
+from importlib import metadata
+
+DISTRIBUTION = "edge-gateway"
+
+
+def version() -> str:
+    """The installed distribution's version, or the source tree's when not installed."""
+    try:
+        return metadata.version(DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        from gateway import __version__
+
+        return __version__

@@ -1,0 +1,74 @@
+"""``gatewayd``: load and validate the configuration, set up logging, run the gateway.
+
+Exit status: 0 after a clean shutdown or a successful ``--check``; 2 for an invalid
+configuration or command line, reported on one line before any listener opens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from gateway.cli import version
+from gateway.config import ConfigError, GatewayConfig, load_config
+
+PROG = "gatewayd"
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Edge IoT gateway: MQTT broker with protocol front-ends.",
+        epilog="Every key can also be set from the environment: "
+        "GATEWAY_LISTENERS__TCP__DEFAULT__BIND=127.0.0.1:1883 sets "
+        "listeners.tcp.default.bind. See docs/configuration.md.",
+    )
+    parser.add_argument(
+        "-c",
+        "--config",
+        metavar="FILE",
+        help="TOML configuration file (default: embedded defaults)",
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="validate the configuration and exit (0 valid, 2 invalid)",
+    )
+    parser.add_argument("--version", action="version", version=f"{PROG} {version()}")
+    return parser
+
+
+def configure_logging(config: GatewayConfig) -> None:
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=config.log.level.upper(),
+        format=LOG_FORMAT,
+        force=True,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # --help, --version, usage errors
+        return exc.code if isinstance(exc.code, int) else 2
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"{PROG}: invalid configuration: {exc.message}", file=sys.stderr)
+        return 2
+    if args.check:
+        print(f"{PROG}: configuration OK")
+        return 0
+    configure_logging(config)
+    from gateway.app import run  # type: ignore[import-not-found, unused-ignore]
+
+    status: int = run(config)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,344 @@
+"""The configuration schema: pydantic models shaped like EMQX's configuration.
+
+Invariants:
+
+- Every model forbids unknown keys, so a typo is an error, never a silently ignored key.
+- Durations are stored as ``float`` seconds and sizes as ``int`` bytes; the file and the
+  environment may write them as numbers or with units (``"500ms"``, ``"30s"``, ``"5m"``,
+  ``"2h"``, ``"1d"``; ``"64KB"``, ``"1MB"``, ``"1GB"``, 1024-based).
+- Attribute names are a contract read by the rest of the code base; the defaults here are
+  the embedded defaults documented in docs/configuration.md.
+
+The models are plain data (no I/O). Reading files and the environment is the loader's job.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
+
+# ------------------------------------------------------------------ value syntaxes
+
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?", re.IGNORECASE)
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1 << 10,
+    "kb": 1 << 10,
+    "m": 1 << 20,
+    "mb": 1 << 20,
+    "g": 1 << 30,
+    "gb": 1 << 30,
+}
+_SIZE_RE = re.compile(r"(\d+)\s*([kmg]?b?)", re.IGNORECASE)
+
+DURATION_HINT = 'expected a duration such as 30, "500ms", "30s", "5m", "2h" or "1d"'
+SIZE_HINT = 'expected a size such as 1024, "64KB", "1MB" or "1GB"'
+
+
+def parse_duration(value: object) -> float:
+    """Seconds from an int/float of seconds or a string with a unit (ms, s, m, h, d).
+
+    A string without a unit is seconds. Raises ``ValueError`` for anything else; the
+    range (non-negative) is checked by the field that uses it.
+    """
+    if isinstance(value, bool):
+        raise ValueError(DURATION_HINT)
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        match = _DURATION_RE.fullmatch(value.strip())
+        if match:
+            number, unit = match.groups()
+            return float(number) * _DURATION_UNITS[(unit or "s").lower()]
+    raise ValueError(DURATION_HINT)
+
+
+def parse_size(value: object) -> int:
+    """Bytes from an int of bytes or a string with a unit (B, KB, MB, GB; 1024-based)."""
+    if isinstance(value, bool):
+        raise ValueError(SIZE_HINT)
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        match = _SIZE_RE.fullmatch(value.strip())
+        if match:
+            number, unit = match.groups()
+            return int(number) * _SIZE_UNITS[unit.lower()]
+    raise ValueError(SIZE_HINT)
+
+
+_HOSTNAME_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,62})(\.[A-Za-z0-9]([A-Za-z0-9-]{0,62}))*\.?")
+BIND_HINT = 'expected "host:port"'
+
+
+def parse_bind(bind: str) -> tuple[str, int]:
+    """Split ``"host:port"`` (IPv6 as ``"[::1]:1883"``) into ``(host, port)``.
+
+    The host comes back without brackets. Raises ``ValueError`` with a short reason.
+    """
+    host, sep, port_text = bind.rpartition(":")
+    if not sep or not host or not port_text.isdigit():
+        raise ValueError(BIND_HINT)
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ValueError(f"{BIND_HINT} with a valid IPv6 address in brackets") from None
+    elif ":" in host:
+        raise ValueError(f'{BIND_HINT} with IPv6 addresses in brackets, as in "[::1]:1883"')
+    elif not _HOSTNAME_RE.fullmatch(host):
+        raise ValueError(f"{BIND_HINT} with a valid host name or IPv4 address")
+    port = int(port_text)
+    if port > 65535:
+        raise ValueError(f"{BIND_HINT} with a port in 0..65535")
+    return host, port
+
+
+def _normalise_bind(value: object) -> object:
+    # EMQX accepts a bare port (bind = 1883) meaning every IPv4 interface.
+    if isinstance(value, int) and not isinstance(value, bool):
+        if not 0 <= value <= 65535:
+            raise ValueError(f"{BIND_HINT} or a port in 0..65535")
+        return f"0.0.0.0:{value}"
+    if isinstance(value, str):
+        parse_bind(value)
+    return value
+
+
+def _check_network(value: str) -> str:
+    try:
+        ipaddress.ip_network(value, strict=False)
+    except ValueError:
+        raise ValueError('expected an IP address or CIDR such as "10.0.0.0/8"') from None
+    return value
+
+
+def _split_commas(value: object) -> object:
+    # Convenient from the environment: GATEWAY_..._ALLOW=10.0.0.0/8,192.168.0.0/16
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+def _check_topic_filter(value: str) -> str:
+    """An authorization topic: an MQTT topic filter, or ``"eq <filter>"`` (literal match)."""
+    filter_ = value[3:] if value.startswith("eq ") else value
+    if not filter_:
+        raise ValueError("expected a non-empty topic filter")
+    levels = filter_.split("/")
+    for index, level in enumerate(levels):
+        if "#" in level and (level != "#" or index != len(levels) - 1):
+            raise ValueError('"#" must be a whole level and the last one')
+        if "+" in level and level != "+":
+            raise ValueError('"+" must be a whole level')
+    return value
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration), Field(ge=0)]
+"""Seconds, as float; written as a number of seconds or ``"500ms"``, ``"30s"``, ``"2h"``..."""
+Size = Annotated[int, BeforeValidator(parse_size), Field(ge=0)]
+"""Bytes, as int; written as a number of bytes or ``"64KB"``, ``"1MB"``, ``"1GB"``."""
+Bind = Annotated[str, BeforeValidator(_normalise_bind)]
+Network = Annotated[str, AfterValidator(_check_network)]
+TopicFilter = Annotated[str, AfterValidator(_check_topic_filter)]
+
+LogLevel = Literal["debug", "info", "warning", "error"]
+MqueueOverflow = Literal["drop_oldest", "drop_newest"]
+SharedStrategy = Literal[
+    "random",
+    "round_robin",
+    "round_robin_per_group",
+    "sticky",
+    "local",
+    "hash_clientid",
+    "hash_topic",
+]
+Permission = Literal["allow", "deny"]
+AuthzAction = Literal["publish", "subscribe", "all"]
+
+# MQTT's largest packet: 1 byte header + 4 bytes remaining length + 268,435,455 bytes.
+MAX_MQTT_PACKET = 268_435_460
+# MQTT 5 session expiry is a four-byte integer of seconds (0xFFFFFFFF: never expires).
+MAX_SESSION_EXPIRY = 0xFFFF_FFFF
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        validate_assignment=True,
+        coerce_numbers_to_str=True,
+    )
+
+
+# ------------------------------------------------------------------ sections
+
+
+class NodeConfig(_Section):
+    name: str = "gateway@127.0.0.1"
+    data_dir: Path = Path("data")  # relative paths are relative to the working directory
+
+
+def _lower(value: object) -> object:
+    return value.lower() if isinstance(value, str) else value
+
+
+class LogConfig(_Section):
+    level: Annotated[LogLevel, BeforeValidator(_lower)] = "info"
+
+
+class TcpListener(_Section):
+    enable: bool = True
+    bind: Bind = "0.0.0.0:1883"
+    max_connections: int = Field(default=1_024_000, ge=1)
+    allow: Annotated[list[Network], BeforeValidator(_split_commas)] = Field(default_factory=list)
+    deny: Annotated[list[Network], BeforeValidator(_split_commas)] = Field(default_factory=list)
+    mountpoint: str = ""
+
+    @property
+    def host(self) -> str:
+        """The bind host without IPv6 brackets (``"0.0.0.0"``, ``"::1"``, ``"localhost"``)."""
+        return parse_bind(self.bind)[0]
+
+    @property
+    def port(self) -> int:
+        return parse_bind(self.bind)[1]
+
+    @property
+    def allow_networks(self) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+        """``allow`` as networks; empty means every peer is allowed (unless denied)."""
+        return [ipaddress.ip_network(n, strict=False) for n in self.allow]
+
+    @property
+    def deny_networks(self) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+        return [ipaddress.ip_network(n, strict=False) for n in self.deny]
+
+
+def _default_tcp_listeners() -> dict[str, TcpListener]:
+    return {"default": TcpListener()}
+
+
+class Listeners(_Section):
+    tcp: dict[str, TcpListener] = Field(default_factory=_default_tcp_listeners)
+
+    @field_validator("tcp")
+    @classmethod
+    def _distinct_binds(cls, tcp: dict[str, TcpListener]) -> dict[str, TcpListener]:
+        seen: dict[str, str] = {}
+        for name, listener in tcp.items():
+            if not listener.enable or listener.port == 0:
+                continue
+            if listener.bind in seen:
+                raise ValueError(
+                    f"listeners {seen[listener.bind]!r} and {name!r} both bind {listener.bind}"
+                )
+            seen[listener.bind] = name
+        return tcp
+
+
+class MqttConfig(_Section):
+    max_packet_size: Annotated[Size, Field(ge=16, le=MAX_MQTT_PACKET)] = 1 << 20
+    max_clientid_len: int = Field(default=65535, ge=23, le=65535)
+    max_topic_levels: int = Field(default=128, ge=1)
+    max_topic_alias: int = Field(default=65535, ge=0, le=65535)
+    max_qos_allowed: int = Field(default=2, ge=0, le=2)
+    retain_available: bool = True
+    wildcard_subscription: bool = True
+    shared_subscription: bool = True
+    ignore_loop_deliver: bool = False
+    idle_timeout: Annotated[Duration, Field(gt=0)] = 15.0
+    keepalive_multiplier: float = Field(default=1.5, ge=1.0)
+    server_keepalive: int = Field(default=0, ge=0, le=65535)
+    session_expiry_interval: Annotated[Duration, Field(le=MAX_SESSION_EXPIRY)] = 7200.0
+    max_session_expiry_interval: Annotated[Duration, Field(le=MAX_SESSION_EXPIRY)] = 0.0
+    max_inflight: int = Field(default=32, ge=1, le=65535)
+    retry_interval: Annotated[Duration, Field(gt=0)] = 30.0
+    max_awaiting_rel: int = Field(default=100, ge=0)
+    await_rel_timeout: Annotated[Duration, Field(gt=0)] = 300.0
+    max_mqueue_len: int = Field(default=1000, ge=0)
+    mqueue_store_qos0: bool = True
+    mqueue_overflow: MqueueOverflow = "drop_oldest"
+    shared_subscription_strategy: SharedStrategy = "round_robin"
+    max_subscriptions: int = Field(default=0, ge=0)
+    upgrade_qos: bool = False
+    response_information: str = ""
+    strict_mode: bool = False
+
+
+class RetainerConfig(_Section):
+    enable: bool = True
+    max_retained_messages: int = Field(default=0, ge=0)
+    max_payload_size: Size = 1 << 20
+
+
+class AuthenticationConfig(_Section):
+    allow_anonymous: bool = True
+
+
+class AuthzRule(_Section):
+    """One authorization rule; rules are tried in order and the first match decides.
+
+    ``topics`` are topic filters that may contain ``${clientid}`` and ``${username}``;
+    ``"eq <filter>"`` matches the filter literally (``"eq t/#"`` only matches a
+    subscription to ``t/#`` itself). At most one of ``clientid``, ``username`` and
+    ``ipaddress`` (an address or CIDR) says whom the rule is for; none means everyone.
+    """
+
+    permission: Permission
+    action: AuthzAction = "all"
+    topics: list[TopicFilter] = Field(min_length=1)
+    clientid: str | None = None
+    username: str | None = None
+    ipaddress: Network | None = None
+
+    @model_validator(mode="after")
+    def _one_subject(self) -> AuthzRule:
+        given = [k for k in ("clientid", "username", "ipaddress") if getattr(self, k) is not None]
+        if len(given) > 1:
+            raise ValueError(f"give at most one of clientid, username, ipaddress (got {given})")
+        return self
+
+    @staticmethod
+    def split_topic(topic: str) -> tuple[bool, str]:
+        """``(literal, filter)``: ``"eq t/#"`` gives ``(True, "t/#")``."""
+        if topic.startswith("eq "):
+            return True, topic[3:]
+        return False, topic
+
+
+class AuthorizationConfig(_Section):
+    no_match: Permission = "allow"
+    deny_action: Literal["ignore", "disconnect"] = "ignore"
+    # load_config() reads the file, resolves this path and appends its rules to ``rules``.
+    rules_file: Path | None = None
+    rules: list[AuthzRule] = Field(default_factory=list)
+
+
+class RulesFile(_Section):
+    """The shape of an authorization rules file: a list of ``[[rules]]`` tables."""
+
+    rules: list[AuthzRule] = Field(default_factory=list)
+
+
+class GatewayConfig(_Section):
+    node: NodeConfig = Field(default_factory=NodeConfig)
+    log: LogConfig = Field(default_factory=LogConfig)
+    listeners: Listeners = Field(default_factory=Listeners)
+    mqtt: MqttConfig = Field(default_factory=MqttConfig)
+    retainer: RetainerConfig = Field(default_factory=RetainerConfig)
+    authentication: AuthenticationConfig = Field(default_factory=AuthenticationConfig)
+    authorization: AuthorizationConfig = Field(default_factory=AuthorizationConfig)
