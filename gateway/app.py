@@ -1,0 +1,156 @@
+"""Assemble a node from its configuration and run it until SIGINT/SIGTERM.
+
+This is the only place that knows both the configuration schema and the constructors of
+the core, the channels and the listeners.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Callable
+
+from gateway.config import GatewayConfig
+from gateway.core.authz import Authorizer, from_config
+from gateway.core.clock import LoopScheduler
+from gateway.core.node import CoreSettings, Node
+from gateway.net.stream import ListenerLimits, StreamShell, start_stream_listener
+from protocols.mqtt.channel import MqttChannel, MqttSettings
+
+log = logging.getLogger("gateway")
+
+
+def core_settings(config: GatewayConfig) -> CoreSettings:
+    m = config.mqtt
+    r = config.retainer
+    return CoreSettings(
+        node_name=config.node.name,
+        max_mqueue_len=m.max_mqueue_len,
+        mqueue_store_qos0=m.mqueue_store_qos0,
+        mqueue_overflow=m.mqueue_overflow,
+        shared_subscription_strategy=m.shared_subscription_strategy,
+        upgrade_qos=m.upgrade_qos,
+        ignore_loop_deliver=m.ignore_loop_deliver,
+        allow_anonymous=config.authentication.allow_anonymous,
+        retainer_enable=r.enable,
+        max_retained_messages=r.max_retained_messages,
+        max_retained_payload_size=r.max_payload_size,
+    )
+
+
+def mqtt_settings(config: GatewayConfig, listener: str, mountpoint: str) -> MqttSettings:
+    m = config.mqtt
+    return MqttSettings(
+        max_packet_size=m.max_packet_size,
+        max_clientid_len=m.max_clientid_len,
+        max_topic_levels=m.max_topic_levels,
+        max_topic_alias=m.max_topic_alias,
+        max_qos_allowed=m.max_qos_allowed,
+        retain_available=m.retain_available,
+        wildcard_subscription=m.wildcard_subscription,
+        shared_subscription=m.shared_subscription,
+        idle_timeout=m.idle_timeout,
+        keepalive_multiplier=m.keepalive_multiplier,
+        server_keepalive=m.server_keepalive,
+        session_expiry_interval=int(m.session_expiry_interval),
+        max_session_expiry_interval=int(m.max_session_expiry_interval),
+        max_inflight=m.max_inflight,
+        max_awaiting_rel=m.max_awaiting_rel,
+        await_rel_timeout=m.await_rel_timeout,
+        max_subscriptions=m.max_subscriptions,
+        response_information=m.response_information,
+        deny_action_disconnect=config.authorization.deny_action == "disconnect",
+        mountpoint=mountpoint,
+        listener=listener,
+    )
+
+
+def build_authorizer(config: GatewayConfig) -> Authorizer:
+    from gateway.config.loader import load_rules_file
+
+    a = config.authorization
+    rules = list(a.rules)
+    if a.rules_file is not None:
+        rules.extend(load_rules_file(a.rules_file))
+    return Authorizer(from_config(rules), a.no_match)
+
+
+class Gateway:
+    """A running node: the core plus its listeners."""
+
+    def __init__(self, config: GatewayConfig) -> None:
+        self.config = config
+        self.node: Node | None = None
+        self.servers: list[asyncio.Server] = []
+        self.stopped = asyncio.Event()
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        config = self.config
+        self.node = node = Node(
+            core_settings(config), LoopScheduler(loop), authorizer=build_authorizer(config)
+        )
+        monotonic = loop.time
+        for name, lst in config.listeners.tcp.items():
+            if not lst.enable:
+                continue
+            settings = mqtt_settings(config, f"tcp:{name}", lst.mountpoint)
+            limits = ListenerLimits(
+                f"tcp:{name}",
+                max_connections=lst.max_connections,
+                allow=[str(n) for n in lst.allow],
+                deny=[str(n) for n in lst.deny],
+            )
+            factory = _mqtt_factory(node, settings, monotonic)
+            server = await start_stream_listener(lst.bind, limits, factory)
+            self.servers.append(server)
+            addrs = ", ".join(_fmt(s.getsockname()) for s in server.sockets)
+            log.info("listener tcp:%s (MQTT) on %s", name, addrs)
+
+    async def stop(self) -> None:
+        for server in self.servers:
+            server.close()
+        for server in self.servers:
+            await server.wait_closed()
+        self.servers.clear()
+
+
+def _fmt(addr: tuple[str, int] | tuple[str, int, int, int]) -> str:
+    host, port = addr[0], addr[1]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _mqtt_factory(
+    node: Node, settings: MqttSettings, monotonic: Callable[[], float]
+) -> Callable[[StreamShell, tuple[str, int] | None], MqttChannel]:
+    def make(shell: StreamShell, peer: tuple[str, int] | None) -> MqttChannel:
+        return MqttChannel(node, settings, shell, peer=peer, monotonic=monotonic)
+
+    return make
+
+
+async def serve(config: GatewayConfig) -> int:
+    gateway = Gateway(config)
+    try:
+        await gateway.start()
+    except OSError as exc:
+        log.error("cannot open listener: %s", exc)
+        return 1
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    log.info("gatewayd %s started", config.node.name)
+    await stop.wait()
+    log.info("stopping")
+    await gateway.stop()
+    return 0
+
+
+def run(config: GatewayConfig) -> int:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        return asyncio.run(serve(config))
+    return uvloop.run(serve(config))

@@ -1,0 +1,361 @@
+"""The broker core of one node: the :class:`~protocols.context.GatewayContext` every
+front-end talks to.
+
+It owns the session registry, the local broker (routing), the retainer, authorization,
+hooks, metrics and the timers for wills and session expiry. No sockets here.
+
+Invariants:
+- ``sessions[cid].handle`` is the one live connection of ``cid`` (or None when offline).
+- A connection that was taken over no longer owns its session: its ``close`` only
+  settles its own will (MQTT 5 3.1.3.2.2: sent unless the new connection resumes the
+  session and the will has a delay).
+- A will is published at the earlier of its delay and the end of the session, and
+  never when the session is resumed first.
+- A session with expiry 0 ends when its connection closes; its unacknowledged shared
+  subscription messages go to another member of the group.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.core.authz import Authorizer
+from gateway.core.broker import Broker
+from gateway.core.clock import Scheduler
+from gateway.core.hooks import Hooks, Priority
+from gateway.core.metrics import Metrics
+from gateway.core.retainer import Retainer
+from gateway.core.session import NEVER_EXPIRE, Session
+from protocols.context import (
+    ClientInfo,
+    ConnectionHandle,
+    ConnectResult,
+    Delivery,
+    Message,
+    SubOptions,
+)
+from protocols.mqtt.reason_codes import ReasonCode
+from protocols.mqtt.topics import parse_shared
+
+log = logging.getLogger("gateway.core")
+
+
+@dataclass(slots=True)
+class CoreSettings:
+    """The subset of ``[mqtt]``/``[retainer]``/... that the core itself needs."""
+
+    node_name: str = "gateway@127.0.0.1"
+    max_mqueue_len: int = 1000
+    mqueue_store_qos0: bool = True
+    mqueue_overflow: str = "drop_oldest"
+    shared_subscription_strategy: str = "round_robin"
+    upgrade_qos: bool = False
+    ignore_loop_deliver: bool = False
+    allow_anonymous: bool = True
+    retainer_enable: bool = True
+    max_retained_messages: int = 0
+    max_retained_payload_size: int = 0
+
+
+class Node:
+    def __init__(
+        self,
+        settings: CoreSettings,
+        scheduler: Scheduler,
+        *,
+        authorizer: Authorizer | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.settings = settings
+        self.scheduler = scheduler
+        self.metrics = Metrics()
+        self.hooks = Hooks()
+        self.sessions: dict[str, Session] = {}
+        self.broker = Broker(
+            self.sessions,
+            shared_strategy=settings.shared_subscription_strategy,
+            upgrade_qos=settings.upgrade_qos,
+            ignore_loop_deliver=settings.ignore_loop_deliver,
+            rng=rng,
+        )
+        self.broker.on_no_subscribers = self._no_subscribers
+        self.authorizer = authorizer or Authorizer([], "allow")
+        self.retainer = Retainer(
+            max_messages=settings.max_retained_messages,
+            max_payload_size=settings.max_retained_payload_size,
+            now=scheduler.time,
+            on_refused=self._retain_refused,
+        )
+        if settings.retainer_enable:
+            self.hooks.add("message.publish", self._retain_hook, Priority.RETAINER)
+        self.connections = 0
+
+    # -- GatewayContext: connection life cycle -----------------------------------------
+
+    def now(self) -> float:
+        return self.scheduler.time()
+
+    def incr(self, metric: str, n: int = 1) -> None:
+        self.metrics.incr(metric, n)
+
+    def authenticate(self, client: ClientInfo, password: bytes | None) -> int:
+        result: int | None = self.hooks.run_fold(
+            "client.authenticate", (client, password), None
+        )
+        if result is not None:
+            return result
+        if self.settings.allow_anonymous:
+            return 0
+        self.metrics.incr("authentication.failure")
+        return ReasonCode.NOT_AUTHORIZED
+
+    def open_session(
+        self,
+        client: ClientInfo,
+        handle: ConnectionHandle,
+        *,
+        clean_start: bool,
+        expiry_interval: int,
+        receive_maximum: int,
+        will: Message | None,
+        will_delay: int,
+    ) -> ConnectResult:
+        cid = client.client_id
+        self.hooks.run("client.connect", client)
+        existing = self.sessions.get(cid)
+        present = False
+        if existing is not None:
+            old_handle = existing.handle
+            if old_handle is not None:
+                existing.handle = None
+                self.connections -= 1
+                old_will = existing.will
+                if old_will is not None and (clean_start or existing.will_delay == 0):
+                    self._publish_will(old_will)
+                existing.will = None
+                self.hooks.run("session.takenover", existing.info, client)
+                self.metrics.incr("session.takenover")
+                old_handle.kick(ReasonCode.SESSION_TAKEN_OVER)
+            self._cancel_timers(existing)
+            if clean_start:
+                self._terminate(existing, "discarded")
+                existing = None
+            else:
+                present = True
+                self.hooks.run("session.resumed", client)
+                self.metrics.incr("session.resumed")
+        if existing is None:
+            s = self.settings
+            existing = Session(
+                cid,
+                receive_maximum=receive_maximum,
+                max_mqueue_len=s.max_mqueue_len,
+                store_qos0=s.mqueue_store_qos0,
+                drop_oldest=s.mqueue_overflow == "drop_oldest",
+                now=self.scheduler.time,
+                on_drop=self._session_drop,
+                on_ack=self._session_ack,
+            )
+            self.sessions[cid] = existing
+            self.hooks.run("session.created", client)
+            self.metrics.incr("session.created")
+        existing.set_receive_maximum(receive_maximum)
+        existing.expiry_interval = expiry_interval
+        existing.handle = handle
+        existing.will = will
+        existing.will_delay = will_delay
+        existing.info = client
+        client.connected_at = self.scheduler.time()
+        self.connections += 1
+        self.metrics.incr("client.connected")
+        self.hooks.run("client.connected", client)
+        return ConnectResult(0, existing, present, expiry_interval)
+
+    def close(
+        self,
+        client: ClientInfo,
+        handle: ConnectionHandle,
+        *,
+        send_will: bool,
+        expiry_interval: int | None = None,
+    ) -> None:
+        session = self.sessions.get(client.client_id)
+        if session is None or session.handle is not handle:
+            return  # taken over (its will was settled then) or never opened
+        session.handle = None
+        self.connections -= 1
+        self.metrics.incr("client.disconnected")
+        self.hooks.run("client.disconnected", client)
+        if expiry_interval is not None:
+            session.expiry_interval = expiry_interval
+        expiry = session.expiry_interval
+        will = session.will if send_will else None
+        session.will = None
+        if will is not None:
+            delay = session.will_delay
+            if delay == 0 or expiry == 0:
+                self._publish_will(will)
+            else:
+                wait = delay if expiry == NEVER_EXPIRE else min(delay, expiry)
+                session.will = will
+                session.will_timer = self.scheduler.call_later(
+                    wait, lambda: self._will_due(session)
+                )
+        if expiry == 0:
+            self._terminate(session, "terminated")
+        elif expiry != NEVER_EXPIRE:
+            session.expiry_timer = self.scheduler.call_later(
+                expiry, lambda: self._expire(session)
+            )
+
+    def _will_due(self, session: Session) -> None:
+        session.will_timer = None
+        will, session.will = session.will, None
+        if will is not None and session.handle is None:
+            self._publish_will(will)
+
+    def _expire(self, session: Session) -> None:
+        session.expiry_timer = None
+        if self.sessions.get(session.client_id) is session and session.handle is None:
+            if session.will is not None:  # the session ends before the will delay
+                self._publish_will(session.will)
+                session.will = None
+            self._terminate(session, "expired")
+
+    def _cancel_timers(self, session: Session) -> None:
+        for attr in ("will_timer", "expiry_timer"):
+            timer = getattr(session, attr)
+            if timer is not None:
+                timer.cancel()
+                setattr(session, attr, None)
+        session.will = None
+
+    def _terminate(self, session: Session, why: str) -> None:
+        cid = session.client_id
+        if self.sessions.get(cid) is session:
+            del self.sessions[cid]
+        for f in list(session.subscriptions):
+            self.broker.unsubscribe(cid, f)
+        session.subscriptions.clear()
+        for d in session.take_undelivered():
+            if d.share is not None and self.broker.redispatch(d, cid):
+                self.metrics.incr("messages.shared.redispatched")
+            elif d.qos > 0 or d.share is not None:
+                self.metrics.dropped("session_ended")
+        self.hooks.run("session.terminated", session.info, why)
+        self.metrics.incr("session.terminated")
+
+    def _publish_will(self, will: Message) -> None:
+        will.timestamp = self.scheduler.time()
+        self.metrics.incr("messages.will")
+        info = ClientInfo(client_id=will.publisher, username=will.username)
+        if self.authorize(info, "publish", will.topic):
+            self.publish(info, will)
+
+    # -- GatewayContext: messages ------------------------------------------------------
+
+    def authorize(self, client: ClientInfo, action: str, topic: str) -> bool:
+        allowed: bool = self.authorizer.check(
+            action,
+            topic,
+            clientid=client.client_id,
+            username=client.username,
+            peer_ip=client.peer_host,
+        )
+        if self.hooks.has("client.authorize"):
+            allowed = self.hooks.run_fold("client.authorize", (client, action, topic), allowed)
+        if not allowed:
+            self.metrics.incr("authorization.deny")
+            log.info(
+                "authorization denied: client=%s username=%s peer=%s action=%s topic=%s",
+                client.client_id,
+                client.username,
+                client.peer_host,
+                action,
+                topic,
+            )
+        return allowed
+
+    def publish(self, client: ClientInfo, message: Message) -> int:
+        self.metrics.incr("messages.received")
+        hooks = self.hooks
+        if hooks.has("message.publish"):
+            result: Message | None = hooks.run_fold("message.publish", (), message)
+            if result is None:
+                self.metrics.dropped("hook")
+                return 0
+            message = result
+        return self.broker.route(message)
+
+    def subscribe(self, client: ClientInfo, topic_filter: str, options: SubOptions) -> bool:
+        session = self.sessions[client.client_id]
+        existed = topic_filter in session.subscriptions
+        session.subscriptions[topic_filter] = options
+        self.broker.subscribe(client.client_id, topic_filter, options)
+        self.hooks.run("session.subscribed", client, topic_filter, options)
+        return existed
+
+    def deliver_retained(
+        self, client: ClientInfo, topic_filter: str, options: SubOptions, existed: bool
+    ) -> None:
+        if options.retain_handling == 2 or (options.retain_handling == 1 and existed):
+            return
+        group, real = parse_shared(topic_filter)
+        if group is not None or not self.settings.retainer_enable:
+            return
+        session = self.sessions.get(client.client_id)
+        if session is None:
+            return
+        sid = (options.subscription_id,) if options.subscription_id else ()
+        for msg in self.retainer.match(real):
+            session.enqueue(Delivery(msg, min(options.qos, msg.qos), True, sid))
+
+    def unsubscribe(self, client: ClientInfo, topic_filter: str) -> bool:
+        session = self.sessions.get(client.client_id)
+        if session is None or session.subscriptions.pop(topic_filter, None) is None:
+            return False
+        self.broker.unsubscribe(client.client_id, topic_filter)
+        self.hooks.run("session.unsubscribed", client, topic_filter)
+        return True
+
+    # -- hook subscribers and callbacks ----------------------------------------------
+
+    def _retain_hook(self, message: Message) -> Message:
+        if message.retain:
+            self.retainer.on_publish(message)
+        return message
+
+    def _retain_refused(self, reason: str, message: Message) -> None:
+        self.metrics.incr("retained." + reason)
+        log.warning("retained message on %r not stored: %s", message.topic, reason)
+
+    def _no_subscribers(self, message: Message) -> None:
+        self.metrics.dropped("no_subscribers")
+
+    def _session_drop(self, reason: str, delivery: Delivery) -> None:
+        self.metrics.dropped(reason)
+        if reason == "queue_full":
+            log.warning(
+                "message queue full, dropped a message on %r (qos %d)",
+                delivery.message.topic,
+                delivery.qos,
+            )
+        self.hooks.run("message.dropped", delivery.message, reason)
+
+    def _session_ack(self, session: Session, delivery: Delivery) -> None:
+        if self.hooks.has("message.acked"):
+            self.hooks.run("message.acked", session.info, delivery.message)
+
+    # -- introspection ---------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "connections.count": self.connections,
+            "sessions.count": len(self.sessions),
+            "subscriptions.count": self.broker.subscription_count(),
+            "topics.count": len(self.broker.index),
+            "retained.count": len(self.retainer),
+        }

@@ -1,0 +1,230 @@
+"""A client's session: subscriptions, outgoing inflight window, offline queue.
+
+The session is protocol-neutral; it pushes deliveries to whatever
+:class:`~protocols.context.ConnectionHandle` is attached and learns of acknowledgements
+through ``puback`` / ``pubrec`` / ``pubcomp``.
+
+Invariants:
+- ``inflight`` holds at most ``receive_maximum`` QoS 1/2 deliveries, each with a unique
+  packet id in 1..65535; ids in ``released`` are QoS 2 deliveries whose PUBREC arrived
+  (PUBREL sent, PUBCOMP awaited).
+- ``mqueue`` is FIFO and bounded by ``max_mqueue_len`` (0 = unbounded); an overflow drops
+  per ``overflow`` and is reported through ``on_drop`` — never silently.
+- Nothing leaves ``inflight`` except by acknowledgement, ``discard`` (the channel could not
+  send it, e.g. too large for the client) or the end of the session.
+- Expired messages are dropped (and reported) before they are first sent.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from protocols.context import ConnectionHandle, Delivery, Message, SubOptions
+
+DropCallback = Callable[[str, Delivery], None]
+AckCallback = Callable[["Session", Delivery], None]
+
+NEVER_EXPIRE = 0xFFFFFFFF
+
+
+class Session:
+    __slots__ = (
+        "client_id",
+        "subscriptions",
+        "expiry_interval",
+        "handle",
+        "inflight",
+        "released",
+        "mqueue",
+        "receive_maximum",
+        "max_mqueue_len",
+        "store_qos0",
+        "drop_oldest",
+        "awaiting_rel",
+        "will",
+        "will_delay",
+        "will_timer",
+        "expiry_timer",
+        "created_at",
+        "_next_pid",
+        "_on_drop",
+        "_on_ack",
+        "_now",
+        "info",
+    )
+
+    def __init__(
+        self,
+        client_id: str,
+        *,
+        receive_maximum: int,
+        max_mqueue_len: int,
+        store_qos0: bool,
+        drop_oldest: bool,
+        now: Callable[[], float],
+        on_drop: DropCallback,
+        on_ack: AckCallback,
+    ) -> None:
+        self.client_id = client_id
+        self.subscriptions: dict[str, SubOptions] = {}
+        self.expiry_interval = 0
+        self.handle: ConnectionHandle | None = None
+        self.inflight: dict[int, Delivery] = {}
+        self.released: set[int] = set()
+        self.mqueue: deque[Delivery] = deque()
+        self.receive_maximum = receive_maximum
+        self.max_mqueue_len = max_mqueue_len
+        self.store_qos0 = store_qos0
+        self.drop_oldest = drop_oldest
+        # incoming QoS 2 packet ids whose PUBREL we await -> time received
+        self.awaiting_rel: dict[int, float] = {}
+        self.will: Message | None = None
+        self.will_delay = 0
+        self.will_timer: Any = None
+        self.expiry_timer: Any = None
+        self._next_pid = 1
+        self._on_drop = on_drop
+        self._on_ack = on_ack
+        self._now = now
+        self.created_at = now()
+        self.info: Any = None  # the ClientInfo of the last connection
+
+    # -- outgoing ------------------------------------------------------------------
+
+    def set_receive_maximum(self, value: int) -> None:
+        self.receive_maximum = max(1, value)
+
+    def enqueue(self, delivery: Delivery) -> None:
+        """Accept one delivery: send it now if possible, else queue it."""
+        handle = self.handle
+        if handle is None:
+            if delivery.qos == 0 and not self.store_qos0:
+                self._on_drop("qos0_offline", delivery)
+                return
+            self._queue(delivery)
+            return
+        if delivery.qos == 0:
+            if self.mqueue:
+                self._queue(delivery)
+                return
+            expires = delivery.message.expires_at
+            if expires is not None and expires <= self._now():
+                self._on_drop("expired", delivery)
+                return
+            handle.deliver([delivery])
+            return
+        if self.mqueue or len(self.inflight) >= self.receive_maximum:
+            self._queue(delivery)
+            return
+        expires = delivery.message.expires_at
+        if expires is not None and expires <= self._now():
+            self._on_drop("expired", delivery)
+            return
+        delivery.packet_id = self._allocate_pid()
+        self.inflight[delivery.packet_id] = delivery
+        handle.deliver([delivery])
+
+    def _queue(self, delivery: Delivery) -> None:
+        limit = self.max_mqueue_len
+        if limit and len(self.mqueue) >= limit:
+            if self.drop_oldest:
+                self._on_drop("queue_full", self.mqueue.popleft())
+            else:
+                self._on_drop("queue_full", delivery)
+                return
+        self.mqueue.append(delivery)
+
+    def _allocate_pid(self) -> int:
+        pid = self._next_pid
+        inflight = self.inflight
+        while pid in inflight:
+            pid = pid % 65535 + 1
+        self._next_pid = pid % 65535 + 1
+        return pid
+
+    def drain(self) -> None:
+        """Move queued deliveries into the inflight window and send them."""
+        handle = self.handle
+        if handle is None or not self.mqueue:
+            return
+        out: list[Delivery] = []
+        now = self._now()
+        mqueue = self.mqueue
+        while mqueue:
+            d = mqueue[0]
+            if d.qos > 0 and len(self.inflight) >= self.receive_maximum:
+                break
+            mqueue.popleft()
+            expires = d.message.expires_at
+            if expires is not None and expires <= now:
+                self._on_drop("expired", d)
+                continue
+            if d.qos > 0:
+                d.packet_id = self._allocate_pid()
+                self.inflight[d.packet_id] = d
+            out.append(d)
+        if out:
+            handle.deliver(out)
+
+    def resume(self) -> None:
+        """After (re)connecting: re-send the inflight window with DUP, then the queue."""
+        handle = self.handle
+        if handle is None:
+            return
+        again: list[Delivery] = []
+        for pid, d in self.inflight.items():
+            if pid in self.released:
+                handle.release(pid)
+            else:
+                d.dup = True
+                again.append(d)
+        if again:
+            handle.deliver(again)
+        self.drain()
+
+    # -- acknowledgements ------------------------------------------------------------
+
+    def puback(self, packet_id: int) -> bool:
+        d = self.inflight.get(packet_id)
+        if d is None or d.qos != 1:
+            return False
+        del self.inflight[packet_id]
+        self._on_ack(self, d)
+        self.drain()
+        return True
+
+    def pubrec(self, packet_id: int) -> bool:
+        d = self.inflight.get(packet_id)
+        if d is None or d.qos != 2:
+            return False
+        self.released.add(packet_id)
+        return True
+
+    def pubcomp(self, packet_id: int) -> bool:
+        if packet_id not in self.released:
+            return False
+        self.released.discard(packet_id)
+        d = self.inflight.pop(packet_id, None)
+        if d is not None:
+            self._on_ack(self, d)
+        self.drain()
+        return True
+
+    def discard(self, packet_id: int) -> None:
+        """The channel could not send this delivery; forget it (already reported)."""
+        self.inflight.pop(packet_id, None)
+        self.released.discard(packet_id)
+        self.drain()
+
+    # -- end of life ---------------------------------------------------------------
+
+    def take_undelivered(self) -> list[Delivery]:
+        """Everything not yet acknowledged (inflight first, then queued); empties both."""
+        pending = [d for pid, d in self.inflight.items() if pid not in self.released]
+        pending.extend(self.mqueue)
+        self.inflight.clear()
+        self.released.clear()
+        self.mqueue.clear()
+        return pending

@@ -1,0 +1,197 @@
+"""The generic stream transport shell: the only code that touches stream sockets.
+
+A :class:`StreamShell` is an asyncio protocol built from a channel factory. It feeds the
+channel bytes and timer expiries and carries out the effects the channel returns:
+writes (joined into one ``transport.write`` per call), named timers, and close. It is
+also the channel's :class:`~protocols.context.ConnectionHandle`, so deliveries pushed by
+the core run through the same effect loop.
+
+Limits live in :class:`ListenerLimits`: maximum connections and CIDR allow/deny lists,
+checked on accept, before any channel exists.
+
+Invariants:
+- At most one timer per name; setting a name again replaces it.
+- After a Close effect the transport is closed (pending writes flushed first) and no
+  further effect is carried out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from protocols.context import Delivery
+from protocols.effects import CancelTimer, Close, Effect, SetTimer
+
+log = logging.getLogger("gateway.net")
+
+
+class StreamChannel(Protocol):
+    def connection_made(self) -> list[Effect]: ...
+    def handle_data(self, data: bytes) -> list[Effect]: ...
+    def on_timer(self, name: str) -> list[Effect]: ...
+    def connection_lost(self) -> None: ...
+    def deliver(self, deliveries: list[Delivery]) -> list[Effect]: ...
+    def release(self, packet_id: int) -> list[Effect]: ...
+    def kick(self, reason_code: int) -> list[Effect]: ...
+
+
+ChannelFactory = Callable[["StreamShell", tuple[str, int] | None], StreamChannel]
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+class ListenerLimits:
+    """Who may connect to one listener, and how many at once."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        max_connections: int = 0,
+        allow: Sequence[str] = (),
+        deny: Sequence[str] = (),
+    ) -> None:
+        self.name = name
+        self.max_connections = max_connections
+        self.allow: list[Network] = [ipaddress.ip_network(c, strict=False) for c in allow]
+        self.deny: list[Network] = [ipaddress.ip_network(c, strict=False) for c in deny]
+        self.current = 0
+        self.refused = 0
+
+    def admit(self, host: str | None) -> str | None:
+        """None to accept, else why the connection is refused."""
+        if self.max_connections and self.current >= self.max_connections:
+            return "max_connections reached"
+        if host is not None and (self.allow or self.deny):
+            try:
+                addr = ipaddress.ip_address(host.split("%", 1)[0])
+            except ValueError:
+                return None
+            if any(addr in n for n in self.deny):
+                return "address denied"
+            if self.allow and not any(addr in n for n in self.allow):
+                return "address not allowed"
+        return None
+
+
+class StreamShell(asyncio.Protocol):
+    def __init__(self, limits: ListenerLimits, factory: ChannelFactory) -> None:
+        self.limits = limits
+        self.factory = factory
+        self.transport: asyncio.Transport | None = None
+        self.channel: StreamChannel | None = None
+        self.timers: dict[str, asyncio.TimerHandle] = {}
+        self.closed = False
+        self.loop = asyncio.get_running_loop()
+
+    # -- asyncio.Protocol ------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        peer = transport.get_extra_info("peername")
+        peer_t: tuple[str, int] | None = (peer[0], peer[1]) if peer else None
+        refusal = self.limits.admit(peer_t[0] if peer_t else None)
+        if refusal is not None:
+            self.limits.refused += 1
+            log.warning("listener %s refused %s: %s", self.limits.name, peer_t, refusal)
+            self.closed = True
+            transport.abort()
+            return
+        self.limits.current += 1
+        self.channel = self.factory(self, peer_t)
+        self._run(self.channel.connection_made())
+
+    def data_received(self, data: bytes) -> None:
+        channel = self.channel
+        if channel is not None and not self.closed:
+            self._run(channel.handle_data(data))
+
+    def eof_received(self) -> bool | None:
+        return None  # close the transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        for timer in self.timers.values():
+            timer.cancel()
+        self.timers.clear()
+        if self.channel is not None:
+            self.limits.current -= 1
+            self.closed = True
+            try:
+                self.channel.connection_lost()
+            except Exception:  # pragma: no cover - a bug in a channel must not kill the loop
+                log.exception("channel failed in connection_lost")
+
+    # -- ConnectionHandle ------------------------------------------------------------
+
+    def deliver(self, deliveries: list[Delivery]) -> None:
+        if self.channel is not None and not self.closed:
+            self._run(self.channel.deliver(deliveries))
+
+    def release(self, packet_id: int) -> None:
+        if self.channel is not None and not self.closed:
+            self._run(self.channel.release(packet_id))
+
+    def kick(self, reason_code: int) -> None:
+        if self.channel is not None and not self.closed:
+            self._run(self.channel.kick(reason_code))
+
+    # -- effects -------------------------------------------------------------------
+
+    def _fire(self, name: str) -> None:
+        self.timers.pop(name, None)
+        if self.channel is not None and not self.closed:
+            self._run(self.channel.on_timer(name))
+
+    def _run(self, effects: list[Effect]) -> None:
+        if not effects:
+            return
+        transport = self.transport
+        assert transport is not None
+        if len(effects) == 1 and type(effects[0]) is bytes:
+            transport.write(effects[0])
+            return
+        writes: list[bytes] = []
+        for e in effects:
+            if type(e) is bytes:
+                writes.append(e)
+            elif isinstance(e, SetTimer):
+                old = self.timers.pop(e.name, None)
+                if old is not None:
+                    old.cancel()
+                self.timers[e.name] = self.loop.call_later(e.seconds, self._fire, e.name)
+            elif isinstance(e, CancelTimer):
+                old = self.timers.pop(e.name, None)
+                if old is not None:
+                    old.cancel()
+            elif isinstance(e, Close):
+                if writes:
+                    transport.write(b"".join(writes))
+                    writes = []
+                log.debug("closing %s: %s", transport.get_extra_info("peername"), e.reason)
+                self.closed = True
+                transport.close()
+                return
+        if writes:
+            transport.write(b"".join(writes) if len(writes) > 1 else writes[0])
+
+
+def split_bind(bind: str) -> tuple[str, int]:
+    """ "0.0.0.0:1883" / "[::1]:1883" / ":1883" -> (host, port)."""
+    host, _, port = bind.rpartition(":")
+    host = host.strip("[]") or "0.0.0.0"
+    return host, int(port)
+
+
+async def start_stream_listener(
+    bind: str, limits: ListenerLimits, factory: ChannelFactory, **kwargs: Any
+) -> asyncio.Server:
+    host, port = split_bind(bind)
+    loop = asyncio.get_running_loop()
+    return await loop.create_server(
+        lambda: StreamShell(limits, factory), host, port, reuse_address=True, **kwargs
+    )

@@ -1,0 +1,31 @@
+"""Effects a channel returns instead of performing them.
+
+A channel's handlers return a list whose items are ``bytes`` (write these to the peer, in
+order) or one of the small effect objects below. The transport shell is the only code
+that carries them out; tests read them directly with a virtual clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class SetTimer:
+    name: str
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class CancelTimer:
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class Close:
+    """Close the connection after writing everything before this effect."""
+
+    reason: str
+
+
+Effect = bytes | SetTimer | CancelTimer | Close

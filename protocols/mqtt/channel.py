@@ -1,0 +1,686 @@
+"""The MQTT server channel: packets in, broker operations and effects out.
+
+One channel per network connection. The transport shell feeds it bytes
+(``handle_data``), timer expiries (``on_timer``) and the end of the connection
+(``connection_lost``); the core pushes deliveries through ``deliver``/``release``/``kick``
+(via the shell, which implements :class:`~protocols.context.ConnectionHandle`). Every
+entry point returns the effects to carry out, in order.
+
+Invariants:
+- Nothing but a CONNACK (or a CONNACK then Close) is written before the session is open;
+  deliveries pushed during the CONNECT are held until the CONNACK is out.
+- Effects produced by re-entrant calls (the core delivering to this very connection while
+  one of its packets is being handled) are appended in order to the outer call's list.
+- The core learns of the end of the connection exactly once (``context.close``).
+- After a Close effect the channel ignores further input.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from enum import Enum
+
+from protocols.context import (
+    ClientInfo,
+    ConnectionHandle,
+    Delivery,
+    GatewayContext,
+    Message,
+    SessionAPI,
+    SubOptions,
+)
+from protocols.effects import CancelTimer, Close, Effect, SetTimer
+from protocols.mqtt.codec import encode
+from protocols.mqtt.connection import Connection, Role
+from protocols.mqtt.errors import LocalProtocolError, RemoteProtocolError, Violation
+from protocols.mqtt.packets import (
+    MQTT_5,
+    NO_PROPERTIES,
+    Auth,
+    ConnAck,
+    Connect,
+    Disconnect,
+    Packet,
+    PingReq,
+    PingResp,
+    Properties,
+    PubAck,
+    PubComp,
+    Publish,
+    PubRec,
+    PubRel,
+    SubAck,
+    Subscribe,
+    UnsubAck,
+    Unsubscribe,
+)
+from protocols.mqtt.reason_codes import ReasonCode, to_v3_connack
+from protocols.mqtt.topics import is_wildcard, parse_shared
+
+log = logging.getLogger("protocols.mqtt.channel")
+
+RC = ReasonCode
+NO_EXPIRY = 0xFFFFFFFF
+
+
+@dataclass(slots=True)
+class MqttSettings:
+    """Per-listener MQTT behaviour (from ``[mqtt]`` and the listener's table)."""
+
+    max_packet_size: int = 1024 * 1024
+    max_clientid_len: int = 65535
+    max_topic_levels: int = 128
+    max_topic_alias: int = 65535
+    max_qos_allowed: int = 2
+    retain_available: bool = True
+    wildcard_subscription: bool = True
+    shared_subscription: bool = True
+    idle_timeout: float = 15.0
+    keepalive_multiplier: float = 1.5
+    server_keepalive: int = 0
+    session_expiry_interval: int = 7200
+    max_session_expiry_interval: int = 0
+    max_inflight: int = 32
+    max_awaiting_rel: int = 100
+    await_rel_timeout: float = 300.0
+    max_subscriptions: int = 0
+    response_information: str = ""
+    deny_action_disconnect: bool = False
+    mountpoint: str = ""
+    listener: str = "tcp:default"
+
+
+class State(Enum):
+    CONNECTING = "connecting"
+    CONNECTED = "connected"
+    CLOSED = "closed"
+
+
+class _Disconnect(Exception):
+    """Internal: end the connection with this reason code (DISCONNECT in 5.0)."""
+
+    def __init__(self, code: int, why: str) -> None:
+        super().__init__(why)
+        self.code = code
+        self.why = why
+
+
+def _publish_properties(p: Properties) -> Properties:
+    """Only the properties that travel with the application message."""
+    if p is NO_PROPERTIES:
+        return p
+    if p.topic_alias is None and not p.subscription_identifiers:
+        return p
+    return replace(p, topic_alias=None, subscription_identifiers=())
+
+
+def _will_properties(p: Properties) -> Properties:
+    if p is NO_PROPERTIES:
+        return p
+    return Properties(
+        payload_format_indicator=p.payload_format_indicator,
+        message_expiry_interval=p.message_expiry_interval,
+        content_type=p.content_type,
+        response_topic=p.response_topic,
+        correlation_data=p.correlation_data,
+        user_properties=p.user_properties,
+    )
+
+
+class MqttChannel:
+    def __init__(
+        self,
+        context: GatewayContext,
+        settings: MqttSettings,
+        handle: ConnectionHandle,
+        *,
+        peer: tuple[str, int] | None = None,
+        monotonic: Callable[[], float],
+    ) -> None:
+        self.context = context
+        self.settings = settings
+        self.handle = handle
+        self.peer = peer
+        self.conn = Connection(Role.SERVER, max_incoming_packet_size=settings.max_packet_size)
+        self.state = State.CONNECTING
+        self.version = 4
+        self.info: ClientInfo | None = None
+        self.session: SessionAPI | None = None
+        self.keepalive = 0.0
+        self.last_rx = 0.0
+        self.expiry_interval = 0
+        self.client_alias_max = 0
+        self._aliases_in: dict[int, str] = {}
+        self._aliases_out: dict[str, int] = {}
+        self._monotonic = monotonic
+        self._out: list[Effect] = []
+        self._busy = False
+        self._held: list[Delivery] = []
+        self._core_closed = False
+
+    # -- entry points from the shell ---------------------------------------------------
+
+    def connection_made(self) -> list[Effect]:
+        self.last_rx = self._monotonic()
+        return [SetTimer("idle", self.settings.idle_timeout)]
+
+    def handle_data(self, data: bytes) -> list[Effect]:
+        if self.state is State.CLOSED:
+            return []
+        outer = self._enter()
+        try:
+            self.last_rx = self._monotonic()
+            conn = self.conn
+            conn.receive_data(data)
+            while self.state is not State.CLOSED:
+                packet = conn.next_event()
+                if packet is None:
+                    break
+                self._dispatch(packet)
+        except RemoteProtocolError as exc:
+            self._protocol_error(exc)
+        except _Disconnect as exc:
+            self._server_disconnect(exc.code, exc.why)
+        return self._leave(outer)
+
+    def on_timer(self, name: str) -> list[Effect]:
+        if self.state is State.CLOSED:
+            return []
+        outer = self._enter()
+        if name == "idle" and self.state is State.CONNECTING:
+            self._close("no CONNECT within idle timeout")
+        elif name == "keepalive" and self.state is State.CONNECTED and self.keepalive:
+            limit = self.keepalive * self.settings.keepalive_multiplier
+            idle = self._monotonic() - self.last_rx
+            if idle >= limit:
+                self.context.incr("client.keepalive_timeout")
+                self._server_disconnect(RC.KEEP_ALIVE_TIMEOUT, "keepalive timeout")
+            else:
+                self._out.append(SetTimer("keepalive", limit - idle))
+        return self._leave(outer)
+
+    def connection_lost(self) -> None:
+        """The socket is gone (any reason). Tell the core once; the will goes unless
+        the client said a normal DISCONNECT."""
+        self.state = State.CLOSED
+        self._notify_core_closed(send_will=True)
+
+    # -- entry points from the core (via the shell's ConnectionHandle) ---------------------
+
+    def deliver(self, deliveries: list[Delivery]) -> list[Effect]:
+        if self.state is State.CLOSED:
+            return []
+        if self.state is not State.CONNECTED:
+            self._held.extend(deliveries)
+            return []
+        outer = self._enter()
+        self._send_deliveries(deliveries)
+        return self._leave(outer)
+
+    def release(self, packet_id: int) -> list[Effect]:
+        if self.state is not State.CONNECTED:
+            return []
+        outer = self._enter()
+        self._send(PubRel(packet_id))
+        return self._leave(outer)
+
+    def kick(self, reason_code: int) -> list[Effect]:
+        """The core closes us (takeover, admin kick). It already settled the session."""
+        if self.state is State.CLOSED:
+            return []
+        outer = self._enter()
+        self._core_closed = True
+        if self.state is State.CONNECTED and self.version == MQTT_5:
+            self._send(Disconnect(reason_code))
+        self._close(f"kicked: {RC(reason_code).name.lower()}")
+        return self._leave(outer)
+
+    # -- plumbing ------------------------------------------------------------------
+
+    def _enter(self) -> bool:
+        if self._busy:
+            return False
+        self._busy = True
+        return True
+
+    def _leave(self, outer: bool) -> list[Effect]:
+        if not outer:
+            return []
+        self._busy = False
+        out, self._out = self._out, []
+        return out
+
+    def _send(self, packet: Packet) -> None:
+        self._out.append(self.conn.send(packet))
+
+    def _close(self, reason: str) -> None:
+        if self.state is State.CLOSED:
+            return
+        self.state = State.CLOSED
+        self._out.append(Close(reason))
+
+    def _notify_core_closed(self, *, send_will: bool, expiry: int | None = None) -> None:
+        if self._core_closed or self.info is None or self.session is None:
+            return
+        self._core_closed = True
+        self.context.close(self.info, self.handle, send_will=send_will, expiry_interval=expiry)
+
+    def _protocol_error(self, exc: RemoteProtocolError) -> None:
+        self.context.incr("packets.malformed")
+        log.warning("%s: %s", self._who(), exc)
+        if self.state is State.CONNECTING:
+            if exc.violation in (Violation.UNSUPPORTED_VERSION, Violation.PROTOCOL_NAME):
+                self._out.append(encode(ConnAck(False, 1), 4))
+            self._close(f"protocol error before CONNECT: {exc}")
+            return
+        self._server_disconnect(exc.reason_code, str(exc))
+
+    def _server_disconnect(self, code: int, why: str) -> None:
+        if self.state is State.CONNECTED and self.version == MQTT_5:
+            self._send(Disconnect(code))
+        self._notify_core_closed(send_will=True)
+        self._close(why)
+
+    def _who(self) -> str:
+        if self.info is not None:
+            return f"client {self.info.client_id!r}"
+        return f"peer {self.peer[0]}:{self.peer[1]}" if self.peer else "peer"
+
+    def _dispatch(self, packet: Packet) -> None:
+        if self.state is State.CONNECTING:
+            assert isinstance(packet, Connect)  # the codec guarantees CONNECT first
+            self._on_connect(packet)
+            return
+        t = type(packet)
+        if t is Publish:
+            self._on_publish(packet)  # type: ignore[arg-type]
+        elif t is PubAck:
+            assert self.session is not None
+            self.session.puback(packet.packet_id)  # type: ignore[union-attr]
+        elif t is PubRec:
+            self._on_pubrec(packet)  # type: ignore[arg-type]
+        elif t is PubRel:
+            self._on_pubrel(packet)  # type: ignore[arg-type]
+        elif t is PubComp:
+            assert self.session is not None
+            self.session.pubcomp(packet.packet_id)  # type: ignore[union-attr]
+        elif t is Subscribe:
+            self._on_subscribe(packet)  # type: ignore[arg-type]
+        elif t is Unsubscribe:
+            self._on_unsubscribe(packet)  # type: ignore[arg-type]
+        elif t is PingReq:
+            self._send(PingResp())
+        elif t is Disconnect:
+            self._on_disconnect(packet)  # type: ignore[arg-type]
+        elif t is Auth:
+            raise _Disconnect(RC.PROTOCOL_ERROR, "AUTH without enhanced authentication")
+        else:
+            raise _Disconnect(RC.PROTOCOL_ERROR, f"unexpected {t.__name__}")
+
+    # -- CONNECT -------------------------------------------------------------------
+
+    def _refuse(self, code: int, why: str) -> None:
+        self.context.incr("client.connack.refused")
+        log.info("%s refused: %s", self._who(), why)
+        if self.version == MQTT_5:
+            self._send(ConnAck(False, code))
+        else:
+            self._send(ConnAck(False, to_v3_connack(code)))
+        self._close(why)
+
+    def _on_connect(self, p: Connect) -> None:
+        s = self.settings
+        self.version = v = p.protocol_level
+        props = p.properties
+        cid = p.client_id
+        assigned: str | None = None
+        if not cid:
+            if v == MQTT_5 or (v == 4 and p.clean_start):
+                cid = assigned = "auto-" + uuid.uuid4().hex
+            else:
+                self._refuse(RC.CLIENT_IDENTIFIER_NOT_VALID, "empty client id")
+                return
+        elif len(cid) > s.max_clientid_len:
+            self._refuse(RC.CLIENT_IDENTIFIER_NOT_VALID, "client id too long")
+            return
+        if v == MQTT_5 and props.authentication_method is not None:
+            self._refuse(RC.BAD_AUTHENTICATION_METHOD, "unsupported authentication method")
+            return
+        host, port = self.peer if self.peer else (None, None)
+        info = ClientInfo(
+            client_id=cid,
+            proto_ver=v,
+            username=p.username,
+            peer_host=host,
+            peer_port=port,
+            listener=s.listener,
+            mountpoint=s.mountpoint,
+            keepalive=p.keepalive,
+            clean_start=p.clean_start,
+        )
+        self.info = info
+        code = self.context.authenticate(info, p.password)
+        if code:
+            self._refuse(code, "authentication failed")
+            return
+        will: Message | None = None
+        will_delay = 0
+        if p.will is not None:
+            w = p.will
+            if w.qos > s.max_qos_allowed:
+                self._refuse(RC.QOS_NOT_SUPPORTED, "will QoS not supported")
+                return
+            if w.retain and not s.retain_available:
+                self._refuse(RC.RETAIN_NOT_SUPPORTED, "retained will not supported")
+                return
+            now = self.context.now()
+            expiry = w.properties.message_expiry_interval
+            will = Message(
+                s.mountpoint + w.topic,
+                w.payload,
+                w.qos,
+                w.retain,
+                _will_properties(w.properties),
+                cid,
+                p.username,
+                now,
+                now + expiry if expiry is not None else None,
+            )
+            will_delay = w.properties.will_delay_interval or 0
+        keepalive = p.keepalive
+        if v == MQTT_5 and s.server_keepalive:
+            keepalive = s.server_keepalive
+        if v == MQTT_5:
+            expiry_interval = props.session_expiry_interval or 0
+        else:
+            expiry_interval = 0 if p.clean_start else s.session_expiry_interval
+        requested_expiry = expiry_interval
+        if s.max_session_expiry_interval and expiry_interval > s.max_session_expiry_interval:
+            expiry_interval = s.max_session_expiry_interval
+        self.expiry_interval = expiry_interval
+        receive_max = props.receive_maximum or 65535
+        if props.maximum_packet_size is not None:
+            self.conn.max_outgoing_packet_size = props.maximum_packet_size
+        self.client_alias_max = props.topic_alias_maximum or 0
+        result = self.context.open_session(
+            info,
+            self.handle,
+            clean_start=p.clean_start,
+            expiry_interval=expiry_interval,
+            receive_maximum=receive_max,
+            will=will,
+            will_delay=will_delay,
+        )
+        if result.reason_code or result.session is None:
+            self._refuse(result.reason_code or RC.UNSPECIFIED_ERROR, "session refused")
+            return
+        self.session = result.session
+        ack_props = NO_PROPERTIES
+        if v == MQTT_5:
+            ack_props = Properties(
+                session_expiry_interval=(
+                    expiry_interval if expiry_interval != requested_expiry else None
+                ),
+                receive_maximum=s.max_inflight,
+                maximum_qos=s.max_qos_allowed if s.max_qos_allowed < 2 else None,
+                retain_available=None if s.retain_available else 0,
+                maximum_packet_size=s.max_packet_size,
+                assigned_client_identifier=assigned,
+                topic_alias_maximum=s.max_topic_alias or None,
+                wildcard_subscription_available=None if s.wildcard_subscription else 0,
+                shared_subscription_available=None if s.shared_subscription else 0,
+                server_keep_alive=keepalive if keepalive != p.keepalive else None,
+                response_information=(
+                    s.response_information
+                    if props.request_response_information and s.response_information
+                    else None
+                ),
+            )
+        self._send(ConnAck(result.session_present, 0, ack_props))
+        self.state = State.CONNECTED
+        self.keepalive = float(keepalive)
+        self._out.append(CancelTimer("idle"))
+        if keepalive:
+            self._out.append(SetTimer("keepalive", keepalive * s.keepalive_multiplier))
+        if self._held:
+            held, self._held = self._held, []
+            self._send_deliveries(held)
+        result.session.resume()
+
+    # -- PUBLISH in ----------------------------------------------------------------
+
+    def _on_publish(self, p: Publish) -> None:
+        s = self.settings
+        v5 = self.version == MQTT_5
+        topic = p.topic
+        props = p.properties
+        if v5 and props.topic_alias is not None:
+            alias = props.topic_alias
+            if alias == 0 or alias > s.max_topic_alias:
+                raise _Disconnect(RC.TOPIC_ALIAS_INVALID, f"topic alias {alias} out of range")
+            if topic:
+                self._aliases_in[alias] = topic
+            else:
+                known = self._aliases_in.get(alias)
+                if known is None:
+                    raise _Disconnect(RC.PROTOCOL_ERROR, f"unknown topic alias {alias}")
+                topic = known
+        qos = p.qos
+        if qos > s.max_qos_allowed:
+            raise _Disconnect(RC.QOS_NOT_SUPPORTED, f"QoS {qos} not supported")
+        if p.retain and not s.retain_available:
+            raise _Disconnect(RC.RETAIN_NOT_SUPPORTED, "retain not supported")
+        if s.max_topic_levels and topic.count("/") >= s.max_topic_levels:
+            raise _Disconnect(RC.TOPIC_NAME_INVALID, "too many topic levels")
+        info = self.info
+        session = self.session
+        assert info is not None and session is not None
+        full_topic = s.mountpoint + topic if s.mountpoint else topic
+        pid = p.packet_id
+        awaiting = session.awaiting_rel
+        if qos == 2 and pid in awaiting:
+            self._send(PubRec(pid))  # a re-sent PUBLISH: acknowledge, do not deliver again
+            return
+        if not self.context.authorize(info, "publish", full_topic):
+            if s.deny_action_disconnect:
+                raise _Disconnect(RC.NOT_AUTHORIZED, f"publish to {full_topic!r} denied")
+            code = RC.NOT_AUTHORIZED if v5 else 0
+            if qos == 1:
+                self._send(PubAck(pid, code))  # type: ignore[arg-type]
+            elif qos == 2:
+                if not v5:
+                    awaiting[pid] = self._monotonic()  # type: ignore[index]
+                self._send(PubRec(pid, code))  # type: ignore[arg-type]
+            return
+        if qos == 2:
+            assert pid is not None
+            if v5 and len(awaiting) >= s.max_inflight:
+                raise _Disconnect(RC.RECEIVE_MAXIMUM_EXCEEDED, "receive maximum exceeded")
+            if s.max_awaiting_rel and len(awaiting) >= s.max_awaiting_rel:
+                self._expire_awaiting(awaiting)
+                if len(awaiting) >= s.max_awaiting_rel:
+                    self.context.incr("messages.dropped")
+                    self.context.incr("messages.dropped.await_pubrel_full")
+                    log.warning("%s: too many QoS 2 messages awaiting PUBREL", self._who())
+                    if v5:
+                        self._send(PubRec(pid, RC.RECEIVE_MAXIMUM_EXCEEDED))
+                    return
+        now = self.context.now()
+        expiry = props.message_expiry_interval
+        message = Message(
+            full_topic,
+            p.payload,
+            qos,
+            p.retain,
+            _publish_properties(props),
+            info.client_id,
+            info.username,
+            now,
+            now + expiry if expiry is not None else None,
+        )
+        n = self.context.publish(info, message)
+        if qos == 1:
+            self._send(PubAck(pid, RC.NO_MATCHING_SUBSCRIBERS if n == 0 and v5 else 0))  # type: ignore[arg-type]
+        elif qos == 2:
+            awaiting[pid] = self._monotonic()  # type: ignore[index]
+            self._send(PubRec(pid, RC.NO_MATCHING_SUBSCRIBERS if n == 0 and v5 else 0))  # type: ignore[arg-type]
+
+    def _expire_awaiting(self, awaiting: dict[int, float]) -> None:
+        deadline = self._monotonic() - self.settings.await_rel_timeout
+        for pid in [k for k, t in awaiting.items() if t <= deadline]:
+            del awaiting[pid]
+            self.context.incr("messages.dropped.await_pubrel_timeout")
+
+    def _on_pubrel(self, p: PubRel) -> None:
+        assert self.session is not None
+        awaiting = self.session.awaiting_rel
+        found = awaiting.pop(p.packet_id, None) is not None
+        code = 0 if found or self.version != MQTT_5 else RC.PACKET_IDENTIFIER_NOT_FOUND
+        self._send(PubComp(p.packet_id, code))
+
+    def _on_pubrec(self, p: PubRec) -> None:
+        session = self.session
+        assert session is not None
+        if p.reason_code >= 0x80:
+            session.discard(p.packet_id)
+            return
+        if session.pubrec(p.packet_id):
+            self._send(PubRel(p.packet_id))
+        else:
+            code = 0 if self.version != MQTT_5 else RC.PACKET_IDENTIFIER_NOT_FOUND
+            self._send(PubRel(p.packet_id, code))
+
+    # -- deliveries out ------------------------------------------------------------
+
+    def _send_deliveries(self, deliveries: list[Delivery]) -> None:
+        conn = self.conn
+        out = self._out
+        v5 = self.version == MQTT_5
+        mount = self.settings.mountpoint
+        now = self.context.now() if v5 else 0.0
+        too_large: list[int] = []
+        for d in deliveries:
+            msg = d.message
+            topic = msg.topic
+            if mount and topic.startswith(mount):
+                topic = topic[len(mount) :]
+            props = NO_PROPERTIES
+            if v5:
+                props = msg.properties
+                alias = None
+                if self.client_alias_max:
+                    alias = self._aliases_out.get(topic)
+                    if alias is not None:
+                        topic_out = ""
+                    elif len(self._aliases_out) < self.client_alias_max:
+                        alias = len(self._aliases_out) + 1
+                        self._aliases_out[topic] = alias
+                        topic_out = topic
+                    else:
+                        topic_out = topic
+                else:
+                    topic_out = topic
+                expires = msg.expires_at
+                if d.subscription_ids or alias is not None or expires is not None:
+                    props = replace(
+                        props,
+                        subscription_identifiers=d.subscription_ids,
+                        topic_alias=alias,
+                        message_expiry_interval=(
+                            max(1, int(expires - now + 0.5)) if expires is not None else None
+                        ),
+                    )
+                topic = topic_out
+            packet = Publish(topic, msg.payload, d.qos, d.retain, d.dup, d.packet_id, props)
+            try:
+                out.append(conn.send(packet))
+            except LocalProtocolError as exc:
+                self.context.incr("messages.dropped")
+                self.context.incr("messages.dropped.too_large")
+                log.info("%s: not sent (%s)", self._who(), exc)
+                if d.packet_id is not None:
+                    too_large.append(d.packet_id)
+                continue
+        self.context.incr("messages.sent", len(deliveries) - len(too_large))
+        if too_large and self.session is not None:
+            for pid in too_large:
+                self.session.discard(pid)
+
+    # -- SUBSCRIBE / UNSUBSCRIBE ---------------------------------------------------
+
+    def _full_filter(self, f: str) -> str:
+        mount = self.settings.mountpoint
+        if not mount:
+            return f
+        group, real = parse_shared(f)
+        if group is None:
+            return mount + real
+        if group == "$queue":
+            return "$queue/" + mount + real
+        return f"$share/{group}/{mount}{real}"
+
+    def _on_subscribe(self, p: Subscribe) -> None:
+        s = self.settings
+        info, session = self.info, self.session
+        assert info is not None and session is not None
+        v5 = self.version == MQTT_5
+        sid = p.properties.subscription_identifiers[0] if p.properties.subscription_identifiers else None
+        codes: list[int] = []
+        accepted: list[tuple[str, SubOptions, bool]] = []
+        subs = session.subscriptions
+        for sub in p.subscriptions:
+            f = sub.topic_filter
+            group, real = parse_shared(f)
+            full = self._full_filter(f)
+            if group is not None and not s.shared_subscription:
+                code: int = RC.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED
+            elif not s.wildcard_subscription and is_wildcard(real):
+                code = RC.WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED
+            elif s.max_topic_levels and real.count("/") >= s.max_topic_levels:
+                code = RC.TOPIC_FILTER_INVALID
+            elif s.max_subscriptions and full not in subs and len(subs) >= s.max_subscriptions:
+                code = RC.QUOTA_EXCEEDED
+            elif not self.context.authorize(info, "subscribe", full):
+                code = RC.NOT_AUTHORIZED
+            else:
+                qos = min(sub.qos, s.max_qos_allowed)
+                opts = SubOptions(
+                    qos, sub.no_local, sub.retain_as_published, sub.retain_handling, sid
+                )
+                existed = self.context.subscribe(info, full, opts)
+                accepted.append((full, opts, existed))
+                code = qos
+            if code >= 0x80 and not v5:
+                code = 0x80
+            codes.append(code)
+        self._send(SubAck(p.packet_id, tuple(codes)))
+        for full, opts, existed in accepted:
+            self.context.deliver_retained(info, full, opts, existed)
+
+    def _on_unsubscribe(self, p: Unsubscribe) -> None:
+        info = self.info
+        assert info is not None
+        codes = []
+        for f in p.topic_filters:
+            found = self.context.unsubscribe(info, self._full_filter(f))
+            codes.append(0 if found else RC.NO_SUBSCRIPTION_EXISTED)
+        self._send(UnsubAck(p.packet_id, tuple(codes) if self.version == MQTT_5 else ()))
+
+    # -- DISCONNECT ----------------------------------------------------------------
+
+    def _on_disconnect(self, p: Disconnect) -> None:
+        expiry: int | None = None
+        if self.version == MQTT_5:
+            new = p.properties.session_expiry_interval
+            if new is not None:
+                if self.expiry_interval == 0 and new != 0:
+                    raise _Disconnect(RC.PROTOCOL_ERROR, "session expiry set at DISCONNECT")
+                cap = self.settings.max_session_expiry_interval
+                expiry = min(new, cap) if cap else new
+        self._notify_core_closed(
+            send_will=p.reason_code == RC.DISCONNECT_WITH_WILL, expiry=expiry
+        )
+        self._close("client disconnected")
