@@ -64,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: configuration OK")
         return 0
     configure_logging(config)
-    from gateway.app import run  # type: ignore[import-not-found, unused-ignore]
+    from gateway.app import run
 
     status: int = run(config)
     return status

@@ -47,7 +47,12 @@ class ConfigError(Exception):
 def load_config(
     path: str | Path | None = None, environ: Mapping[str, str] = os.environ
 ) -> GatewayConfig:
-    """The validated configuration from defaults, the file at ``path`` and ``environ``."""
+    """The validated configuration from defaults, the file at ``path`` and ``environ``.
+
+    ``authorization.rules_file`` comes back resolved (a relative path is taken relative to
+    the configuration file) and already validated; ``authorization.rules`` holds only the
+    inline rules, so the authorizer evaluates ``rules`` then ``load_rules_file(rules_file)``.
+    """
     tree: Tree = {"listeners": {"tcp": {"default": {}}}}
     if path is not None:
         _merge(tree, _read_toml(Path(path)))
@@ -64,7 +69,7 @@ def load_config(
             rules_path = Path(path).parent / rules_path  # relative to the config file
         if not rules_path.is_file():
             raise ConfigError(f'authorization.rules_file: no such file "{rules_path}"')
-        authz.rules = [*authz.rules, *load_rules_file(rules_path)]
+        load_rules_file(rules_path)  # validate now, before anything opens
         authz.rules_file = rules_path
     return config
 

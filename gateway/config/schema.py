@@ -323,7 +323,9 @@ class AuthzRule(_Section):
 class AuthorizationConfig(_Section):
     no_match: Permission = "allow"
     deny_action: Literal["ignore", "disconnect"] = "ignore"
-    # load_config() reads the file, resolves this path and appends its rules to ``rules``.
+    # Rules are evaluated in order, first match wins: ``rules`` (inline) first, then the
+    # rules of ``rules_file``. load_config() resolves ``rules_file`` (relative to the
+    # configuration file) and validates it, but does not copy its rules into ``rules``.
     rules_file: Path | None = None
     rules: list[AuthzRule] = Field(default_factory=list)
 

@@ -428,9 +428,18 @@ def test_rules_file_from_config_relative_to_config_file(tmp_path):
     )
     authz = load_config(path, {}).authorization
     assert authz.rules_file == tmp_path / "acl.toml"
-    # inline rules first, then the file's, in order
-    assert [r.permission for r in authz.rules] == ["allow", "allow", "deny", "allow"]
-    assert authz.rules[0].clientid == "admin"
+    # rules holds the inline rules; the file's rules are read from the resolved path
+    assert [r.clientid for r in authz.rules] == ["admin"]
+    file_rules = load_rules_file(authz.rules_file)
+    assert [r.permission for r in file_rules] == ["allow", "deny", "allow"]
+
+
+def test_invalid_rules_file_fails_load_config(tmp_path):
+    write(tmp_path, '[[rules]]\npermission = "allw"\ntopics = ["x"]\n', "acl.toml")
+    path = write(tmp_path, '[authorization]\nrules_file = "acl.toml"\n')
+    assert error_of(path).endswith(
+        "acl.toml: rules[0].permission: Input should be 'allow' or 'deny' (got \"allw\")"
+    )
 
 
 def test_missing_rules_file(tmp_path):
