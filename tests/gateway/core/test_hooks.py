@@ -41,7 +41,7 @@ def test_priorities_order() -> None:
         > Priority.NORMAL
         > Priority.LOWEST
     )
-    assert Priority.NORMAL == 0
+    assert int(Priority.NORMAL) == 0
 
 
 def test_unknown_names_raise() -> None:
