@@ -1,0 +1,273 @@
+"""Fixtures that run the broker under test as a real process on a free port.
+
+By default the broker is gatewayd (``python -m gateway.cli.gatewayd``), configured only
+through ``GATEWAY_*`` environment variables. With ``CONFORMANCE_BROKER=mosquitto`` the same
+tests run against Debian's mosquitto, the reference used to validate the suite itself;
+configuration keys with a mosquitto equivalent are translated (see ``MOSQUITTO_EQUIVALENTS``).
+
+- ``broker``: one broker per test module, yielding ``BrokerAddr(host, port)``.
+- ``make_broker(**env)``: a factory for a broker with extra configuration, stopped at the
+  end of the test (``module_broker_factory`` is the same with module lifetime).
+
+Markers: ``gateway_only`` (skipped under mosquitto: a known, documented difference) and
+``interop`` (needs mosquitto_pub / mosquitto_sub; skipped when they are not installed).
+Readiness is a bounded TCP-connect poll, never a fixed sleep. When a test fails, the log of
+every broker still running is attached to its report.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import tomllib
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+
+BROKER_KIND = os.environ.get("CONFORMANCE_BROKER", "gatewayd").strip().lower() or "gatewayd"
+UNDER_MOSQUITTO = BROKER_KIND == "mosquitto"
+UNDER_GATEWAY = not UNDER_MOSQUITTO
+REPO_ROOT = Path(__file__).resolve().parents[2]
+READY_TIMEOUT = 10.0
+HAVE_MOSQUITTO_CLIENTS = bool(shutil.which("mosquitto_pub") and shutil.which("mosquitto_sub"))
+
+# gatewayd key -> mosquitto.conf option (global or listener scope).
+MOSQUITTO_EQUIVALENTS: dict[str, tuple[str, str]] = {
+    "GATEWAY_MQTT__MAX_INFLIGHT": ("global", "max_inflight_messages"),
+    "GATEWAY_MQTT__MAX_PACKET_SIZE": ("global", "max_packet_size"),
+    "GATEWAY_MQTT__MAX_MQUEUE_LEN": ("global", "max_queued_messages"),
+    "GATEWAY_MQTT__MAX_TOPIC_ALIAS": ("listener", "max_topic_alias"),
+}
+
+
+class BrokerAddr(NamedTuple):
+    host: str
+    port: int
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _acl_lines(rules_toml: str) -> list[str]:
+    """Translate gatewayd's authorization rules (a TOML inline array) into a mosquitto ACL.
+
+    mosquitto's ACL cannot deny one action only, so a deny rule denies all access to its
+    topics; everything else stays allowed.
+    """
+    rules = tomllib.loads(f"rules = {rules_toml}")["rules"]
+    lines = []
+    for rule in rules:
+        if rule.get("permission") == "deny":
+            lines += [f"topic deny {t}" for t in rule.get("topics", [])]
+    return [*lines, "topic readwrite #"]
+
+
+class BrokerProcess:
+    """One broker process with its own port, data directory and log file."""
+
+    def __init__(self, workdir: Path, env: dict[str, str]) -> None:
+        self.workdir = workdir
+        self.env = dict(env)
+        self.host = "127.0.0.1"
+        self.port = free_port()
+        self.log_path = workdir / "broker.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def addr(self) -> BrokerAddr:
+        return BrokerAddr(self.host, self.port)
+
+    def _mosquitto_command(self) -> list[str]:
+        global_lines = ["user root", "persistence false", "log_dest stderr", "log_type all"]
+        listener_lines = ["allow_anonymous true"]
+        for key, value in self.env.items():
+            if key in MOSQUITTO_EQUIVALENTS:
+                scope, option = MOSQUITTO_EQUIVALENTS[key]
+                (global_lines if scope == "global" else listener_lines).append(f"{option} {value}")
+            elif key == "GATEWAY_AUTHORIZATION__RULES":
+                acl = self.workdir / "acl"
+                acl.write_text("\n".join(_acl_lines(value)) + "\n")
+                global_lines.append(f"acl_file {acl}")
+        conf = self.workdir / "mosquitto.conf"
+        conf.write_text(
+            "\n".join([*global_lines, f"listener {self.port} {self.host}", *listener_lines]) + "\n"
+        )
+        return ["mosquitto", "-c", str(conf)]
+
+    def start(self) -> None:
+        env = dict(os.environ)
+        if UNDER_MOSQUITTO:
+            cmd = self._mosquitto_command()
+        else:
+            data_dir = self.workdir / "data"
+            data_dir.mkdir(exist_ok=True)
+            cmd = [sys.executable, "-m", "gateway.cli.gatewayd"]
+            env["PYTHONPATH"] = os.pathsep.join(
+                p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p
+            )
+            env["GATEWAY_LISTENERS__TCP__DEFAULT__BIND"] = f"{self.host}:{self.port}"
+            env["GATEWAY_NODE__DATA_DIR"] = str(data_dir)
+            env.update(self.env)
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                cmd,
+                cwd=self.workdir,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        self._wait_ready()
+
+    def _wait_ready(self) -> None:
+        assert self.proc is not None
+        deadline = time.monotonic() + READY_TIMEOUT
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"{BROKER_KIND} exited with status {self.proc.returncode} before "
+                    f"listening on {self.port}:\n{self.log_tail()}"
+                )
+            try:
+                with socket.create_connection(self.addr, timeout=0.2):
+                    return
+            except OSError:
+                # Not listening yet; block briefly on the process instead of sleeping.
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.proc.wait(timeout=0.05)
+        self.stop()
+        raise RuntimeError(
+            f"{BROKER_KIND} did not listen on {self.port} within {READY_TIMEOUT}s:\n"
+            f"{self.log_tail()}"
+        )
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=5)
+
+    def log_tail(self, limit: int = 12000) -> str:
+        try:
+            data = self.log_path.read_bytes()
+        except OSError:
+            return "(no log)"
+        return data[-limit:].decode(errors="replace")
+
+
+_RUNNING: list[BrokerProcess] = []
+
+
+class BrokerFactory:
+    """Starts brokers with extra ``GATEWAY_*`` configuration and stops them all later."""
+
+    def __init__(self, make_dir: Callable[[], Path]) -> None:
+        self._make_dir = make_dir
+        self.started: list[BrokerProcess] = []
+
+    def __call__(self, **env: str | int) -> BrokerAddr:
+        proc = BrokerProcess(self._make_dir(), {k: str(v) for k, v in env.items()})
+        proc.start()
+        self.started.append(proc)
+        _RUNNING.append(proc)
+        return proc.addr
+
+    def process(self, addr: BrokerAddr) -> BrokerProcess:
+        return next(p for p in self.started if p.addr == addr)
+
+    def stop_all(self) -> None:
+        for proc in self.started:
+            crashed = proc.proc is not None and proc.proc.poll() is not None
+            proc.stop()
+            if proc in _RUNNING:
+                _RUNNING.remove(proc)
+            if crashed:
+                print(
+                    f"\n--- {BROKER_KIND} on port {proc.port} had exited "
+                    f"(status {proc.proc.returncode if proc.proc else '?'}); log tail:\n"
+                    f"{proc.log_tail()}"
+                )
+        self.started.clear()
+
+
+@pytest.fixture(scope="module")
+def module_broker_factory(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[BrokerFactory]:
+    factory = BrokerFactory(lambda: tmp_path_factory.mktemp("broker"))
+    yield factory
+    factory.stop_all()
+
+
+@pytest.fixture(scope="module")
+def broker(module_broker_factory: BrokerFactory) -> BrokerAddr:
+    """The broker under test with its default configuration, shared by one module."""
+    return module_broker_factory()
+
+
+@pytest.fixture
+def make_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerFactory]:
+    """``make_broker(GATEWAY_MQTT__MAX_INFLIGHT=2, ...)`` -> address of a fresh broker."""
+    factory = BrokerFactory(lambda: tmp_path_factory.mktemp("broker"))
+    yield factory
+    factory.stop_all()
+
+
+@pytest.fixture
+def uid() -> str:
+    """A short unique token: prefix topics and client ids with it so tests never collide."""
+    return uuid.uuid4().hex[:10]
+
+
+# --------------------------------------------------------------------------- pytest hooks
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "gateway_only: the spec requires it but mosquitto (the reference used to validate "
+        "this suite) differs; skipped when CONFORMANCE_BROKER=mosquitto",
+    )
+    config.addinivalue_line(
+        "markers", "interop: needs the mosquitto_pub / mosquitto_sub command-line clients"
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    skip_gateway = pytest.mark.skip(reason="gateway_only: known mosquitto difference")
+    skip_interop = pytest.mark.skip(reason="mosquitto_pub/mosquitto_sub not installed")
+    for item in items:
+        if UNDER_MOSQUITTO and item.get_closest_marker("gateway_only"):
+            item.add_marker(skip_gateway)
+        if not HAVE_MOSQUITTO_CLIENTS and item.get_closest_marker("interop"):
+            item.add_marker(skip_interop)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    report = yield
+    if report.failed:
+        for proc in _RUNNING:
+            state = "running" if proc.alive() else f"EXITED ({proc.proc and proc.proc.returncode})"
+            report.sections.append(
+                (f"{BROKER_KIND} log, port {proc.port}, {state}", proc.log_tail())
+            )
+    return report
