@@ -49,7 +49,6 @@ Permission = Literal["allow", "deny"]
 RuleAction = Literal["publish", "subscribe", "all"]
 Action = Literal["publish", "subscribe"]
 Network = _ip.IPv4Network | _ip.IPv6Network
-Address = _ip.IPv4Address | _ip.IPv6Address
 
 _PLACEHOLDERS = ("${clientid}", "${username}")
 _EQ_PREFIX = "eq "
@@ -202,26 +201,34 @@ def _split_template(topic: str) -> tuple[str, ...]:
 class _Compiled:
     __slots__ = ("allow", "clientid", "network", "publish", "subscribe", "topics", "username")
 
+    # network: (version, first address, last address) as ints, for a cheap range test.
+
     def __init__(self, rule: Rule) -> None:
         self.allow = rule.permission == "allow"
         self.publish = rule.action in ("publish", "all")
         self.subscribe = rule.action in ("subscribe", "all")
         self.clientid = rule.clientid
         self.username = rule.username
-        self.network = rule.network
+        net = rule.network
+        self.network: tuple[int, int, int] | None = (
+            None
+            if net is None
+            else (net.version, int(net.network_address), int(net.broadcast_address))
+        )
         self.topics = tuple(_Topic(t) for t in rule.topics)
 
 
 @lru_cache(maxsize=4096)
-def _parse_peer(peer_ip: str) -> tuple[Address, ...]:
-    """The peer's address (and its IPv4 form if it is IPv4-mapped); () if unparsable."""
+def _parse_peer(peer_ip: str) -> tuple[tuple[int, int], ...]:
+    """``(version, address as int)`` of the peer, plus the IPv4 form of an IPv4-mapped
+    IPv6 address; () if unparsable."""
     try:
         addr = _ip.ip_address(peer_ip)
     except ValueError:
         return ()
     if isinstance(addr, _ip.IPv6Address) and addr.ipv4_mapped is not None:
-        return (addr, addr.ipv4_mapped)
-    return (addr,)
+        return ((6, int(addr)), (4, int(addr.ipv4_mapped)))
+    return ((addr.version, int(addr)),)
 
 
 class Authorizer:
@@ -259,7 +266,7 @@ class Authorizer:
             publish = False
         else:
             raise ValueError(f"action must be 'publish' or 'subscribe', not {action!r}")
-        peer: tuple[Address, ...] | None = None
+        peer: tuple[tuple[int, int], ...] | None = None
         for rule in self._compiled:
             if not (rule.publish if publish else rule.subscribe):
                 continue
@@ -271,7 +278,11 @@ class Authorizer:
             if network is not None:
                 if peer is None:
                     peer = _parse_peer(peer_ip) if peer_ip else ()
-                if not any(a in network for a in peer):
+                version, first, last = network
+                for v, a in peer:
+                    if v == version and first <= a <= last:
+                        break
+                else:
                     continue
             for t in rule.topics:
                 kind = t.kind
