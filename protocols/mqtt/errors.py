@@ -44,6 +44,10 @@ class Violation(Enum):
     PACKET_TOO_LARGE = "packet exceeds the maximum packet size"
     CLIENT_ID_INVALID = "invalid client identifier"
     SUBSCRIPTION_OPTIONS = "invalid subscription options"
+    MALFORMED_VARIABLE_INTEGER = "variable byte integer longer than 4 bytes"
+    CONNACK_FLAGS = "invalid CONNACK acknowledge flags"
+    RETAIN_HANDLING = "retain handling 3"
+    SHARED_NO_LOCAL = "No Local set on a shared subscription"
 
 
 VIOLATION_REASON: dict[Violation, ReasonCode] = {
@@ -73,6 +77,10 @@ VIOLATION_REASON: dict[Violation, ReasonCode] = {
     Violation.PACKET_TOO_LARGE: ReasonCode.PACKET_TOO_LARGE,
     Violation.CLIENT_ID_INVALID: ReasonCode.CLIENT_IDENTIFIER_NOT_VALID,
     Violation.SUBSCRIPTION_OPTIONS: ReasonCode.MALFORMED_PACKET,
+    Violation.MALFORMED_VARIABLE_INTEGER: ReasonCode.MALFORMED_PACKET,
+    Violation.CONNACK_FLAGS: ReasonCode.MALFORMED_PACKET,
+    Violation.RETAIN_HANDLING: ReasonCode.PROTOCOL_ERROR,
+    Violation.SHARED_NO_LOCAL: ReasonCode.PROTOCOL_ERROR,
 }
 
 
@@ -92,3 +100,11 @@ class RemoteProtocolError(MQTTError):
 
 class LocalProtocolError(MQTTError):
     """We were asked to encode something the protocol does not allow."""
+
+
+class OutgoingPacketTooLarge(LocalProtocolError):
+    """The encoded packet exceeds the peer's Maximum Packet Size.
+
+    Not a bug: MQTT 5 says the sender discards such a packet (a PUBLISH is dropped as if
+    delivered), so callers catch this one and decide.
+    """

@@ -1,0 +1,201 @@
+"""A sans-IO MQTT connection (the h11/wsproto model): bytes in, packets out, and back.
+
+``receive_data(data)`` buffers what the socket read; ``next_event()`` returns the next
+complete packet, or ``None`` until more bytes arrive; ``send(packet)`` returns the bytes
+to write. No sockets, no clocks, no asyncio: the transport shell owns those.
+
+Invariants:
+
+- The receive buffer is one ``bytearray`` with a read offset; consumed bytes are cut
+  off only when they are at least half the buffer, so buffering costs amortised O(1)
+  per byte however the stream is split.
+- ``next_event`` checks the remaining length as soon as it is known: more than four
+  length bytes is ``MALFORMED_REMAINING_LENGTH`` and a packet larger than
+  ``max_incoming_packet_size`` (fixed header included) is ``PACKET_TOO_LARGE``, both
+  before the body is buffered.
+- SERVER role: the first packet must be CONNECT (``FIRST_PACKET_NOT_CONNECT``, checked
+  on its first byte); a second CONNECT is ``SECOND_CONNECT``. The CONNECT's protocol
+  name and level are checked first and set :attr:`Connection.protocol_level` before the
+  rest is decoded, so a malformed 5.0 CONNECT can still be answered in 5.0. An unknown
+  name or level (``PROTOCOL_NAME``, ``UNSUPPORTED_VERSION``) leaves it ``None``; the
+  caller then answers ``send(ConnAck(reason_code=0x84))``, which is encoded as 3.1.1
+  (return code 1) while the level is unknown.
+- CLIENT role: the level comes from the constructor or from sending a ``Connect``.
+- After a ``RemoteProtocolError`` the receiving side is dead: ``receive_data`` and
+  ``next_event`` raise the same violation again. ``send`` keeps working, so the
+  caller can still answer with a CONNACK or DISCONNECT.
+- ``send`` refuses packets the role may not send (``LocalProtocolError``) and raises
+  :class:`~protocols.mqtt.errors.OutgoingPacketTooLarge` above
+  ``max_outgoing_packet_size`` (the peer's Maximum Packet Size, set by the caller).
+
+Shared PUBLISH bytes bypass ``send``: encode once with :func:`encode`, then per
+subscriber compare the length against ``max_outgoing_packet_size`` and patch the packet
+id with :func:`encode_publish_with_id` at :func:`publish_packet_id_offset`.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from protocols.mqtt.codec import (
+    SUPPORTED_LEVELS,
+    allowed_types,
+    connect_protocol_level,
+    decode,
+    encode,
+    encode_publish_with_id,
+    publish_packet_id_offset,
+    read_fixed_header,
+)
+from protocols.mqtt.errors import (
+    LocalProtocolError,
+    OutgoingPacketTooLarge,
+    RemoteProtocolError,
+    Violation,
+)
+from protocols.mqtt.packets import MQTT_3_1_1, ConnAck, Connect, Packet, PacketType, Publish
+
+__all__ = [
+    "DEFAULT_MAX_PACKET_SIZE",
+    "Connection",
+    "Role",
+    "encode",
+    "encode_publish_with_id",
+    "publish_packet_id_offset",
+]
+
+DEFAULT_MAX_PACKET_SIZE = 268_435_460  # 1 + 4 + the largest remaining length
+_PACKET_TYPE: dict[type, PacketType] = {
+    cls: PacketType[cls.__name__.upper()]
+    for cls in Packet.__args__
+}
+
+
+class Role(Enum):
+    SERVER = "server"
+    CLIENT = "client"
+
+
+class Connection:
+    """One end of an MQTT connection; see the module docstring for the rules."""
+
+    def __init__(
+        self,
+        role: Role,
+        *,
+        protocol_level: int | None = None,
+        max_incoming_packet_size: int = DEFAULT_MAX_PACKET_SIZE,
+    ) -> None:
+        if protocol_level is not None and protocol_level not in SUPPORTED_LEVELS:
+            raise LocalProtocolError(f"unsupported protocol level {protocol_level!r}")
+        self.role = role
+        self.protocol_level: int | None = protocol_level
+        self.max_incoming_packet_size = max_incoming_packet_size
+        self.max_outgoing_packet_size: int | None = None
+        self._from_client = role is Role.SERVER  # the direction of what we receive
+        self._connect_received = False
+        self._buffer = bytearray()
+        self._offset = 0
+        self._error: RemoteProtocolError | None = None
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet returned as packets."""
+        return len(self._buffer) - self._offset
+
+    def _raise_again(self) -> None:
+        error = self._error
+        if error is not None:
+            raise RemoteProtocolError(error.violation, error.detail)
+
+    def receive_data(self, data: bytes) -> None:
+        """Append bytes read from the peer (an empty ``data`` is ignored)."""
+        self._raise_again()
+        offset = self._offset
+        if offset and offset * 2 >= len(self._buffer):
+            del self._buffer[:offset]
+            self._offset = 0
+        self._buffer += data
+
+    def next_event(self) -> Packet | None:
+        """The next complete packet, or ``None`` when more bytes are needed."""
+        self._raise_again()
+        buffer = self._buffer
+        offset = self._offset
+        end = len(buffer)
+        if offset >= end:
+            return None
+        try:
+            packet = self._next(buffer, offset, end)
+        except RemoteProtocolError as exc:
+            self._error = exc
+            self._buffer = bytearray()  # the old one may still be exported by a traceback
+            self._offset = 0
+            raise
+        return packet
+
+    def _next(self, buffer: bytearray, offset: int, end: int) -> Packet | None:
+        server = self._from_client
+        if server and not self._connect_received and buffer[offset] >> 4 != 1:
+            raise RemoteProtocolError(
+                Violation.FIRST_PACKET_NOT_CONNECT, f"first byte 0x{buffer[offset]:02X}"
+            )
+        header = read_fixed_header(buffer, offset, end)
+        if header is None:
+            return None
+        first, length, header_length = header
+        total = header_length + length
+        if total > self.max_incoming_packet_size:
+            raise RemoteProtocolError(
+                Violation.PACKET_TOO_LARGE,
+                f"{total} bytes, limit {self.max_incoming_packet_size}",
+            )
+        if end - offset < total:
+            return None
+        level = self.protocol_level
+        if level is None and not server:
+            raise LocalProtocolError("protocol level unknown: pass it or send a Connect")
+        body = memoryview(buffer)[offset + header_length : offset + total]
+        try:
+            if server and first >> 4 == 1:
+                if self._connect_received:
+                    raise RemoteProtocolError(Violation.SECOND_CONNECT)
+                level = self.protocol_level = connect_protocol_level(body)
+                packet = decode(first, body, level, from_client=True)
+                self._connect_received = True
+            else:
+                assert level is not None
+                packet = decode(first, body, level, from_client=server)
+        finally:
+            body.release()
+        offset += total
+        if offset == end:
+            buffer.clear()
+            offset = 0
+        self._offset = offset
+        return packet
+
+    def send(self, packet: Packet) -> bytes:
+        """The bytes of ``packet`` at this connection's protocol level."""
+        ptype = _PACKET_TYPE.get(type(packet))
+        if ptype is None:
+            raise LocalProtocolError(f"not an MQTT packet: {packet!r}")
+        client = self.role is Role.CLIENT
+        if client and type(packet) is Connect:
+            if packet.protocol_level not in SUPPORTED_LEVELS:
+                raise LocalProtocolError(f"unsupported protocol level {packet.protocol_level}")
+            self.protocol_level = packet.protocol_level
+        level = self.protocol_level
+        if level is None:
+            if type(packet) is not ConnAck:
+                raise LocalProtocolError("protocol level unknown: no CONNECT yet")
+            level = MQTT_3_1_1  # answering an unsupported protocol level
+        if ptype not in allowed_types(level, from_client=client):
+            raise LocalProtocolError(f"a {self.role.value} does not send {ptype.name}")
+        if client and type(packet) is Publish and packet.properties.subscription_identifiers:
+            raise LocalProtocolError("a client PUBLISH carries no subscription identifier")
+        data = encode(packet, level)
+        limit = self.max_outgoing_packet_size
+        if limit is not None and len(data) > limit:
+            raise OutgoingPacketTooLarge(f"{len(data)} bytes, peer accepts {limit}")
+        return data
