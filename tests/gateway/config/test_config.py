@@ -24,6 +24,14 @@ from gateway.config import (
 REPO = Path(__file__).resolve().parents[3]
 
 
+@pytest.fixture(autouse=True)
+def _no_gateway_environment(monkeypatch):
+    """The CLI tests read os.environ: keep the caller's GATEWAY_* variables out."""
+    for name in list(os.environ):
+        if name.startswith("GATEWAY_"):
+            monkeypatch.delenv(name)
+
+
 def write(tmp_path: Path, text: str, name: str = "gateway.toml") -> Path:
     path = tmp_path / name
     path.write_text(text)
