@@ -98,7 +98,7 @@ class Broker:
 
     def route(self, message: Message) -> int:
         """Deliver a message to every matching local session; returns how many."""
-        filters = self.index.match(message.topic)
+        filters = self.index.lookup(message.topic)
         if not filters:
             if self.on_no_subscribers is not None:
                 self.on_no_subscribers(message)

@@ -258,9 +258,10 @@ class Node:
     # -- GatewayContext: messages ------------------------------------------------------
 
     def authorize(self, client: ClientInfo, action: str, topic: str) -> bool:
+        checked = parse_shared(topic)[1] if action == "subscribe" else topic
         allowed: bool = self.authorizer.check(
-            action,
-            topic,
+            action,  # type: ignore[arg-type]
+            checked,
             clientid=client.client_id,
             username=client.username,
             peer_ip=client.peer_host,

@@ -21,7 +21,7 @@ import asyncio
 import ipaddress
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from protocols.context import Delivery
 from protocols.effects import CancelTimer, Close, Effect, SetTimer
@@ -91,8 +91,8 @@ class StreamShell(asyncio.Protocol):
     # -- asyncio.Protocol ------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's transports implement asyncio.Transport without subclassing it
+        self.transport = transport = cast(asyncio.Transport, transport)
         peer = transport.get_extra_info("peername")
         peer_t: tuple[str, int] | None = (peer[0], peer[1]) if peer else None
         refusal = self.limits.admit(peer_t[0] if peer_t else None)

@@ -1,0 +1,241 @@
+"""The MQTT channel against the real core, with no sockets and a virtual clock.
+
+A :class:`Wire` plays the transport shell: it carries out effects, keeps the bytes the
+channel wrote, decodes them with a client-role codec, and lets the test fire timers.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.core.authz import Authorizer, Rule
+from gateway.core.clock import VirtualScheduler
+from gateway.core.node import CoreSettings, Node
+from protocols.context import Delivery
+from protocols.effects import CancelTimer, Close, Effect, SetTimer
+from protocols.mqtt.channel import MqttChannel, MqttSettings
+from protocols.mqtt.connection import Connection, Role
+from protocols.mqtt.packets import (
+    MQTT_5,
+    ConnAck,
+    Connect,
+    Disconnect,
+    Packet,
+    PingReq,
+    PingResp,
+    Properties,
+    PubAck,
+    PubComp,
+    Publish,
+    PubRec,
+    PubRel,
+    SubAck,
+    Subscribe,
+    Subscription,
+    Will,
+)
+
+
+class Wire:
+    def __init__(self, node: Node, clock: VirtualScheduler, settings: MqttSettings, level: int):
+        self.clock = clock
+        self.channel = MqttChannel(node, settings, self, peer=("127.0.0.1", 5555), monotonic=clock.time)
+        self.client = Connection(Role.CLIENT, protocol_level=level)
+        self.timers: dict[str, float] = {}
+        self.closed: str | None = None
+        self.received: list[Packet] = []
+        self._run(self.channel.connection_made())
+
+    # ConnectionHandle
+    def deliver(self, deliveries: list[Delivery]) -> None:
+        self._run(self.channel.deliver(deliveries))
+
+    def release(self, packet_id: int) -> None:
+        self._run(self.channel.release(packet_id))
+
+    def kick(self, reason_code: int) -> None:
+        self._run(self.channel.kick(reason_code))
+
+    def _run(self, effects: list[Effect]) -> None:
+        for e in effects:
+            if isinstance(e, bytes):
+                assert self.closed is None, "wrote after close"
+                self.client.receive_data(e)
+                while (p := self.client.next_event()) is not None:
+                    self.received.append(p)
+            elif isinstance(e, SetTimer):
+                self.timers[e.name] = self.clock.time() + e.seconds
+            elif isinstance(e, CancelTimer):
+                self.timers.pop(e.name, None)
+            elif isinstance(e, Close):
+                self.closed = e.reason
+                self.channel.connection_lost()
+
+    def send(self, packet: Packet) -> None:
+        self._run(self.channel.handle_data(self.client.send(packet)))
+
+    def send_raw(self, data: bytes) -> None:
+        self._run(self.channel.handle_data(data))
+
+    def advance(self, seconds: float) -> None:
+        self.clock.advance(seconds)
+        for name, when in sorted(self.timers.items(), key=lambda kv: kv[1]):
+            if when <= self.clock.time() and self.timers.get(name) == when:
+                del self.timers[name]
+                self._run(self.channel.on_timer(name))
+
+    def take(self) -> list[Packet]:
+        out, self.received = self.received, []
+        return out
+
+
+@pytest.fixture
+def clock() -> VirtualScheduler:
+    return VirtualScheduler()
+
+
+@pytest.fixture
+def node(clock: VirtualScheduler) -> Node:
+    rules = [Rule("deny", "subscribe", ("test/nosubscribe",))]
+    return Node(CoreSettings(), clock, authorizer=Authorizer(rules, "allow"))
+
+
+def client(
+    node: Node,
+    clock: VirtualScheduler,
+    cid: str,
+    level: int = MQTT_5,
+    settings: MqttSettings | None = None,
+    **connect: object,
+) -> Wire:
+    w = Wire(node, clock, settings or MqttSettings(), level)
+    w.send(Connect(cid, protocol_level=level, **connect))  # type: ignore[arg-type]
+    ack = w.take()[0]
+    assert isinstance(ack, ConnAck)
+    w.connack = ack  # type: ignore[attr-defined]
+    return w
+
+
+def test_connect_publish_subscribe_roundtrip(node: Node, clock: VirtualScheduler) -> None:
+    sub = client(node, clock, "sub")
+    assert sub.connack.reason_code == 0  # type: ignore[attr-defined]
+    sub.send(Subscribe(1, (Subscription("a/#", qos=1),)))
+    assert sub.take() == [SubAck(1, (1,))]
+    pub = client(node, clock, "pub", level=4)
+    pub.send(Publish("a/b", b"hi", qos=1, packet_id=7))
+    assert pub.take() == [PubAck(7)]
+    got = sub.take()
+    assert len(got) == 1 and isinstance(got[0], Publish)
+    assert got[0].topic == "a/b" and got[0].payload == b"hi" and got[0].qos == 1
+
+
+def test_empty_client_id_assigned_in_v5_refused_in_v311_persistent(
+    node: Node, clock: VirtualScheduler
+) -> None:
+    w = client(node, clock, "")
+    assert w.connack.properties.assigned_client_identifier  # type: ignore[attr-defined]
+    w2 = client(node, clock, "", level=4, clean_start=False)
+    assert w2.connack.reason_code == 2 and w2.closed  # type: ignore[attr-defined]
+
+
+def test_denied_subscribe_codes(node: Node, clock: VirtualScheduler) -> None:
+    v5 = client(node, clock, "a")
+    v5.send(Subscribe(1, (Subscription("test/nosubscribe", 2), Subscription("ok", 2))))
+    assert v5.take() == [SubAck(1, (0x87, 2))]
+    v3 = client(node, clock, "b", level=4)
+    v3.send(Subscribe(1, (Subscription("test/nosubscribe", 1),)))
+    assert v3.take() == [SubAck(1, (0x80,))]
+
+
+def test_qos2_inbound_exactly_once(node: Node, clock: VirtualScheduler) -> None:
+    sub = client(node, clock, "sub")
+    sub.send(Subscribe(1, (Subscription("t", 2),)))
+    sub.take()
+    pub = client(node, clock, "pub")
+    pub.send(Publish("t", b"once", qos=2, packet_id=3))
+    pub.send(Publish("t", b"once", qos=2, packet_id=3, dup=True))
+    assert pub.take() == [PubRec(3), PubRec(3)]
+    pub.send(PubRel(3))
+    assert pub.take() == [PubComp(3)]
+    assert [p.payload for p in sub.take() if isinstance(p, Publish)] == [b"once"]
+
+
+def test_receive_maximum_exceeded_disconnects_0x93(node: Node, clock: VirtualScheduler) -> None:
+    pub = client(node, clock, "pub", settings=MqttSettings(max_inflight=2))
+    for pid in (1, 2, 3):
+        pub.send(Publish("t", b"x", qos=2, packet_id=pid))
+    got = pub.take()
+    assert got[-1] == Disconnect(0x93)
+    assert pub.closed
+
+
+def test_keepalive_timeout_sends_will(node: Node, clock: VirtualScheduler) -> None:
+    watcher = client(node, clock, "w")
+    watcher.send(Subscribe(1, (Subscription("will", 0),)))
+    watcher.take()
+    c = client(node, clock, "c", keepalive=10, will=Will("will", b"gone"))
+    c.advance(10)
+    c.send(PingReq())
+    assert c.take() == [PingResp()]
+    c.advance(14)  # 1.5 x 10 after the last packet
+    assert c.closed is None
+    c.advance(2)
+    assert c.closed and "keepalive" in c.closed
+    assert c.take() == [Disconnect(0x8D)]
+    assert [p.payload for p in watcher.take() if isinstance(p, Publish)] == [b"gone"]
+
+
+def test_takeover_sends_0x8e_to_old_connection(node: Node, clock: VirtualScheduler) -> None:
+    old = client(node, clock, "same")
+    client(node, clock, "same")
+    assert old.take() == [Disconnect(0x8E)] and old.closed
+
+
+def test_topic_alias_in_and_out(node: Node, clock: VirtualScheduler) -> None:
+    sub = client(node, clock, "sub", properties=Properties(topic_alias_maximum=5))
+    sub.send(Subscribe(1, (Subscription("long/topic", 0),)))
+    sub.take()
+    pub = client(node, clock, "pub")
+    pub.send(Publish("long/topic", b"1", properties=Properties(topic_alias=1)))
+    pub.send(Publish("", b"2", properties=Properties(topic_alias=1)))
+    got = [p for p in sub.take() if isinstance(p, Publish)]
+    assert [(p.topic, p.properties.topic_alias, p.payload) for p in got] == [
+        ("long/topic", 1, b"1"),
+        ("", 1, b"2"),
+    ]
+    pub.send(Publish("", b"3", properties=Properties(topic_alias=9)))
+    assert pub.take() == [Disconnect(0x82)]
+
+
+def test_message_too_large_for_client_is_not_sent(node: Node, clock: VirtualScheduler) -> None:
+    sub = client(node, clock, "sub", properties=Properties(maximum_packet_size=64))
+    sub.send(Subscribe(1, (Subscription("t", 1),)))
+    sub.take()
+    pub = client(node, clock, "pub")
+    pub.send(Publish("t", b"x" * 100, qos=1, packet_id=1))
+    pub.send(Publish("t", b"small", qos=1, packet_id=2))
+    assert [p.payload for p in sub.take() if isinstance(p, Publish)] == [b"small"]
+    assert node.metrics.get("messages.dropped.too_large") == 1
+
+
+def test_malformed_packet_closes_only_that_client(node: Node, clock: VirtualScheduler) -> None:
+    bad = client(node, clock, "bad")
+    good = client(node, clock, "good")
+    bad.send_raw(b"\x30\xff\xff\xff\xff\x01")  # remaining length of 5 bytes
+    assert bad.closed
+    good.send(PingReq())
+    assert good.take() == [PingResp()]
+
+
+def test_unsupported_version_gets_connack_1(node: Node, clock: VirtualScheduler) -> None:
+    w = Wire(node, clock, MqttSettings(), 4)
+    # CONNECT with protocol level 9
+    w.send_raw(b"\x10\x0d\x00\x04MQTT\x09\x02\x00\x3c\x00\x01x")
+    assert w.closed
+    assert w.received == [] or isinstance(w.received[0], ConnAck)
+
+
+def test_idle_timeout_without_connect(node: Node, clock: VirtualScheduler) -> None:
+    w = Wire(node, clock, MqttSettings(idle_timeout=5), 4)
+    w.advance(6)
+    assert w.closed
