@@ -20,6 +20,7 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
+import selectors
 import socket
 import struct
 import time
@@ -939,3 +940,30 @@ def assert_broker_healthy(addr: tuple[str, int], proto: int = V311) -> None:
         c.publish(topic, b"ok", qos=1)
         c.receive(topic, b"ok", qos=1)
         c.disconnect()
+
+
+def collect(
+    clients: Sequence[RawClient], count: int, timeout: float = DEFAULT_TIMEOUT, *, ack: bool = True
+) -> list[tuple[RawClient, Packet]]:
+    """Read ``count`` PUBLISH packets from whichever of ``clients`` has one (acking each)."""
+    got: list[tuple[RawClient, Packet]] = []
+    for c in clients:
+        while c.stash and len(got) < count:
+            got.append((c, c.stash.pop(0)))
+    deadline = time.monotonic() + timeout
+    with selectors.DefaultSelector() as sel:
+        for c in clients:
+            sel.register(c.sock, selectors.EVENT_READ, c)
+        while len(got) < count:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise Timeout(f"collected {len(got)}/{count} PUBLISH packets: {got}")
+            for key, _ in sel.select(remaining):
+                c = key.data
+                pkt = c.read(max(deadline - time.monotonic(), 0.001))
+                assert pkt.type == PUBLISH, f"expected PUBLISH, got {pkt!r}"
+                got.append((c, pkt))
+    if ack:
+        for c, pkt in got:
+            c.ack(pkt)
+    return got
