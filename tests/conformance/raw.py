@@ -967,3 +967,28 @@ def collect(
         for c, pkt in got:
             c.ack(pkt)
     return got
+
+
+def wait_broker_seconds(addr: tuple[str, int], seconds: int, timeout: float = 10.0) -> None:
+    """Return once the broker itself has let ``seconds`` pass, without sleeping here.
+
+    A throwaway MQTT 5 client leaves with a will delayed by ``seconds`` (its session lasts
+    longer); when the will arrives the broker's own timer has fired. Used by tests of
+    expiry, where real time has to pass on the broker's clock.
+    """
+    token = f"clock/{time.monotonic_ns()}"
+    with RawClient(addr, V5) as watcher:
+        watcher.connect(f"{token.replace('/', '-')}-w")
+        watcher.subscribe(token, 0)
+        timer = RawClient(addr, V5)
+        timer.connect(
+            f"{token.replace('/', '-')}-t",
+            properties=[(SESSION_EXPIRY_INTERVAL, seconds + 60)],
+            will=Will(token, b"tick", properties=[(WILL_DELAY_INTERVAL, seconds)]),
+        )
+        timer.close()
+        watcher.receive(token, b"tick", timeout=timeout)
+        watcher.disconnect()
+    with RawClient(addr, V5) as c:  # end the timer's session
+        c.connect(f"{token.replace('/', '-')}-t", clean=True)
+        c.disconnect()
