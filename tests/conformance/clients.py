@@ -186,13 +186,14 @@ def _cli(name: str) -> str:
 def mosquitto_pub(
     addr: tuple[str, int],
     topic: str,
-    payload: str,
+    payload: str | None,
     *,
     version: str = "mqttv311",
     qos: int = 0,
     retain: bool = False,
     extra: Sequence[str] = (),
 ) -> None:
+    """Run mosquitto_pub once (``payload=None`` sends a zero-length payload)."""
     cmd = [
         _cli("mosquitto_pub"),
         "-h",
@@ -203,8 +204,7 @@ def mosquitto_pub(
         version,
         "-t",
         topic,
-        "-m",
-        payload,
+        *(["-n"] if payload is None else ["-m", payload]),
         "-q",
         str(qos),
         *(["-r"] if retain else []),

@@ -18,6 +18,7 @@ every broker still running is attached to its report.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import socket
@@ -59,18 +60,45 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _acl_lines(rules_toml: str) -> list[str]:
-    """Translate gatewayd's authorization rules (a TOML inline array) into a mosquitto ACL.
+_DYNSEC_PLUGIN = "/usr/lib/x86_64-linux-gnu/mosquitto_dynamic_security.so"
+_DYNSEC_ACLTYPES = {
+    "subscribe": ["subscribePattern"],
+    "publish": ["publishClientSend"],
+    "all": ["subscribePattern", "publishClientSend"],
+}
 
-    mosquitto's ACL cannot deny one action only, so a deny rule denies all access to its
-    topics; everything else stays allowed.
+
+def _dynsec_config(rules_toml: str) -> dict[str, object]:
+    """Translate gatewayd's authorization rules (a TOML inline array) for mosquitto's
+    dynamic-security plugin: one role for the anonymous group, first rule = top priority.
+
+    Only rules without clientid/username/ipaddress conditions translate; ``${clientid}``
+    and ``${username}`` become dynsec's ``%c`` and ``%u``.
     """
     rules = tomllib.loads(f"rules = {rules_toml}")["rules"]
-    lines = []
-    for rule in rules:
-        if rule.get("permission") == "deny":
-            lines += [f"topic deny {t}" for t in rule.get("topics", [])]
-    return [*lines, "topic readwrite #"]
+    acls = []
+    for index, rule in enumerate(rules):
+        if any(key in rule for key in ("clientid", "username", "ipaddress")):
+            continue
+        for topic in rule.get("topics", []):
+            topic = topic.replace("${clientid}", "%c").replace("${username}", "%u")
+            for acltype in _DYNSEC_ACLTYPES[rule.get("action", "all")]:
+                acls.append(
+                    {
+                        "acltype": acltype,
+                        "topic": topic,
+                        "priority": len(rules) - index,
+                        "allow": rule.get("permission") == "allow",
+                    }
+                )
+    everything = {"publishClientSend": True, "publishClientReceive": True}
+    return {
+        "defaultACLAccess": {**everything, "subscribe": True, "unsubscribe": True},
+        "clients": [],
+        "groups": [{"groupname": "anonymous", "roles": [{"rolename": "rules"}], "clients": []}],
+        "roles": [{"rolename": "rules", "acls": acls}],
+        "anonymousGroup": "anonymous",
+    }
 
 
 class BrokerProcess:
@@ -96,9 +124,9 @@ class BrokerProcess:
                 scope, option = MOSQUITTO_EQUIVALENTS[key]
                 (global_lines if scope == "global" else listener_lines).append(f"{option} {value}")
             elif key == "GATEWAY_AUTHORIZATION__RULES":
-                acl = self.workdir / "acl"
-                acl.write_text("\n".join(_acl_lines(value)) + "\n")
-                global_lines.append(f"acl_file {acl}")
+                dynsec = self.workdir / "dynsec.json"
+                dynsec.write_text(json.dumps(_dynsec_config(value), indent=1))
+                global_lines += [f"plugin {_DYNSEC_PLUGIN}", f"plugin_opt_config_file {dynsec}"]
         conf = self.workdir / "mosquitto.conf"
         conf.write_text(
             "\n".join([*global_lines, f"listener {self.port} {self.host}", *listener_lines]) + "\n"
