@@ -66,8 +66,7 @@ __all__ = [
 
 DEFAULT_MAX_PACKET_SIZE = 268_435_460  # 1 + 4 + the largest remaining length
 _PACKET_TYPE: dict[type, PacketType] = {
-    cls: PacketType[cls.__name__.upper()]
-    for cls in Packet.__args__
+    cls: PacketType[cls.__name__.upper()] for cls in Packet.__args__
 }
 
 

@@ -182,9 +182,7 @@ def _encode_publish(p: Publish, level: int) -> bytes:
 
 def _encode_connect(p: Connect, level: int) -> bytes:
     if p.protocol_level != level:
-        raise LocalProtocolError(
-            f"CONNECT of level {p.protocol_level} encoded at level {level}"
-        )
+        raise LocalProtocolError(f"CONNECT of level {p.protocol_level} encoded at level {level}")
     v5 = level == MQTT_5
     flags = 0x02 if p.clean_start else 0
     will = p.will
@@ -231,9 +229,7 @@ def _encode_connack(p: ConnAck, level: int) -> bytes:
     return _packet(0x20, bytes((1 if p.session_present else 0, code)) + tail)
 
 
-def _ack_encoder(
-    first: int, codes: frozenset[int], what: str
-) -> Callable[[Any, int], bytes]:
+def _ack_encoder(first: int, codes: frozenset[int], what: str) -> Callable[[Any, int], bytes]:
     def encode_ack(p: PubAck | PubRec | PubRel | PubComp, level: int) -> bytes:
         packet_id = _packet_id(p.packet_id)
         if level != MQTT_5:
@@ -309,9 +305,7 @@ def _encode_unsuback(p: UnsubAck, level: int) -> bytes:
     return _packet(0xB0, packet_id + encode_properties(p.properties, UNSUBACK_PROPS) + codes)
 
 
-def _encode_optional(
-    first: int, code: int, props: Properties, allowed: frozenset[int]
-) -> bytes:
+def _encode_optional(first: int, code: int, props: Properties, allowed: frozenset[int]) -> bytes:
     encoded = encode_properties(props, allowed)
     if encoded != b"\x00":
         return _packet(first, bytes((code,)) + encoded)
@@ -386,4 +380,3 @@ def encode_publish_with_id(
     view = memoryview(template)
     first = view[0] | 0x08 if dup else view[0]
     return b"".join((bytes((first,)), view[1:offset], _packet_id(packet_id), view[offset + 2 :]))
-

@@ -45,15 +45,11 @@ def validate_topic_name(name: str) -> None:
     if not name:
         raise RemoteProtocolError(Violation.TOPIC_NAME_INVALID, "empty topic name")
     if "+" in name or "#" in name:
-        raise RemoteProtocolError(
-            Violation.TOPIC_NAME_INVALID, f"wildcard in topic name {name!r}"
-        )
+        raise RemoteProtocolError(Violation.TOPIC_NAME_INVALID, f"wildcard in topic name {name!r}")
 
 
 def _invalid_filter(topic_filter: str, why: str) -> RemoteProtocolError:
-    return RemoteProtocolError(
-        Violation.TOPIC_FILTER_INVALID, f"{why}: {topic_filter!r}"
-    )
+    return RemoteProtocolError(Violation.TOPIC_FILTER_INVALID, f"{why}: {topic_filter!r}")
 
 
 def parse_shared(topic_filter: str) -> tuple[str | None, str]:
