@@ -48,6 +48,7 @@ class Violation(Enum):
     CONNACK_FLAGS = "invalid CONNACK acknowledge flags"
     RETAIN_HANDLING = "retain handling 3"
     SHARED_NO_LOCAL = "No Local set on a shared subscription"
+    TOPIC_ALIAS_INVALID = "topic alias 0"
 
 
 VIOLATION_REASON: dict[Violation, ReasonCode] = {
@@ -81,6 +82,7 @@ VIOLATION_REASON: dict[Violation, ReasonCode] = {
     Violation.CONNACK_FLAGS: ReasonCode.MALFORMED_PACKET,
     Violation.RETAIN_HANDLING: ReasonCode.PROTOCOL_ERROR,
     Violation.SHARED_NO_LOCAL: ReasonCode.PROTOCOL_ERROR,
+    Violation.TOPIC_ALIAS_INVALID: ReasonCode.TOPIC_ALIAS_INVALID,
 }
 
 

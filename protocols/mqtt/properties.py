@@ -11,7 +11,7 @@ Invariants:
   the packet's set (``INVALID_PROPERTY``), a second occurrence of any property except
   User Property and, in PUBLISH only, Subscription Identifier (``DUPLICATE_PROPERTY``),
   and values outside ``VALUE_RANGES`` or Authentication Data without an Authentication
-  Method (``INVALID_PROPERTY_VALUE``).
+  Method (``INVALID_PROPERTY_VALUE``; a Topic Alias of 0 is ``TOPIC_ALIAS_INVALID``).
 - Encoding enforces the same rules with ``LocalProtocolError``, so whatever
   :func:`encode_properties` accepts, :func:`decode_properties` gives back unchanged.
 - An absent property section is represented by the shared ``NO_PROPERTIES``.
@@ -61,6 +61,7 @@ BYTE, U16_T, U32_T, VARINT, STRING, BINARY, PAIR = range(7)
 
 USER_PROPERTY = 0x26
 SUBSCRIPTION_IDENTIFIER = 0x0B
+TOPIC_ALIAS = 0x23
 
 PROPERTY_TABLE: tuple[tuple[int, str, int], ...] = (
     (0x01, "payload_format_indicator", BYTE),
@@ -189,6 +190,8 @@ def decode_properties(
             raise RemoteProtocolError(Violation.DUPLICATE_PROPERTY, name)
         limits = VALUE_RANGES.get(name)
         if limits is not None and not limits[0] <= value <= limits[1]:
+            if pid == TOPIC_ALIAS:  # MQTT-3.3.2-8: answered with 0x94, not 0x82
+                raise RemoteProtocolError(Violation.TOPIC_ALIAS_INVALID, f"{name}={value}")
             raise _bad_value(name, value)
         values[name] = value
     if "authentication_data" in values and "authentication_method" not in values:

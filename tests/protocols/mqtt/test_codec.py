@@ -631,7 +631,7 @@ VIOLATIONS: list[tuple[str, tuple[Role, int | None], bytes, Violation]] = [
         pkt(0x10, s("MQTT") + b"\x05\x02\x00\x3c" + props(b"\x16" + s(b"x")) + s("c")),
         V.INVALID_PROPERTY_VALUE,
     ),
-    ("topic alias 0", S5, pkt(0x30, s("a") + props(b"\x23\x00\x00")), V.INVALID_PROPERTY_VALUE),
+    ("topic alias 0", S5, pkt(0x30, s("a") + props(b"\x23\x00\x00")), V.TOPIC_ALIAS_INVALID),
     ("payload format 2", S5, pkt(0x30, s("a") + props(b"\x01\x02")), V.INVALID_PROPERTY_VALUE),
     ("maximum QoS 2", C5, pkt(0x20, b"\x00\x00" + props(b"\x24\x02")), V.INVALID_PROPERTY_VALUE),
     (
