@@ -53,6 +53,7 @@ def mqtt_settings(config: GatewayConfig, listener: str, mountpoint: str) -> Mqtt
         idle_timeout=m.idle_timeout,
         keepalive_multiplier=m.keepalive_multiplier,
         server_keepalive=m.server_keepalive,
+        max_keepalive=m.max_keepalive,
         session_expiry_interval=int(m.session_expiry_interval),
         max_session_expiry_interval=int(m.max_session_expiry_interval),
         max_inflight=m.max_inflight,
@@ -61,6 +62,9 @@ def mqtt_settings(config: GatewayConfig, listener: str, mountpoint: str) -> Mqtt
         max_subscriptions=m.max_subscriptions,
         response_information=m.response_information,
         deny_action_disconnect=config.authorization.deny_action == "disconnect",
+        subscribe_deny_code=(
+            0x87 if config.authorization.subscribe_deny_reason == "not_authorized" else 0x80
+        ),
         mountpoint=mountpoint,
         listener=listener,
     )

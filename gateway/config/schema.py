@@ -263,6 +263,7 @@ class MqttConfig(_Section):
     idle_timeout: Annotated[Duration, Field(gt=0)] = 15.0
     keepalive_multiplier: float = Field(default=1.5, ge=1.0)
     server_keepalive: int = Field(default=0, ge=0, le=65535)
+    max_keepalive: int = Field(default=0, ge=0, le=65535)
     session_expiry_interval: Annotated[Duration, Field(le=MAX_SESSION_EXPIRY)] = 7200.0
     max_session_expiry_interval: Annotated[Duration, Field(le=MAX_SESSION_EXPIRY)] = 0.0
     max_inflight: int = Field(default=32, ge=1, le=65535)
@@ -323,6 +324,9 @@ class AuthzRule(_Section):
 class AuthorizationConfig(_Section):
     no_match: Permission = "allow"
     deny_action: Literal["ignore", "disconnect"] = "ignore"
+    # The SUBACK code a denied MQTT 5 subscription gets: 0x87 (not_authorized) or the
+    # generic 0x80 (unspecified_error) that some 3.1.1-minded test suites expect.
+    subscribe_deny_reason: Literal["not_authorized", "unspecified_error"] = "not_authorized"
     # Rules are evaluated in order, first match wins: ``rules`` (inline) first, then the
     # rules of ``rules_file``. load_config() resolves ``rules_file`` (relative to the
     # configuration file) and validates it, but does not copy its rules into ``rules``.

@@ -11,8 +11,10 @@ checked on accept, before any channel exists.
 
 Invariants:
 - At most one timer per name; setting a name again replaces it.
-- After a Close effect the transport is closed (pending writes flushed first) and no
-  further effect is carried out.
+- After a Close effect no further effect is carried out. The shell writes what is
+  pending, half-closes (FIN) and discards input until the peer closes or ``LINGER``
+  seconds pass: closing outright with unread input makes the kernel send RST, and the
+  peer may then lose our last packet (a DISCONNECT with its reason code).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from protocols.context import Delivery
 from protocols.effects import CancelTimer, Close, Effect, SetTimer
 
 log = logging.getLogger("gateway.net")
+
+LINGER = 5.0  # seconds to wait for the peer to close after our FIN
 
 
 class StreamChannel(Protocol):
@@ -86,6 +90,7 @@ class StreamShell(asyncio.Protocol):
         self.channel: StreamChannel | None = None
         self.timers: dict[str, asyncio.TimerHandle] = {}
         self.closed = False
+        self.linger: asyncio.TimerHandle | None = None
         self.loop = asyncio.get_running_loop()
 
     # -- asyncio.Protocol ------------------------------------------------------------
@@ -115,6 +120,8 @@ class StreamShell(asyncio.Protocol):
         return None  # close the transport
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.linger is not None:
+            self.linger.cancel()
         for timer in self.timers.values():
             timer.cancel()
         self.timers.clear()
@@ -173,11 +180,26 @@ class StreamShell(asyncio.Protocol):
                     transport.write(b"".join(writes))
                     writes = []
                 log.debug("closing %s: %s", transport.get_extra_info("peername"), e.reason)
-                self.closed = True
-                transport.close()
+                self._shutdown(transport)
                 return
         if writes:
             transport.write(b"".join(writes) if len(writes) > 1 else writes[0])
+
+
+    def _shutdown(self, transport: asyncio.Transport) -> None:
+        self.closed = True
+        for timer in self.timers.values():
+            timer.cancel()
+        self.timers.clear()
+        if transport.can_write_eof():
+            try:
+                transport.write_eof()
+            except OSError:
+                transport.abort()
+                return
+            self.linger = self.loop.call_later(LINGER, transport.abort)
+        else:
+            transport.close()
 
 
 def split_bind(bind: str) -> tuple[str, int]:

@@ -81,6 +81,7 @@ class MqttSettings:
     idle_timeout: float = 15.0
     keepalive_multiplier: float = 1.5
     server_keepalive: int = 0
+    max_keepalive: int = 0
     session_expiry_interval: int = 7200
     max_session_expiry_interval: int = 0
     max_inflight: int = 32
@@ -89,6 +90,7 @@ class MqttSettings:
     max_subscriptions: int = 0
     response_information: str = ""
     deny_action_disconnect: bool = False
+    subscribe_deny_code: int = 0x87  # MQTT 5 SUBACK code for a denied subscription
     mountpoint: str = ""
     listener: str = "tcp:default"
 
@@ -391,8 +393,11 @@ class MqttChannel:
             )
             will_delay = w.properties.will_delay_interval or 0
         keepalive = p.keepalive
-        if v == MQTT_5 and s.server_keepalive:
-            keepalive = s.server_keepalive
+        if v == MQTT_5:
+            if s.server_keepalive:
+                keepalive = s.server_keepalive
+            elif s.max_keepalive and (keepalive == 0 or keepalive > s.max_keepalive):
+                keepalive = s.max_keepalive
         if v == MQTT_5:
             expiry_interval = props.session_expiry_interval or 0
         else:
@@ -644,7 +649,7 @@ class MqttChannel:
             elif s.max_subscriptions and full not in subs and len(subs) >= s.max_subscriptions:
                 code = RC.QUOTA_EXCEEDED
             elif not self.context.authorize(info, "subscribe", full):
-                code = RC.NOT_AUTHORIZED
+                code = s.subscribe_deny_code
             else:
                 qos = min(sub.qos, s.max_qos_allowed)
                 opts = SubOptions(
