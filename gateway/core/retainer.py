@@ -83,7 +83,7 @@ class Retainer:
         if self._messages.pop(topic, None) is None:
             return False
         path: list[tuple[_Node, str]] = []
-        node = self._root
+        node: _Node = self._root
         for level in topic.split("/"):
             path.append((node, level))
             node = node.children[level]
@@ -121,9 +121,9 @@ class Retainer:
                     continue
                 yield from self._walk(child, levels, i + 1)
             return
-        child = node.children.get(level)
-        if child is not None:
-            yield from self._walk(child, levels, i + 1)
+        exact = node.children.get(level)
+        if exact is not None:
+            yield from self._walk(exact, levels, i + 1)
 
     def _all_below(self, node: _Node, *, skip_dollar: bool) -> Iterator[str]:
         # "a/#" also matches "a" itself (the parent level).

@@ -177,7 +177,7 @@ class MqttChannel:
             self.last_rx = self._monotonic()
             conn = self.conn
             conn.receive_data(data)
-            while self.state is not State.CLOSED:
+            while self.state is not State.CLOSED:  # type: ignore[comparison-overlap]
                 packet = conn.next_event()
                 if packet is None:
                     break
@@ -296,31 +296,30 @@ class MqttChannel:
             assert isinstance(packet, Connect)  # the codec guarantees CONNECT first
             self._on_connect(packet)
             return
-        t = type(packet)
-        if t is Publish:
-            self._on_publish(packet)  # type: ignore[arg-type]
-        elif t is PubAck:
-            assert self.session is not None
-            self.session.puback(packet.packet_id)  # type: ignore[union-attr]
-        elif t is PubRec:
-            self._on_pubrec(packet)  # type: ignore[arg-type]
-        elif t is PubRel:
-            self._on_pubrel(packet)  # type: ignore[arg-type]
-        elif t is PubComp:
-            assert self.session is not None
-            self.session.pubcomp(packet.packet_id)  # type: ignore[union-attr]
-        elif t is Subscribe:
-            self._on_subscribe(packet)  # type: ignore[arg-type]
-        elif t is Unsubscribe:
-            self._on_unsubscribe(packet)  # type: ignore[arg-type]
-        elif t is PingReq:
+        session = self.session
+        assert session is not None
+        if isinstance(packet, Publish):
+            self._on_publish(packet)
+        elif isinstance(packet, PubAck):
+            session.puback(packet.packet_id)
+        elif isinstance(packet, PubRec):
+            self._on_pubrec(packet)
+        elif isinstance(packet, PubRel):
+            self._on_pubrel(packet)
+        elif isinstance(packet, PubComp):
+            session.pubcomp(packet.packet_id)
+        elif isinstance(packet, Subscribe):
+            self._on_subscribe(packet)
+        elif isinstance(packet, Unsubscribe):
+            self._on_unsubscribe(packet)
+        elif isinstance(packet, PingReq):
             self._send(PingResp())
-        elif t is Disconnect:
-            self._on_disconnect(packet)  # type: ignore[arg-type]
-        elif t is Auth:
+        elif isinstance(packet, Disconnect):
+            self._on_disconnect(packet)
+        elif isinstance(packet, Auth):
             raise _Disconnect(RC.PROTOCOL_ERROR, "AUTH without enhanced authentication")
         else:
-            raise _Disconnect(RC.PROTOCOL_ERROR, f"unexpected {t.__name__}")
+            raise _Disconnect(RC.PROTOCOL_ERROR, f"unexpected {type(packet).__name__}")
 
     # -- CONNECT -------------------------------------------------------------------
 
@@ -632,7 +631,8 @@ class MqttChannel:
         info, session = self.info, self.session
         assert info is not None and session is not None
         v5 = self.version == MQTT_5
-        sid = p.properties.subscription_identifiers[0] if p.properties.subscription_identifiers else None
+        ids = p.properties.subscription_identifiers
+        sid = ids[0] if ids else None
         codes: list[int] = []
         accepted: list[tuple[str, SubOptions, bool]] = []
         subs = session.subscriptions

@@ -66,8 +66,10 @@ def connect(
     return info, h, r.session_present
 
 
-def msg(topic: str, payload: bytes = b"x", qos: int = 1, retain: bool = False, **kw: object) -> Message:
-    return Message(topic, payload, qos, retain, publisher=str(kw.get("publisher", "pub")))
+def msg(
+    topic: str, payload: bytes = b"x", qos: int = 1, retain: bool = False, publisher: str = "pub"
+) -> Message:
+    return Message(topic, payload, qos, retain, publisher=publisher)
 
 
 def test_route_to_matching_subscribers(node: Node) -> None:
@@ -167,7 +169,7 @@ def test_clean_start_discards_session(node: Node) -> None:
     a, ha, _ = connect(node, "a", clean=False, expiry=100)
     node.subscribe(a, "t", SubOptions(qos=1))
     node.close(a, ha, send_will=False)
-    _, hb, present = connect(node, "a", clean=True)
+    _, _, present = connect(node, "a", clean=True)
     assert not present
     assert node.publish(a, msg("t")) == 0
 

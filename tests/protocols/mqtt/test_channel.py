@@ -39,7 +39,9 @@ from protocols.mqtt.packets import (
 class Wire:
     def __init__(self, node: Node, clock: VirtualScheduler, settings: MqttSettings, level: int):
         self.clock = clock
-        self.channel = MqttChannel(node, settings, self, peer=("127.0.0.1", 5555), monotonic=clock.time)
+        self.channel = MqttChannel(
+            node, settings, self, peer=("127.0.0.1", 5555), monotonic=clock.time
+        )
         self.client = Connection(Role.CLIENT, protocol_level=level)
         self.timers: dict[str, float] = {}
         self.closed: str | None = None
