@@ -46,6 +46,8 @@ MOSQUITTO_EQUIVALENTS: dict[str, tuple[str, str]] = {
     "GATEWAY_MQTT__MAX_PACKET_SIZE": ("global", "max_packet_size"),
     "GATEWAY_MQTT__MAX_MQUEUE_LEN": ("global", "max_queued_messages"),
     "GATEWAY_MQTT__MAX_TOPIC_ALIAS": ("listener", "max_topic_alias"),
+    # Not identical: mosquitto only lowers keepalives above it, gatewayd imposes its value.
+    "GATEWAY_MQTT__SERVER_KEEPALIVE": ("global", "max_keepalive"),
 }
 
 
@@ -117,7 +119,13 @@ class BrokerProcess:
         return BrokerAddr(self.host, self.port)
 
     def _mosquitto_command(self) -> list[str]:
-        global_lines = ["user root", "persistence false", "log_dest stderr", "log_type all"]
+        global_lines = [
+            "user root",
+            "persistence true",
+            f"persistence_location {self.workdir}/",
+            "log_dest stderr",
+            "log_type all",
+        ]
         listener_lines = ["allow_anonymous true"]
         for key, value in self.env.items():
             if key in MOSQUITTO_EQUIVALENTS:
@@ -147,7 +155,7 @@ class BrokerProcess:
             env["GATEWAY_LISTENERS__TCP__DEFAULT__BIND"] = f"{self.host}:{self.port}"
             env["GATEWAY_NODE__DATA_DIR"] = str(data_dir)
             env.update(self.env)
-        with open(self.log_path, "wb") as log:
+        with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 cmd,
                 cwd=self.workdir,
@@ -183,8 +191,13 @@ class BrokerProcess:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def stop(self) -> None:
+    def stop(self, *, kill: bool = False) -> None:
+        """SIGTERM (a graceful shutdown) or, with ``kill``, SIGKILL; waits for the exit."""
         if self.proc is None or self.proc.poll() is not None:
+            return
+        if kill:
+            self.proc.kill()
+            self.proc.wait(timeout=5)
             return
         self.proc.terminate()
         try:
@@ -220,6 +233,15 @@ class BrokerFactory:
 
     def process(self, addr: BrokerAddr) -> BrokerProcess:
         return next(p for p in self.started if p.addr == addr)
+
+    def restart(self, addr: BrokerAddr, *, kill: bool = False) -> None:
+        """Stop the broker at ``addr`` (SIGTERM, or SIGKILL with ``kill``) and start it
+        again on the same port with the same data directory."""
+        proc = self.process(addr)
+        proc.stop(kill=kill)
+        with open(proc.log_path, "ab") as log:
+            log.write(b"\n---- restart (%s) ----\n" % (b"SIGKILL" if kill else b"SIGTERM"))
+        proc.start()
 
     def stop_all(self) -> None:
         for proc in self.started:

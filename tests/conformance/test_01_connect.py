@@ -201,6 +201,16 @@ def test_keepalive_respected_while_pinging(broker, uid):
         c.disconnect()
 
 
+def test_server_keepalive_announced_v5(make_broker, uid):
+    """3.2.2.3.14: a configured server keepalive is sent in CONNACK; the client uses it."""
+    addr = make_broker(GATEWAY_MQTT__SERVER_KEEPALIVE=30)
+    with RawClient(addr, V5) as c:
+        ack = c.connect(f"c-{uid}", keepalive=120)
+        assert ack.props.get(raw.SERVER_KEEP_ALIVE) == 30, ack
+        c.ping()
+        c.disconnect()
+
+
 @pytest.mark.parametrize(
     "first",
     [

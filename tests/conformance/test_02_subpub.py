@@ -107,6 +107,7 @@ MATCHING = [
     ("#", "${p}/x", False, "{p}/x"),
     ("+/x", "${p}/x", False, "{p}/x"),
     ("+/#", "$SYS{p}/x", False, "{p}/x"),
+    ("#", "$SYS/{p}", False, "{p}/x"),
     ("${p}/#", "${p}/x", True, None),
     ("${p}/+", "${p}/x", True, None),
 ]
@@ -137,11 +138,15 @@ def test_topic_matching(broker, uid, pub, filt, topic, matches, control):
 
 
 def test_hash_subscriber_never_sees_sys(broker, uid, pub):
-    """MQTT-4.7.2-1: '#' does not match $SYS/... even while the broker publishes them."""
+    """MQTT-4.7.2-1: '#' does not match $SYS/... even while the broker publishes them
+    (client connect/disconnect events are typical $SYS traffic, so cause some)."""
     with RawClient(broker) as sub:
         sub.connect(f"sub-{uid}")
         sub.subscribe("#", 0)
         for i in range(3):
+            with RawClient(broker, V5) as churn:
+                churn.connect(f"churn{i}-{uid}")
+                churn.disconnect()
             pub.publish(f"{uid}/tick", str(i).encode(), qos=1)
             got = sub.receive(f"{uid}/tick")
             assert not got.topic.startswith("$")

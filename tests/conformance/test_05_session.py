@@ -197,6 +197,30 @@ def test_unacked_qos1_redelivered_with_dup(broker, uid, pub, proto):
     _discard(broker, cid, proto)
 
 
+@pytest.mark.parametrize("proto", [V311, V5], ids=["3.1.1", "5.0"])
+def test_takeover_keeps_inflight_and_queue(broker, uid, pub, proto):
+    """A takeover of a persistent session moves its unacknowledged and queued messages to
+    the new connection (re-sent with DUP, original ids)."""
+    cid, topic = f"c-{uid}", f"{uid}/takeover"
+    kw = _persistent_kw(proto)
+    old = RawClient(broker, proto)
+    old.connect(cid, **kw)
+    old.subscribe(topic, 1)
+    pub.publish(topic, b"inflight", qos=1)
+    first = old.expect_publish(topic, b"inflight", qos=1)  # never acknowledged
+    with RawClient(broker, proto) as new:
+        assert new.connect(cid, **kw).session_present
+        old.expect_closed(disconnect_reasons={0x8E})
+        old.close()
+        again = new.expect_publish(topic, b"inflight", qos=1)
+        assert again.dup and again.mid == first.mid, again
+        new.ack(again)
+        pub.publish(topic, b"after", qos=1)
+        new.receive(topic, b"after", qos=1)
+        new.disconnect()
+    _discard(broker, cid, proto)
+
+
 def test_unacked_qos2_publish_redelivered_with_dup(broker, uid, pub):
     cid, topic = f"c-{uid}", f"{uid}/dup2"
     with RawClient(broker) as c:
