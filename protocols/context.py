@@ -205,6 +205,14 @@ class GatewayContext(Protocol):
         expiry_interval: int | None = None,
     ) -> None: ...
 
+    def connack(self, client: ClientInfo, reason_code: int) -> None:
+        """A CONNACK went out (0 = accepted)."""
+        ...
+
+    def delivered(self, client: ClientInfo, deliveries: list[Delivery]) -> None:
+        """These deliveries were written to the client (counted, ``message.delivered``)."""
+        ...
+
     def incr(self, metric: str, n: int = 1) -> None: ...
 
     def now(self) -> float:

@@ -101,6 +101,15 @@ class Node:
     def incr(self, metric: str, n: int = 1) -> None:
         self.metrics.incr(metric, n)
 
+    def connack(self, client: ClientInfo, reason_code: int) -> None:
+        self.hooks.run("client.connack", client, reason_code)
+
+    def delivered(self, client: ClientInfo, deliveries: list[Delivery]) -> None:
+        self.metrics.incr("messages.sent", len(deliveries))
+        if self.hooks.has("message.delivered"):
+            for d in deliveries:
+                self.hooks.run("message.delivered", client, d.message)
+
     def authenticate(self, client: ClientInfo, password: bytes | None) -> int:
         result: int | None = self.hooks.run_fold(
             "client.authenticate", (client, password), None

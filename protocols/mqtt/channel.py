@@ -282,7 +282,7 @@ class MqttChannel:
 
     def _server_disconnect(self, code: int, why: str) -> None:
         if self.state is State.CONNECTED and self.version == MQTT_5:
-            self._send(Disconnect(code))
+            self._send(Disconnect(code, Properties(reason_string=why)))
         self._notify_core_closed(send_will=True)
         self._close(why)
 
@@ -326,8 +326,10 @@ class MqttChannel:
     def _refuse(self, code: int, why: str) -> None:
         self.context.incr("client.connack.refused")
         log.info("%s refused: %s", self._who(), why)
+        if self.info is not None:
+            self.context.connack(self.info, code)
         if self.version == MQTT_5:
-            self._send(ConnAck(False, code))
+            self._send(ConnAck(False, code, Properties(reason_string=why)))
         else:
             self._send(ConnAck(False, to_v3_connack(code)))
         self._close(why)
@@ -444,6 +446,7 @@ class MqttChannel:
                 ),
             )
         self._send(ConnAck(result.session_present, 0, ack_props))
+        self.context.connack(info, 0)
         self.state = State.CONNECTED
         self.keepalive = float(keepalive)
         self._out.append(CancelTimer("idle"))
@@ -565,53 +568,65 @@ class MqttChannel:
         v5 = self.version == MQTT_5
         mount = self.settings.mountpoint
         now = self.context.now() if v5 else 0.0
-        too_large: list[int] = []
+        dropped: list[Delivery] = []
         for d in deliveries:
             msg = d.message
             topic = msg.topic
             if mount and topic.startswith(mount):
                 topic = topic[len(mount) :]
-            props = NO_PROPERTIES
+            new_alias = False
             if v5:
-                props = msg.properties
-                alias = None
-                if self.client_alias_max:
-                    alias = self._aliases_out.get(topic)
-                    if alias is not None:
-                        topic_out = ""
-                    elif len(self._aliases_out) < self.client_alias_max:
-                        alias = len(self._aliases_out) + 1
-                        self._aliases_out[topic] = alias
-                        topic_out = topic
-                    else:
-                        topic_out = topic
-                else:
-                    topic_out = topic
-                expires = msg.expires_at
-                if d.subscription_ids or alias is not None or expires is not None:
-                    props = replace(
-                        props,
-                        subscription_identifiers=d.subscription_ids,
-                        topic_alias=alias,
-                        message_expiry_interval=(
-                            max(1, int(expires - now + 0.5)) if expires is not None else None
-                        ),
-                    )
-                topic = topic_out
-            packet = Publish(topic, msg.payload, d.qos, d.retain, d.dup, d.packet_id, props)
+                props, topic_out, new_alias = self._v5_publish_fields(d, topic, now)
+            else:
+                props, topic_out = NO_PROPERTIES, topic
+            packet = Publish(topic_out, msg.payload, d.qos, d.retain, d.dup, d.packet_id, props)
             try:
                 out.append(conn.send(packet))
             except LocalProtocolError as exc:
-                self.context.incr("messages.dropped")
-                self.context.incr("messages.dropped.too_large")
+                dropped.append(d)
                 log.info("%s: not sent (%s)", self._who(), exc)
-                if d.packet_id is not None:
-                    too_large.append(d.packet_id)
                 continue
-        self.context.incr("messages.sent", len(deliveries) - len(too_large))
-        if too_large and self.session is not None:
-            for pid in too_large:
-                self.session.discard(pid)
+            if new_alias:
+                self._aliases_out[topic] = len(self._aliases_out) + 1
+        if dropped:
+            self.context.incr("messages.dropped", len(dropped))
+            self.context.incr("messages.dropped.too_large", len(dropped))
+            deliveries = [d for d in deliveries if d not in dropped]
+        assert self.info is not None
+        self.context.delivered(self.info, deliveries)
+        if dropped and self.session is not None:
+            for d in dropped:
+                if d.packet_id is not None:
+                    self.session.discard(d.packet_id)
+
+    def _v5_publish_fields(
+        self, d: Delivery, topic: str, now: float
+    ) -> tuple[Properties, str, bool]:
+        """Properties and topic of an outgoing MQTT 5 PUBLISH; True when the topic takes
+        a new alias (registered only once the packet is actually written)."""
+        msg = d.message
+        alias: int | None = None
+        topic_out = topic
+        new_alias = False
+        if self.client_alias_max:
+            alias = self._aliases_out.get(topic)
+            if alias is not None:
+                topic_out = ""
+            elif len(self._aliases_out) < self.client_alias_max:
+                alias = len(self._aliases_out) + 1
+                new_alias = True
+        expires = msg.expires_at
+        props = msg.properties
+        if d.subscription_ids or alias is not None or expires is not None:
+            props = replace(
+                props,
+                subscription_identifiers=d.subscription_ids,
+                topic_alias=alias,
+                message_expiry_interval=(
+                    max(1, int(expires - now + 0.5)) if expires is not None else None
+                ),
+            )
+        return props, topic_out, new_alias
 
     # -- SUBSCRIBE / UNSUBSCRIBE ---------------------------------------------------
 
