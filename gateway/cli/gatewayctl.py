@@ -1,39 +1,59 @@
-"""``gatewayctl``: status and control of a running gateway.
+"""``gatewayctl``: status and control of a gateway node.
 
-Only ``--version`` exists so far; the status and control commands come with the
-operations tooling.
+The root is a click group; each family of subcommands lives in its own module under
+``gateway/cli/ctl/`` and is registered in :data:`SUBCOMMANDS` (one line each), so
+families can grow independently. Errors are one line on stderr and a non-zero exit
+status, never a traceback.
 """
 
 from __future__ import annotations
 
-import argparse
+import importlib
 import sys
 from collections.abc import Sequence
+
+import click
 
 from gateway.cli import version
 
 PROG = "gatewayctl"
 
+# module path -> attribute holding a click command or group
+SUBCOMMANDS: list[tuple[str, str]] = []
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog=PROG,
-        description="Status and control of a running edge gateway.",
-        epilog="No commands yet: status and control commands come with the operations "
-        "tooling. Start the server with gatewayd.",
-    )
-    parser.add_argument("--version", action="version", version=f"{PROG} {version()}")
-    return parser
+
+@click.group(
+    name=PROG,
+    help="Status and control of an edge gateway node.",
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+@click.version_option(version(), "--version", prog_name=PROG, message="%(prog)s %(version)s")
+def cli() -> None:
+    pass
+
+
+def _register() -> None:
+    for module, attr in SUBCOMMANDS:
+        cli.add_command(getattr(importlib.import_module(module), attr))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    _register()
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args:
+        click.echo(cli.get_help(click.Context(cli, info_name=PROG)), err=True)
+        return 2
     try:
-        parser.parse_args(argv)
-    except SystemExit as exc:  # --help, --version, usage errors
-        return exc.code if isinstance(exc.code, int) else 2
-    parser.print_help(sys.stderr)
-    return 2
+        cli.main(args=args, prog_name=PROG, standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":

@@ -493,7 +493,7 @@ def test_versions(capsys):
 
 def test_gatewayctl_without_command_prints_usage(capsys):
     assert gatewayctl.main([]) == 2
-    assert "usage: gatewayctl" in capsys.readouterr().err
+    assert "Usage: gatewayctl" in capsys.readouterr().err
 
 
 def test_gatewayd_bad_config_subprocess(tmp_path):

@@ -1,0 +1,44 @@
+"""The node's embedded SQLite database: one file, ``{node.data_dir}/gateway.db``, in WAL mode.
+
+Every part that persists something (sessions, retained messages, users, banned clients,
+the bridge outbox) keeps its tables in this one file, each module creating its own tables
+with ``CREATE TABLE IF NOT EXISTS`` through :func:`ensure_schema`. ``gatewayctl`` may open
+the same file while ``gatewayd`` runs (WAL allows one writer and many readers; writers
+wait up to ``busy_timeout``).
+
+Invariants:
+- ``synchronous=FULL`` in WAL mode: a committed transaction survives power loss, so
+  anything acknowledged after a commit is durable.
+- Connections are used from one thread (the event loop's) unless a module says otherwise.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+DB_NAME = "gateway.db"
+
+
+def db_path(data_dir: str | Path) -> Path:
+    return Path(data_dir) / DB_NAME
+
+
+def open_db(path: str | Path, *, readonly: bool = False) -> sqlite3.Connection:
+    """Open (creating if needed) the database with the project's pragmas."""
+    p = Path(path)
+    if readonly:
+        conn = sqlite3.connect(f"file:{p}?mode=ro", uri=True, isolation_level=None)
+    else:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(p, isolation_level=None)  # autocommit; explicit BEGIN
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=FULL")
+    conn.execute("PRAGMA busy_timeout=5000")
+    conn.execute("PRAGMA foreign_keys=ON")
+    return conn
+
+
+def ensure_schema(conn: sqlite3.Connection, ddl: str) -> None:
+    """Run a module's ``CREATE TABLE IF NOT EXISTS ...`` statements."""
+    conn.executescript(ddl)
