@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import paho.mqtt.client as mqtt
-from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
@@ -33,19 +33,19 @@ class PahoClient:
         self,
         addr: tuple[str, int],
         *,
-        protocol: int = MQTTv311,
+        protocol: MQTTProtocolVersion = MQTTv311,
         client_id: str = "",
         clean: bool = True,
     ) -> None:
         self.addr = addr
         self.protocol = protocol
         self.clean = clean
-        kwargs: dict[str, object] = {}
-        if protocol != MQTTv5:
-            kwargs["clean_session"] = clean
         self.client = mqtt.Client(
-            CallbackAPIVersion.VERSION2, client_id=client_id, protocol=protocol, **kwargs
-        )  # type: ignore[arg-type]
+            CallbackAPIVersion.VERSION2,
+            client_id=client_id,
+            protocol=protocol,
+            clean_session=None if protocol == MQTTv5 else clean,
+        )
         self.messages: queue.Queue[mqtt.MQTTMessage] = queue.Queue()
         self.connack: tuple[object, object, object] | None = None
         self._connected = threading.Event()
@@ -61,20 +61,20 @@ class PahoClient:
 
     # ---- callbacks (paho's thread)
 
-    def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:  # type: ignore[no-untyped-def]
+    def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:
         self.connack = (flags, reason_code, properties)
         self._connected.set()
 
-    def _on_disconnect(self, client, userdata, flags, reason_code, properties) -> None:  # type: ignore[no-untyped-def]
+    def _on_disconnect(self, client, userdata, flags, reason_code, properties) -> None:
         self.disconnect_reason = reason_code
         self._disconnected.set()
 
-    def _on_subscribe(self, client, userdata, mid, reason_codes, properties) -> None:  # type: ignore[no-untyped-def]
+    def _on_subscribe(self, client, userdata, mid, reason_codes, properties) -> None:
         with self._sub_event:
             self._subacks[mid] = list(reason_codes)
             self._sub_event.notify_all()
 
-    def _on_message(self, client, userdata, message) -> None:  # type: ignore[no-untyped-def]
+    def _on_message(self, client, userdata, message) -> None:
         self.messages.put(message)
 
     # ---- API
@@ -88,11 +88,12 @@ class PahoClient:
     ) -> PahoClient:
         if will is not None:
             self.client.will_set(*will)
-        kwargs: dict[str, object] = {"keepalive": keepalive}
         if self.protocol == MQTTv5:
-            kwargs["clean_start"] = self.clean
-            kwargs["properties"] = properties
-        self.client.connect(self.addr[0], self.addr[1], **kwargs)  # type: ignore[arg-type]
+            self.client.connect(
+                self.addr[0], self.addr[1], keepalive, clean_start=self.clean, properties=properties
+            )
+        else:
+            self.client.connect(self.addr[0], self.addr[1], keepalive)
         self.client.loop_start()
         if not self._connected.wait(TIMEOUT):
             self.client.loop_stop()
@@ -115,7 +116,7 @@ class PahoClient:
             result, mid = self.client.subscribe(topic, options=opts, properties=properties)
         else:
             result, mid = self.client.subscribe(topic, qos)
-        assert result == mqtt.MQTT_ERR_SUCCESS, f"paho subscribe failed: {result}"
+        assert result == mqtt.MQTT_ERR_SUCCESS and mid is not None, f"paho subscribe: {result}"
         with self._sub_event:
             ok = self._sub_event.wait_for(lambda: mid in self._subacks, TIMEOUT)
         assert ok, f"paho: no SUBACK for {topic!r}"

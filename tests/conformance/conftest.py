@@ -18,6 +18,7 @@ every broker still running is attached to its report.
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
 import shutil
@@ -27,7 +28,7 @@ import sys
 import time
 import tomllib
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
@@ -62,7 +63,13 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-_DYNSEC_PLUGIN = "/usr/lib/x86_64-linux-gnu/mosquitto_dynamic_security.so"
+_DYNSEC_PLUGIN = next(
+    iter(
+        sorted(glob.glob("/usr/lib/*/mosquitto_dynamic_security.so"))
+        + sorted(glob.glob("/usr/lib/mosquitto_dynamic_security.so"))
+    ),
+    "mosquitto_dynamic_security.so",
+)
 _DYNSEC_ACLTYPES = {
     "subscribe": ["subscribePattern"],
     "publish": ["publishClientSend"],
@@ -139,7 +146,9 @@ class BrokerProcess:
         conf.write_text(
             "\n".join([*global_lines, f"listener {self.port} {self.host}", *listener_lines]) + "\n"
         )
-        return ["mosquitto", "-c", str(conf)]
+        # Debian puts mosquitto in /usr/sbin, which a non-root PATH may lack.
+        mosquitto = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
+        return [mosquitto, "-c", str(conf)]
 
     def start(self) -> None:
         env = dict(os.environ)
@@ -312,7 +321,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
     if report.failed:
         for proc in _RUNNING:

@@ -26,6 +26,7 @@ import struct
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 V31 = 3
 V311 = 4
@@ -263,7 +264,6 @@ def connect(
     properties: PropList = (),
     proto_name: bytes | None = None,
     reserved_flag: bool = False,
-    password_without_username: bool = False,
 ) -> bytes:
     name = proto_name if proto_name is not None else (b"MQIsdp" if proto == V31 else b"MQTT")
     flags = 0
@@ -420,13 +420,13 @@ class Props:
 
     items: list[tuple[int, object]] = field(default_factory=list)
 
-    def get(self, pid: int, default: object = None) -> object:
+    def get(self, pid: int, default: Any = None) -> Any:
         for key, value in self.items:
             if key == pid:
                 return value
         return default
 
-    def all(self, pid: int) -> list[object]:
+    def all(self, pid: int) -> list[Any]:
         return [value for key, value in self.items if key == pid]
 
     def ids(self) -> set[int]:
@@ -437,7 +437,7 @@ class Props:
 
     @property
     def user(self) -> list[tuple[str, str]]:
-        return [v for v in self.all(USER_PROPERTY)]  # type: ignore[misc]
+        return self.all(USER_PROPERTY)
 
 
 class _Reader:
@@ -814,9 +814,9 @@ class RawClient:
 
     # ---- flows
 
-    def connect(self, client_id: str | bytes = "", *, rc: int = 0, **kw: object) -> Packet:
-        """Send CONNECT and require a CONNACK with reason ``rc``."""
-        self.send(connect(client_id, proto=self.proto, **kw))  # type: ignore[arg-type]
+    def connect(self, client_id: str | bytes = "", *, rc: int = 0, **kw: Any) -> Packet:
+        """Send CONNECT (``kw`` as for ``raw.connect``); require a CONNACK with reason ``rc``."""
+        self.send(connect(client_id, proto=self.proto, **kw))
         ack = self.expect("CONNACK")
         assert ack.reason == rc, f"CONNACK reason: want 0x{rc:02x}, got {ack!r}"
         if self.proto == V5:

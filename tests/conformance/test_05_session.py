@@ -6,6 +6,8 @@ will with a long delay, and the will is published when the session ends (5.0 3.1
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from . import raw
@@ -14,7 +16,7 @@ from .raw import V5, V311, RawClient
 SEI = raw.SESSION_EXPIRY_INTERVAL
 
 
-def _persistent_kw(proto: int, expiry: int = 300) -> dict[str, object]:
+def _persistent_kw(proto: int, expiry: int = 300) -> dict[str, Any]:
     """Connect arguments for a session that outlives the connection."""
     if proto == V5:
         return {"clean": False, "properties": [(SEI, expiry)]}

@@ -7,6 +7,8 @@ the SIGKILL case is gateway_only, since mosquitto only saves on shutdown or auto
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from . import raw
@@ -39,7 +41,7 @@ def test_retained_message_survives_restart(make_broker, uid, kill):
 def test_persistent_session_and_queue_survive_restart(make_broker, uid, kill, proto):
     addr = make_broker()
     cid, topic = f"c-{uid}", f"{uid}/queued"
-    kw: dict[str, object] = {"clean": False}
+    kw: dict[str, Any] = {"clean": False}
     if proto == V5:
         kw["properties"] = [(raw.SESSION_EXPIRY_INTERVAL, 3600)]
     with RawClient(addr, proto) as c:
