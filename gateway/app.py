@@ -16,6 +16,9 @@ from gateway.core.authz import Authorizer, from_config
 from gateway.core.clock import LoopScheduler
 from gateway.core.node import CoreSettings, Node
 from gateway.net.stream import ListenerLimits, StreamShell, start_stream_listener
+from gateway.store.db import db_path, ensure_schema, open_db
+from gateway.store.sessions import SCHEMA, SessionStore
+from gateway.store.writer import GroupCommitter
 from protocols.mqtt.channel import MqttChannel, MqttSettings
 
 log = logging.getLogger("gateway")
@@ -86,15 +89,23 @@ class Gateway:
     def __init__(self, config: GatewayConfig) -> None:
         self.config = config
         self.node: Node | None = None
+        self.committer: GroupCommitter | None = None
         self.servers: list[asyncio.Server] = []
         self.stopped = asyncio.Event()
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         config = self.config
+        store = self._open_store(loop)
         self.node = node = Node(
-            core_settings(config), LoopScheduler(loop), authorizer=build_authorizer(config)
+            core_settings(config),
+            LoopScheduler(loop),
+            authorizer=build_authorizer(config),
+            store=store,
         )
+        if store is not None:
+            node.restore(*store.load())
+        gate = self.committer
         monotonic = loop.time
         for name, lst in config.listeners.tcp.items():
             if not lst.enable:
@@ -107,17 +118,41 @@ class Gateway:
                 deny=[str(n) for n in lst.deny],
             )
             factory = _mqtt_factory(node, settings, monotonic)
-            server = await start_stream_listener(lst.bind, limits, factory)
+            server = await start_stream_listener(lst.bind, limits, factory, gate)
             self.servers.append(server)
             addrs = ", ".join(_fmt(s.getsockname()) for s in server.sockets)
             log.info("listener tcp:%s (MQTT) on %s", name, addrs)
 
+    def _open_store(self, loop: asyncio.AbstractEventLoop) -> SessionStore | None:
+        if not self.config.durability.enable:
+            log.warning("durability disabled: sessions and retained messages are memory-only")
+            return None
+        path = db_path(self.config.node.data_dir)
+        reader = open_db(path)
+        ensure_schema(reader, SCHEMA)
+        writer = open_db(path, check_same_thread=False)
+        self.committer = GroupCommitter(writer, loop)
+        log.info("store %s", path)
+        return SessionStore(reader, self.committer)
+
     async def stop(self) -> None:
+        """Stop accepting, tell connected clients we are going (0x8B), settle their
+        sessions and commit everything to disk."""
         for server in self.servers:
             server.close()
+        node = self.node
+        if node is not None:
+            for session in list(node.sessions.values()):
+                handle, info = session.handle, session.info
+                if handle is not None and info is not None:
+                    node.close(info, handle, send_will=False)
+                    handle.kick(0x8B)  # SERVER_SHUTTING_DOWN
         for server in self.servers:
             await server.wait_closed()
         self.servers.clear()
+        if self.committer is not None:
+            self.committer.close()
+            self.committer = None
 
 
 def _fmt(addr: tuple[str, int] | tuple[str, int, int, int]) -> str:

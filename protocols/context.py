@@ -56,6 +56,7 @@ class Message:
         "timestamp",
         "expires_at",
         "headers",
+        "store_id",
     )
 
     def __init__(
@@ -80,6 +81,7 @@ class Message:
         self.timestamp = timestamp
         self.expires_at = expires_at
         self.headers: dict[str, Any] | None = None
+        self.store_id: int | None = None  # row id once persisted (gateway.store)
 
     def __repr__(self) -> str:
         return (
@@ -91,7 +93,7 @@ class Message:
 class Delivery:
     """One message on its way to one session's connection."""
 
-    __slots__ = ("message", "qos", "retain", "subscription_ids", "packet_id", "dup", "share")
+    __slots__ = ("message", "qos", "retain", "subscription_ids", "packet_id", "dup", "share", "ref")
 
     def __init__(
         self,
@@ -112,6 +114,7 @@ class Delivery:
         # (group, filter) when it came through a shared subscription: if the session
         # ends before the message is acknowledged, it goes to another group member.
         self.share = share
+        self.ref: int | None = None  # queue row id while persisted (gateway.store)
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +150,14 @@ class SessionAPI(Protocol):
     def pubrec(self, packet_id: int) -> bool: ...
     def pubcomp(self, packet_id: int) -> bool: ...
     def discard(self, packet_id: int) -> None: ...
+    def await_rel(self, packet_id: int) -> None:
+        """Remember an incoming QoS 2 packet id until its PUBREL (durably if persistent)."""
+        ...
+
+    def complete_rel(self, packet_id: int) -> bool:
+        """PUBREL arrived: forget the id; False when it was not awaited."""
+        ...
+
     def resume(self) -> None: ...
     def set_receive_maximum(self, value: int) -> None: ...
 

@@ -286,6 +286,13 @@ class RetainerConfig(_Section):
     max_payload_size: Size = 1 << 20
 
 
+class DurabilityConfig(_Section):
+    # true: persistent sessions, their queued/inflight QoS 1/2 messages and retained
+    # messages live in {data_dir}/gateway.db and survive a restart or kill -9;
+    # false: memory only, everything is lost when the process ends.
+    enable: bool = True
+
+
 class AuthenticationConfig(_Section):
     allow_anonymous: bool = True
 
@@ -346,5 +353,6 @@ class GatewayConfig(_Section):
     listeners: Listeners = Field(default_factory=Listeners)
     mqtt: MqttConfig = Field(default_factory=MqttConfig)
     retainer: RetainerConfig = Field(default_factory=RetainerConfig)
+    durability: DurabilityConfig = Field(default_factory=DurabilityConfig)
     authentication: AuthenticationConfig = Field(default_factory=AuthenticationConfig)
     authorization: AuthorizationConfig = Field(default_factory=AuthorizationConfig)

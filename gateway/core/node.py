@@ -17,6 +17,7 @@ Invariants:
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from gateway.core.hooks import Hooks, Priority
 from gateway.core.metrics import Metrics
 from gateway.core.retainer import Retainer
 from gateway.core.session import NEVER_EXPIRE, Session
+from gateway.store.sessions import SessionStore, StoredSession
 from protocols.context import (
     ClientInfo,
     ConnectionHandle,
@@ -68,8 +70,10 @@ class Node:
         *,
         authorizer: Authorizer | None = None,
         rng: random.Random | None = None,
+        store: SessionStore | None = None,
     ) -> None:
         self.settings = settings
+        self.store = store
         self.scheduler = scheduler
         self.metrics = Metrics()
         self.hooks = Hooks()
@@ -89,6 +93,7 @@ class Node:
             now=scheduler.time,
             on_refused=self._retain_refused,
         )
+        self.retainer.journal = store
         if settings.retainer_enable:
             self.hooks.add("message.publish", self._retain_hook, Priority.RETAINER)
         self.connections = 0
@@ -157,22 +162,13 @@ class Node:
                 self.hooks.run("session.resumed", client)
                 self.metrics.incr("session.resumed")
         if existing is None:
-            s = self.settings
-            existing = Session(
-                cid,
-                receive_maximum=receive_maximum,
-                max_mqueue_len=s.max_mqueue_len,
-                store_qos0=s.mqueue_store_qos0,
-                drop_oldest=s.mqueue_overflow == "drop_oldest",
-                now=self.scheduler.time,
-                on_drop=self._session_drop,
-                on_ack=self._session_ack,
-            )
+            existing = self._new_session(cid, receive_maximum)
             self.sessions[cid] = existing
             self.hooks.run("session.created", client)
             self.metrics.incr("session.created")
         existing.set_receive_maximum(receive_maximum)
         existing.expiry_interval = expiry_interval
+        self._set_durable(existing, expiry_interval != 0, disconnected_at=None)
         existing.handle = handle
         existing.will = will
         existing.will_delay = will_delay
@@ -182,6 +178,81 @@ class Node:
         self.metrics.incr("client.connected")
         self.hooks.run("client.connected", client)
         return ConnectResult(0, existing, present, expiry_interval)
+
+    def _new_session(self, cid: str, receive_maximum: int) -> Session:
+        s = self.settings
+        return Session(
+            cid,
+            receive_maximum=receive_maximum,
+            max_mqueue_len=s.max_mqueue_len,
+            store_qos0=s.mqueue_store_qos0,
+            drop_oldest=s.mqueue_overflow == "drop_oldest",
+            now=self.scheduler.time,
+            on_drop=self._session_drop,
+            on_ack=self._session_ack,
+        )
+
+    def _set_durable(
+        self, session: Session, durable: bool, *, disconnected_at: float | None
+    ) -> None:
+        """Start, update or stop persisting a session (no-op without a store)."""
+        store = self.store
+        if store is None:
+            return
+        cid = session.client_id
+        if not durable:
+            if session.journal is not None:
+                session.journal = None
+                store.session_deleted(cid)
+            return
+        store.session_saved(cid, session.expiry_interval, session.created_at, disconnected_at)
+        if session.journal is None:  # newly durable: write what it already holds
+            session.journal = store
+            for f, opts in session.subscriptions.items():
+                store.subscribed(cid, f, opts)
+            for d in [*session.inflight.values(), *session.mqueue]:
+                if d.qos > 0:
+                    store.queued(cid, d)
+                    if d.packet_id in session.released:
+                        store.released(d)
+            for pid in session.awaiting_rel:
+                store.awaiting_rel_added(cid, pid)
+
+    def restore(self, stored: list[StoredSession], retained: list[Message]) -> None:
+        """Rebuild persisted state at start-up (every session is offline)."""
+        now = self.scheduler.time()
+        for m in retained:
+            if m.expires_at is None or m.expires_at > now:
+                self.retainer.store(m, journal=False)
+        for st in stored:
+            session = self._new_session(st.client_id, 65535)
+            session.created_at = st.created_at
+            session.expiry_interval = st.expiry_interval
+            session.journal = self.store
+            for f, opts in st.subscriptions.items():
+                session.subscriptions[f] = opts
+                self.broker.subscribe(st.client_id, f, opts)
+            for d in st.deliveries:
+                if d.packet_id is not None:
+                    session.inflight[d.packet_id] = d
+                else:
+                    session.mqueue.append(d)
+            session.released = {pid for pid in st.released if pid in session.inflight}
+            for pid in st.awaiting_rel:
+                session.awaiting_rel[pid] = now
+            self.sessions[st.client_id] = session
+            if st.expiry_interval != NEVER_EXPIRE:
+                left = st.expiry_interval - (now - (st.disconnected_at or now))
+                session.expiry_timer = self.scheduler.call_later(
+                    max(0.0, left), functools.partial(self._expire, session)
+                )
+        if stored or retained:
+            log.info(
+                "restored %d persistent sessions (%d queued messages) and %d retained messages",
+                len(stored),
+                sum(len(s.deliveries) for s in stored),
+                len(retained),
+            )
 
     def close(
         self,
@@ -201,6 +272,8 @@ class Node:
         if expiry_interval is not None:
             session.expiry_interval = expiry_interval
         expiry = session.expiry_interval
+        if expiry != 0:
+            self._set_durable(session, True, disconnected_at=self.scheduler.time())
         will = session.will if send_will else None
         session.will = None
         if will is not None:
@@ -246,6 +319,7 @@ class Node:
         cid = session.client_id
         if self.sessions.get(cid) is session:
             del self.sessions[cid]
+        self._set_durable(session, False, disconnected_at=None)
         for f in list(session.subscriptions):
             self.broker.unsubscribe(cid, f)
         session.subscriptions.clear()
@@ -304,6 +378,8 @@ class Node:
         session = self.sessions[client.client_id]
         existed = topic_filter in session.subscriptions
         session.subscriptions[topic_filter] = options
+        if session.journal is not None and self.store is not None:
+            self.store.subscribed(client.client_id, topic_filter, options)
         self.broker.subscribe(client.client_id, topic_filter, options)
         self.hooks.run("session.subscribed", client, topic_filter, options)
         return existed
@@ -328,6 +404,8 @@ class Node:
         if session is None or session.subscriptions.pop(topic_filter, None) is None:
             return False
         self.broker.unsubscribe(client.client_id, topic_filter)
+        if session.journal is not None and self.store is not None:
+            self.store.unsubscribed(client.client_id, topic_filter)
         self.hooks.run("session.unsubscribed", client, topic_filter)
         return True
 

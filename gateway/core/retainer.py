@@ -12,8 +12,14 @@ Invariants:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Protocol
 
 from protocols.context import Message
+
+
+class RetainedJournal(Protocol):
+    def retained_saved(self, m: Message) -> None: ...
+    def retained_deleted(self, topic: str) -> None: ...
 
 
 class _Node:
@@ -39,6 +45,7 @@ class Retainer:
         self._max_payload = max_payload_size
         self._now = now
         self._on_refused = on_refused
+        self.journal: RetainedJournal | None = None
 
     def __len__(self) -> int:
         return len(self._messages)
@@ -67,7 +74,9 @@ class Retainer:
             return
         self.store(message)
 
-    def store(self, message: Message) -> None:
+    def store(self, message: Message, *, journal: bool = True) -> None:
+        if journal and self.journal is not None:
+            self.journal.retained_saved(message)
         topic = message.topic
         if topic not in self._messages:
             node = self._root
@@ -82,6 +91,8 @@ class Retainer:
     def delete(self, topic: str) -> bool:
         if self._messages.pop(topic, None) is None:
             return False
+        if self.journal is not None:
+            self.journal.retained_deleted(topic)
         path: list[tuple[_Node, str]] = []
         node: _Node = self._root
         for level in topic.split("/"):

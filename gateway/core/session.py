@@ -13,13 +13,16 @@ Invariants:
 - Nothing leaves ``inflight`` except by acknowledgement, ``discard`` (the channel could not
   send it, e.g. too large for the client) or the end of the session.
 - Expired messages are dropped (and reported) before they are first sent.
+- When ``journal`` is set (a persistent session on a durable node) every change to
+  ``inflight``, ``mqueue``, ``released`` and ``awaiting_rel`` of a QoS 1/2 delivery is
+  written to it, in the order it happens.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from protocols.context import ConnectionHandle, Delivery, Message, SubOptions
 
@@ -27,6 +30,17 @@ DropCallback = Callable[[str, Delivery], None]
 AckCallback = Callable[["Session", Delivery], None]
 
 NEVER_EXPIRE = 0xFFFFFFFF
+
+
+class Journal(Protocol):
+    """Where a persistent session records its changes (gateway.store.SessionStore)."""
+
+    def queued(self, client_id: str, d: Delivery) -> None: ...
+    def assigned(self, d: Delivery) -> None: ...
+    def released(self, d: Delivery) -> None: ...
+    def removed(self, d: Delivery) -> None: ...
+    def awaiting_rel_added(self, client_id: str, packet_id: int) -> None: ...
+    def awaiting_rel_removed(self, client_id: str, packet_id: int) -> None: ...
 
 
 class Session:
@@ -53,6 +67,7 @@ class Session:
         "_on_ack",
         "_now",
         "info",
+        "journal",
     )
 
     def __init__(
@@ -90,6 +105,7 @@ class Session:
         self._now = now
         self.created_at = now()
         self.info: Any = None  # the ClientInfo of the last connection
+        self.journal: Journal | None = None
 
     # -- outgoing ------------------------------------------------------------------
 
@@ -124,17 +140,25 @@ class Session:
             return
         delivery.packet_id = self._allocate_pid()
         self.inflight[delivery.packet_id] = delivery
+        if self.journal is not None:
+            self.journal.queued(self.client_id, delivery)
         handle.deliver([delivery])
 
     def _queue(self, delivery: Delivery) -> None:
         limit = self.max_mqueue_len
+        journal = self.journal
         if limit and len(self.mqueue) >= limit:
             if self.drop_oldest:
-                self._on_drop("queue_full", self.mqueue.popleft())
+                oldest = self.mqueue.popleft()
+                if journal is not None:
+                    journal.removed(oldest)
+                self._on_drop("queue_full", oldest)
             else:
                 self._on_drop("queue_full", delivery)
                 return
         self.mqueue.append(delivery)
+        if journal is not None and delivery.qos > 0:
+            journal.queued(self.client_id, delivery)
 
     def _allocate_pid(self) -> int:
         pid = self._next_pid
@@ -152,6 +176,7 @@ class Session:
         out: list[Delivery] = []
         now = self._now()
         mqueue = self.mqueue
+        journal = self.journal
         while mqueue:
             d = mqueue[0]
             if d.qos > 0 and len(self.inflight) >= self.receive_maximum:
@@ -159,11 +184,15 @@ class Session:
             mqueue.popleft()
             expires = d.message.expires_at
             if expires is not None and expires <= now:
+                if journal is not None:
+                    journal.removed(d)
                 self._on_drop("expired", d)
                 continue
             if d.qos > 0:
                 d.packet_id = self._allocate_pid()
                 self.inflight[d.packet_id] = d
+                if journal is not None:
+                    journal.assigned(d)
             out.append(d)
         if out:
             handle.deliver(out)
@@ -191,6 +220,8 @@ class Session:
         if d is None or d.qos != 1:
             return False
         del self.inflight[packet_id]
+        if self.journal is not None:
+            self.journal.removed(d)
         self._on_ack(self, d)
         self.drain()
         return True
@@ -200,6 +231,8 @@ class Session:
         if d is None or d.qos != 2:
             return False
         self.released.add(packet_id)
+        if self.journal is not None:
+            self.journal.released(d)
         return True
 
     def pubcomp(self, packet_id: int) -> bool:
@@ -208,15 +241,31 @@ class Session:
         self.released.discard(packet_id)
         d = self.inflight.pop(packet_id, None)
         if d is not None:
+            if self.journal is not None:
+                self.journal.removed(d)
             self._on_ack(self, d)
         self.drain()
         return True
 
     def discard(self, packet_id: int) -> None:
         """The channel could not send this delivery; forget it (already reported)."""
-        self.inflight.pop(packet_id, None)
+        d = self.inflight.pop(packet_id, None)
         self.released.discard(packet_id)
+        if d is not None and self.journal is not None:
+            self.journal.removed(d)
         self.drain()
+
+    def await_rel(self, packet_id: int) -> None:
+        if packet_id not in self.awaiting_rel and self.journal is not None:
+            self.journal.awaiting_rel_added(self.client_id, packet_id)
+        self.awaiting_rel[packet_id] = self._now()
+
+    def complete_rel(self, packet_id: int) -> bool:
+        if self.awaiting_rel.pop(packet_id, None) is None:
+            return False
+        if self.journal is not None:
+            self.journal.awaiting_rel_removed(self.client_id, packet_id)
+        return True
 
     # -- end of life ---------------------------------------------------------------
 

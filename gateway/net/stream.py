@@ -11,6 +11,9 @@ checked on accept, before any channel exists.
 
 Invariants:
 - At most one timer per name; setting a name again replaces it.
+- With a commit ``gate`` (a durable node), nothing a channel emits while the store has
+  uncommitted writes leaves before they are committed: a PUBACK/PUBREC is never sent
+  for a message that is not yet on disk. Held effects keep their order.
 - After a Close effect no further effect is carried out. The shell writes what is
   pending, half-closes (FIN) and discards input until the peer closes or ``LINGER``
   seconds pass: closing outright with unread input makes the kernel send RST, and the
@@ -44,6 +47,12 @@ class StreamChannel(Protocol):
 
 
 ChannelFactory = Callable[["StreamShell", tuple[str, int] | None], StreamChannel]
+
+
+class CommitGate(Protocol):
+    @property
+    def dirty(self) -> bool: ...
+    def after_commit(self, callback: Callable[[], None]) -> None: ...
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -83,9 +92,13 @@ class ListenerLimits:
 
 
 class StreamShell(asyncio.Protocol):
-    def __init__(self, limits: ListenerLimits, factory: ChannelFactory) -> None:
+    def __init__(
+        self, limits: ListenerLimits, factory: ChannelFactory, gate: CommitGate | None = None
+    ) -> None:
         self.limits = limits
         self.factory = factory
+        self.gate = gate
+        self.held: list[Effect] = []
         self.transport: asyncio.Transport | None = None
         self.channel: StreamChannel | None = None
         self.timers: dict[str, asyncio.TimerHandle] = {}
@@ -157,6 +170,20 @@ class StreamShell(asyncio.Protocol):
     def _run(self, effects: list[Effect]) -> None:
         if not effects:
             return
+        gate = self.gate
+        if gate is not None and (self.held or gate.dirty):
+            if not self.held:
+                gate.after_commit(self._release)
+            self.held.extend(effects)
+            return
+        self._execute(effects)
+
+    def _release(self) -> None:
+        effects, self.held = self.held, []
+        if self.transport is not None and not self.transport.is_closing():
+            self._execute(effects)
+
+    def _execute(self, effects: list[Effect]) -> None:
         transport = self.transport
         assert transport is not None
         if len(effects) == 1 and type(effects[0]) is bytes:
@@ -210,10 +237,14 @@ def split_bind(bind: str) -> tuple[str, int]:
 
 
 async def start_stream_listener(
-    bind: str, limits: ListenerLimits, factory: ChannelFactory, **kwargs: Any
+    bind: str,
+    limits: ListenerLimits,
+    factory: ChannelFactory,
+    gate: CommitGate | None = None,
+    **kwargs: Any,
 ) -> asyncio.Server:
     host, port = split_bind(bind)
     loop = asyncio.get_running_loop()
     return await loop.create_server(
-        lambda: StreamShell(limits, factory), host, port, reuse_address=True, **kwargs
+        lambda: StreamShell(limits, factory, gate), host, port, reuse_address=True, **kwargs
     )

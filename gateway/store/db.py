@@ -24,14 +24,20 @@ def db_path(data_dir: str | Path) -> Path:
     return Path(data_dir) / DB_NAME
 
 
-def open_db(path: str | Path, *, readonly: bool = False) -> sqlite3.Connection:
+def open_db(
+    path: str | Path, *, readonly: bool = False, check_same_thread: bool = True
+) -> sqlite3.Connection:
     """Open (creating if needed) the database with the project's pragmas."""
     p = Path(path)
     if readonly:
-        conn = sqlite3.connect(f"file:{p}?mode=ro", uri=True, isolation_level=None)
+        conn = sqlite3.connect(
+            f"file:{p}?mode=ro", uri=True, isolation_level=None,
+            check_same_thread=check_same_thread,
+        )
     else:
         p.parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(p, isolation_level=None)  # autocommit; explicit BEGIN
+        # autocommit mode; transactions are explicit BEGIN/COMMIT
+        conn = sqlite3.connect(p, isolation_level=None, check_same_thread=check_same_thread)
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=FULL")
     conn.execute("PRAGMA busy_timeout=5000")

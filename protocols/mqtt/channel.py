@@ -498,16 +498,17 @@ class MqttChannel:
             if qos == 1:
                 self._send(PubAck(pid, code))  # type: ignore[arg-type]
             elif qos == 2:
+                assert pid is not None
                 if not v5:
-                    awaiting[pid] = self._monotonic()  # type: ignore[index]
-                self._send(PubRec(pid, code))  # type: ignore[arg-type]
+                    session.await_rel(pid)  # 3.1.1 has no failure code: finish the flow
+                self._send(PubRec(pid, code))
             return
         if qos == 2:
             assert pid is not None
             if v5 and len(awaiting) >= s.max_inflight:
                 raise _Disconnect(RC.RECEIVE_MAXIMUM_EXCEEDED, "receive maximum exceeded")
             if s.max_awaiting_rel and len(awaiting) >= s.max_awaiting_rel:
-                self._expire_awaiting(awaiting)
+                self._expire_awaiting(session)
                 if len(awaiting) >= s.max_awaiting_rel:
                     self.context.incr("messages.dropped")
                     self.context.incr("messages.dropped.await_pubrel_full")
@@ -532,19 +533,18 @@ class MqttChannel:
         if qos == 1:
             self._send(PubAck(pid, RC.NO_MATCHING_SUBSCRIBERS if n == 0 and v5 else 0))  # type: ignore[arg-type]
         elif qos == 2:
-            awaiting[pid] = self._monotonic()  # type: ignore[index]
+            session.await_rel(pid)  # type: ignore[arg-type]
             self._send(PubRec(pid, RC.NO_MATCHING_SUBSCRIBERS if n == 0 and v5 else 0))  # type: ignore[arg-type]
 
-    def _expire_awaiting(self, awaiting: dict[int, float]) -> None:
-        deadline = self._monotonic() - self.settings.await_rel_timeout
-        for pid in [k for k, t in awaiting.items() if t <= deadline]:
-            del awaiting[pid]
+    def _expire_awaiting(self, session: SessionAPI) -> None:
+        deadline = self.context.now() - self.settings.await_rel_timeout
+        for pid in [k for k, t in session.awaiting_rel.items() if t <= deadline]:
+            session.complete_rel(pid)
             self.context.incr("messages.dropped.await_pubrel_timeout")
 
     def _on_pubrel(self, p: PubRel) -> None:
         assert self.session is not None
-        awaiting = self.session.awaiting_rel
-        found = awaiting.pop(p.packet_id, None) is not None
+        found = self.session.complete_rel(p.packet_id)
         code = 0 if found or self.version != MQTT_5 else RC.PACKET_IDENTIFIER_NOT_FOUND
         self._send(PubComp(p.packet_id, code))
 
