@@ -3,11 +3,15 @@
 By default the broker is gatewayd (``python -m gateway.cli.gatewayd``), configured only
 through ``GATEWAY_*`` environment variables. With ``CONFORMANCE_BROKER=mosquitto`` the same
 tests run against Debian's mosquitto, the reference used to validate the suite itself;
-configuration keys with a mosquitto equivalent are translated (see ``MOSQUITTO_EQUIVALENTS``).
+configuration keys with a mosquitto equivalent are translated (``MOSQUITTO_EQUIVALENTS``;
+authorization rules go to mosquitto's dynamic-security plugin, whose ACLs, unlike an
+``acl_file``, can refuse a SUBSCRIBE).
 
 - ``broker``: one broker per test module, yielding ``BrokerAddr(host, port)``.
 - ``make_broker(**env)``: a factory for a broker with extra configuration, stopped at the
-  end of the test (``module_broker_factory`` is the same with module lifetime).
+  end of the test (``module_broker_factory`` is the same with module lifetime);
+  ``make_broker.restart(addr, kill=False)`` restarts one on the same port and data.
+- ``uid``: a unique token for topics and client ids, so tests sharing a broker never meet.
 
 Markers: ``gateway_only`` (skipped under mosquitto: a known, documented difference) and
 ``interop`` (needs mosquitto_pub / mosquitto_sub; skipped when they are not installed).

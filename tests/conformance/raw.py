@@ -569,6 +569,9 @@ def decode(raw: bytes, proto: int = V311) -> Packet:
     pkt = Packet(type=first >> 4, flags=first & 0x0F, raw=raw, body=body, proto=proto)
     b = _Reader(body)
     t = pkt.type
+    if t != PUBLISH:  # MQTT-2.2.2-1: fixed header flags are fixed for every other type
+        want = 2 if t in (PUBREL, SUBSCRIBE, UNSUBSCRIBE) else 0
+        assert pkt.flags == want, f"broker sent {pkt.name} with flags {pkt.flags:#x}"
     if t == CONNACK:
         ack_flags = b.byte()
         assert ack_flags & 0xFE == 0, f"CONNACK reserved ack flags set: {raw.hex(' ')}"

@@ -276,7 +276,7 @@ def test_username_and_password_accepted_anonymous_broker(broker, uid):
         c.disconnect()
 
 
-def test_connect_timeout_partial_packet_then_close(broker, uid):
+def test_partial_connect_then_eof(broker, uid):
     """A half-sent CONNECT followed by EOF must not disturb the broker."""
     data = raw.connect(f"c-{uid}")
     with RawClient(broker) as c:

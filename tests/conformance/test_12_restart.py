@@ -24,8 +24,8 @@ def test_retained_message_survives_restart(make_broker, uid, kill):
     topic = f"{uid}/kept"
     with RawClient(addr, V5) as pub:
         pub.connect(f"p-{uid}")
-        pub.publish(topic, b"durable", qos=1, retain=True,
-                    properties=[(raw.USER_PROPERTY, ("k", "v"))])  # fmt: skip
+        props = [(raw.USER_PROPERTY, ("k", "v"))]
+        pub.publish(topic, b"durable", qos=1, retain=True, properties=props)
         pub.disconnect()
     make_broker.restart(addr, kill=kill)
     with RawClient(addr, V5) as sub:
