@@ -15,6 +15,7 @@ from gateway.config import GatewayConfig
 from gateway.core.authz import Authorizer, from_config
 from gateway.core.clock import LoopScheduler
 from gateway.core.node import CoreSettings, Node
+from gateway.fleet.archiver import Archiver, settings_from_config
 from gateway.net.stream import ListenerLimits, StreamShell, start_stream_listener
 from gateway.store.db import db_path, ensure_schema, open_db
 from gateway.store.sessions import SCHEMA, SessionStore
@@ -90,6 +91,7 @@ class Gateway:
         self.config = config
         self.node: Node | None = None
         self.committer: GroupCommitter | None = None
+        self.archiver: Archiver | None = None
         self.servers: list[asyncio.Server] = []
         self.stopped = asyncio.Event()
 
@@ -105,6 +107,12 @@ class Gateway:
         )
         if store is not None:
             node.restore(*store.load())
+        if config.fleet.archiver.enable:
+            self.archiver = Archiver(
+                settings_from_config(config), node.scheduler, metrics=node.metrics
+            )
+            self.archiver.attach(node.hooks)
+            log.info("fleet archiver writing to %s", self.archiver.settings.root)
         gate = self.committer
         monotonic = loop.time
         for name, lst in config.listeners.tcp.items():
@@ -150,6 +158,10 @@ class Gateway:
         for server in self.servers:
             await server.wait_closed()
         self.servers.clear()
+        if self.archiver is not None:  # after the disconnects above, so they are archived
+            self.archiver.detach()
+            await asyncio.to_thread(self.archiver.close)
+            self.archiver = None
         if self.committer is not None:
             self.committer.close()
             self.committer = None

@@ -293,6 +293,46 @@ class DurabilityConfig(_Section):
     enable: bool = True
 
 
+_NAME_RE = re.compile(r"[A-Za-z0-9._@-]+")
+
+
+def _check_path_name(value: str) -> str:
+    # site and gw become directory names (site=S/gw=G) that Spark reads back as values.
+    if value and not _NAME_RE.fullmatch(value):
+        raise ValueError("expected letters, digits and . _ @ - only")
+    return value
+
+
+PathName = Annotated[str, AfterValidator(_check_path_name)]
+
+
+class FleetArchiverConfig(_Section):
+    """``[fleet.archiver]``: spool telemetry and connection events for the fleet job.
+
+    ``dir`` None means ``{node.data_dir}/archive``; ``gw`` empty means the node name with
+    characters other than letters, digits and ``. _ @ -`` replaced by ``_``.
+    """
+
+    enable: bool = False
+    dir: Path | None = None
+    site: PathName = "default"
+    gw: PathName = ""
+    topics: Annotated[list[TopicFilter], BeforeValidator(_split_commas)] = Field(
+        default_factory=lambda: ["#"]
+    )
+    events: bool = True
+    rotate_interval: Annotated[Duration, Field(gt=0)] = 300.0
+    rotate_size: Annotated[Size, Field(ge=1024)] = 16 << 20
+    flush_interval: Annotated[Duration, Field(gt=0)] = 1.0
+    max_pending: Annotated[Size, Field(ge=1024)] = 64 << 20
+    ts_field: str = "ts"
+    max_payload_text: Size = 256
+
+
+class FleetConfig(_Section):
+    archiver: FleetArchiverConfig = Field(default_factory=FleetArchiverConfig)
+
+
 class AuthenticationConfig(_Section):
     allow_anonymous: bool = True
 
@@ -356,3 +396,4 @@ class GatewayConfig(_Section):
     durability: DurabilityConfig = Field(default_factory=DurabilityConfig)
     authentication: AuthenticationConfig = Field(default_factory=AuthenticationConfig)
     authorization: AuthorizationConfig = Field(default_factory=AuthorizationConfig)
+    fleet: FleetConfig = Field(default_factory=FleetConfig)
