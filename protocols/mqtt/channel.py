@@ -407,7 +407,8 @@ class MqttChannel:
         if s.max_session_expiry_interval and expiry_interval > s.max_session_expiry_interval:
             expiry_interval = s.max_session_expiry_interval
         self.expiry_interval = expiry_interval
-        receive_max = props.receive_maximum or 65535
+        # our outgoing window: the client's Receive Maximum, capped by max_inflight
+        receive_max = min(props.receive_maximum or 65535, s.max_inflight)
         if props.maximum_packet_size is not None:
             self.conn.max_outgoing_packet_size = props.maximum_packet_size
         self.client_alias_max = props.topic_alias_maximum or 0
