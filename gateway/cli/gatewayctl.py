@@ -19,7 +19,9 @@ from gateway.cli import version
 PROG = "gatewayctl"
 
 # module path -> attribute holding a click command or group
-SUBCOMMANDS: list[tuple[str, str]] = []
+SUBCOMMANDS: list[tuple[str, str]] = [
+    ("gateway.cli.ctl.certs", "certs"),
+]
 
 
 @click.group(

@@ -1,0 +1,91 @@
+"""``gatewayctl certs``: a private certificate authority for TLS listeners and the cluster.
+
+    gatewayctl certs init-ca DIR [--cn NAME] [--days N] [--force]
+    gatewayctl certs issue DIR NAME [--server|--client] [--san DNS/IP/URI ...] [--days N] [--force]
+
+Writes DIR/ca.crt, DIR/ca.key, DIR/NAME.crt, DIR/NAME.key (keys mode 0600); see
+:mod:`gateway.security.pki` for the certificates' contents. Nothing is overwritten without
+``--force``. Errors are one line and exit status 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import click
+
+from gateway.security.pki import (
+    CA_DAYS,
+    LEAF_DAYS,
+    AlreadyExists,
+    Issued,
+    PkiError,
+    init_ca,
+    issue,
+)
+
+
+@click.group(name="certs", help="Create a CA and issue TLS certificates (EC P-256).")
+def certs() -> None:
+    pass
+
+
+@certs.command(name="init-ca")
+@click.argument("directory", type=click.Path(path_type=Path))
+@click.option("--cn", "common_name", default="gateway CA", show_default=True,
+              help="Common name of the CA.")
+@click.option("--days", type=click.IntRange(min=1), default=CA_DAYS, show_default=True,
+              help="Validity in days.")
+@click.option("--force", is_flag=True, help="Replace an existing ca.crt/ca.key.")
+def init_ca_cmd(directory: Path, common_name: str, days: int, force: bool) -> None:
+    """Create DIRECTORY/ca.crt and DIRECTORY/ca.key (a new certificate authority)."""
+    _report(_run(lambda: init_ca(directory, common_name=common_name, days=days, force=force)))
+
+
+@certs.command(name="issue")
+@click.argument("directory", type=click.Path(path_type=Path))
+@click.argument("name")
+@click.option("--server", "role", flag_value="server", default=True,
+              help="A server certificate (serverAuth; the default).")
+@click.option("--client", "role", flag_value="client",
+              help="A client certificate (clientAuth), e.g. for mutual TLS.")
+@click.option("--server-client", "role", flag_value="both",
+              help="Both serverAuth and clientAuth (a cluster node).")
+@click.option("--san", "sans", multiple=True, metavar="DNS/IP",
+              help="Subject alternative name: a DNS name, an IP address or URI:...; "
+              "repeatable. Server default: localhost, 127.0.0.1, ::1.")
+@click.option("--days", type=click.IntRange(min=1), default=LEAF_DAYS, show_default=True,
+              help="Validity in days (never beyond the CA's).")
+@click.option("--force", is_flag=True, help="Replace an existing NAME.crt/NAME.key.")
+def issue_cmd(
+    directory: Path, name: str, role: str, sans: tuple[str, ...], days: int, force: bool
+) -> None:
+    """Issue DIRECTORY/NAME.crt and NAME.key (subject CN=NAME) from the CA in DIRECTORY."""
+    server = role in ("server", "both")
+    client = role in ("client", "both")
+    _report(
+        _run(
+            lambda: issue(
+                directory, name, server=server, client=client, sans=sans, days=days,
+                force=force,
+            )
+        )
+    )
+
+
+def _run(action: Callable[[], Issued]) -> Issued:
+    try:
+        return action()
+    except AlreadyExists as exc:
+        raise click.ClickException(f"{exc} (use --force to replace it)") from None
+    except PkiError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _report(issued: Issued) -> None:
+    cert = issued.certificate
+    click.echo(f"wrote {issued.cert_path}")
+    click.echo(f"wrote {issued.key_path} (mode 0600)")
+    click.echo(f"subject {cert.subject.rfc4514_string()}, "
+               f"valid until {cert.not_valid_after_utc:%Y-%m-%d}")
