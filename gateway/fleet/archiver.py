@@ -244,7 +244,7 @@ class Archiver:
         self._number += 1
         s = self.settings
         name = segment_name(s.gw, rx, self._boot, self._number)
-        folder = self._root / partition_dir(kind, utc_date(rx), s.site, s.gw)
+        folder = self._root / "raw" / partition_dir(kind, utc_date(rx), s.site, s.gw)
         segment = _Segment(kind, date, folder / tmp_name(name), self.scheduler.time())
         self._open[kind] = segment
         return segment

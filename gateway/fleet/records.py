@@ -2,7 +2,9 @@
 
 A segment is a gzipped JSON-lines file (one or more concatenated gzip members) at::
 
-    {root}/raw/{telemetry|events}/ingest_date=YYYY-MM-DD/site=S/gw=G/{name}.jsonl.gz
+    {raw}/{telemetry|events}/ingest_date=YYYY-MM-DD/site=S/gw=G/{name}.jsonl.gz
+
+where ``{raw}`` is ``{archiver dir}/raw`` on a gateway and the central store's raw root.
 
 Invariants:
 
@@ -59,8 +61,12 @@ def utc_date(epoch: float) -> dt.date:
 
 
 def partition_dir(kind: Kind, ingest_date: dt.date, site: str, gw: str) -> str:
-    """The relative directory of a segment: ``raw/{kind}/ingest_date=.../site=.../gw=...``."""
-    return f"raw/{kind}/ingest_date={ingest_date.isoformat()}/site={site}/gw={gw}"
+    """A segment's folder relative to the raw root: ``{kind}/ingest_date=D/site=S/gw=G``.
+
+    The archiver's raw root is ``{dir}/raw``; the central raw root is the union of every
+    gateway's (the paths never collide, since they name the site and the gateway).
+    """
+    return f"{kind}/ingest_date={ingest_date.isoformat()}/site={site}/gw={gw}"
 
 
 def segment_name(gw: str, opened_at: float, boot: str, number: int) -> str:

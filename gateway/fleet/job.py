@@ -1,0 +1,267 @@
+"""The central consolidation job: raw segments of the fleet in, Parquet tables out.
+
+Steps (each prints a progress line):
+
+1. list the ``ingest_date=`` folders of ``{raw}/telemetry`` and ``{raw}/events`` through
+   Hadoop's FileSystem (so ``hdfs://``, ``s3a://`` and local paths all work) and resolve
+   the range: by default the first to the last ingest date present;
+2. read telemetry of ingest dates ``[start - 1, end + lookback]`` and events of every
+   ingest date up to ``end + lookback`` with an explicit schema (PERMISSIVE: a corrupt
+   line becomes a counted row, never a failure), and cache them;
+3. write ``telemetry`` (clean messages), then read it back for ``rollup_5m``,
+   ``rollup_site_1h`` and ``anomalies``; write ``device_sessions``, ``device_daily``,
+   ``gaps``;
+4. write the data-quality report to ``{out}/_dq/{start}_{end}.json``.
+
+Invariants: every table is partitioned by ``event_date``; before a table is written, its
+partitions for every date of the range are removed, and the write uses dynamic partition
+overwrite, so dates outside the range are never touched and a date of the range holds
+exactly this run's rows. Which rows a table holds follows :mod:`gateway.fleet.tables`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from gateway.fleet import dq, tables
+from gateway.fleet.settings import TABLES, JobSettings
+
+Progress = Callable[[str], None]
+
+
+def stderr_progress() -> Progress:
+    started = time.monotonic()
+
+    def say(message: str) -> None:
+        print(f"[{time.monotonic() - started:7.1f}s] {message}", file=sys.stderr, flush=True)
+
+    return say
+
+
+def spark_session(master: str | None = None, app_name: str = "gateway-fleet") -> SparkSession:
+    """A session for the job. ``master`` is applied only when given; without it a plain
+    ``python`` process gets ``local[*]`` while ``spark-submit`` keeps its own master."""
+    builder = SparkSession.builder.appName(app_name)
+    under_submit = "PYSPARK_GATEWAY_PORT" in os.environ  # set by spark-submit
+    if master:
+        builder = builder.master(master)
+    elif not under_submit:
+        builder = builder.master("local[*]")
+    if not under_submit:
+        # An embedded JVM: room for the cached raw rows, no web UI.
+        builder = builder.config("spark.driver.memory", os.environ.get("FLEET_DRIVER_MEMORY", "4g"))
+        builder = builder.config("spark.ui.enabled", "false")
+    spark = builder.getOrCreate()
+    configure(spark)
+    return spark
+
+
+def configure(spark: SparkSession) -> None:
+    """Session settings the job relies on (dates in UTC, dynamic partition overwrite)."""
+    conf = spark.conf
+    conf.set("spark.sql.session.timeZone", "UTC")
+    conf.set("spark.sql.sources.partitionOverwriteMode", "dynamic")
+    conf.set("spark.sql.adaptive.enabled", "true")
+    # site=001 must stay the string "001": partition values are typed by the schemas.
+    conf.set("spark.sql.sources.partitionColumnTypeInference.enabled", "false")
+    master = spark.sparkContext.master or ""
+    if master.startswith("local"):
+        # A few shuffle partitions per core; AQE coalesces further.
+        conf.set(
+            "spark.sql.shuffle.partitions", str(max(4, 2 * spark.sparkContext.defaultParallelism))
+        )
+    spark.sparkContext.setLogLevel("ERROR")
+
+
+@dataclass(frozen=True, slots=True)
+class JobResult:
+    start: dt.date
+    end: dt.date
+    report: dict[str, Any]
+    seconds: float
+
+
+class NoInput(Exception):
+    """There is nothing to read (no ingest_date folder in range)."""
+
+
+# ------------------------------------------------------------------ file system
+
+
+def _fs(spark: SparkSession, path: str) -> tuple[Any, Any]:
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    hpath = jvm.org.apache.hadoop.fs.Path(path)
+    conf = spark.sparkContext._jsc.hadoopConfiguration()
+    return hpath.getFileSystem(conf), jvm
+
+
+def ingest_dates(spark: SparkSession, root: str) -> list[dt.date]:
+    """The dates of the ``ingest_date=YYYY-MM-DD`` folders directly under ``root``."""
+    fs, jvm = _fs(spark, root)
+    statuses = fs.globStatus(jvm.org.apache.hadoop.fs.Path(root.rstrip("/") + "/ingest_date=*"))
+    dates = []
+    for status in statuses or []:
+        name = status.getPath().getName()
+        try:
+            dates.append(dt.date.fromisoformat(name.split("=", 1)[1]))
+        except ValueError:
+            continue
+    return sorted(dates)
+
+
+def remove_partitions(spark: SparkSession, table: str, dates: list[dt.date]) -> None:
+    fs, jvm = _fs(spark, table)
+    for date in dates:
+        path = jvm.org.apache.hadoop.fs.Path(f"{table}/event_date={date.isoformat()}")
+        if fs.exists(path):
+            fs.delete(path, True)
+
+
+def write_text(spark: SparkSession, path: str, text: str) -> None:
+    fs, jvm = _fs(spark, path)
+    stream = fs.create(jvm.org.apache.hadoop.fs.Path(path), True)
+    try:
+        stream.write(bytearray(text.encode()))
+    finally:
+        stream.close()
+
+
+def _days(start: dt.date, end: dt.date) -> list[dt.date]:
+    return [start + dt.timedelta(days=i) for i in range((end - start).days + 1)]
+
+
+# ------------------------------------------------------------------ the job
+
+
+def read_raw(spark: SparkSession, root: str, dates: list[dt.date], *, events: bool) -> DataFrame:
+    """The raw rows of ``dates`` with ``ingest_date``, ``site`` and ``gw`` from the paths."""
+    schema = tables.EVENTS_SCHEMA if events else tables.TELEMETRY_SCHEMA
+    if not dates:
+        fields = [*schema.fields, *tables.PATH_FIELDS]
+        return spark.createDataFrame([], T.StructType(fields))
+    paths = [f"{root}/ingest_date={d.isoformat()}" for d in dates]
+    return (
+        spark.read.schema(schema)
+        .option("mode", "PERMISSIVE")
+        .option("columnNameOfCorruptRecord", tables.CORRUPT)
+        .option("basePath", root)
+        .option("pathGlobFilter", "*.jsonl.gz")
+        .option("recursiveFileLookup", "false")
+        .json(paths)
+        .withColumn("ingest_date", F.to_date("ingest_date"))
+    )
+
+
+def run(spark: SparkSession, settings: JobSettings, progress: Progress | None = None) -> JobResult:
+    """Run the job for ``settings`` (see module docstring); returns the DQ report."""
+    say = progress or (lambda _m: None)
+    began = time.monotonic()
+    s = settings
+    raw_t, raw_e = f"{s.raw.rstrip('/')}/telemetry", f"{s.raw.rstrip('/')}/events"
+    t_dates, e_dates = ingest_dates(spark, raw_t), ingest_dates(spark, raw_e)
+    present = sorted(set(t_dates) | set(e_dates))
+    if not present:
+        raise NoInput(f"no ingest_date=... folders under {raw_t} or {raw_e}")
+    start = s.start or present[0]
+    end = s.end or present[-1]
+    if start > end:
+        raise ValueError(f"start {start} is after end {end}")
+    s = replace(s, start=start, end=end)
+    last_ingest = end + dt.timedelta(days=s.lookback_days)
+    t_read = [d for d in t_dates if start - dt.timedelta(days=1) <= d <= last_ingest]
+    e_read = [d for d in e_dates if d <= last_ingest]
+    say(
+        f"range {start} .. {end} ({(end - start).days + 1} days, lookback {s.lookback_days}); "
+        f"reading {len(t_read)} telemetry and {len(e_read)} event ingest dates"
+    )
+
+    raw_tel = read_raw(spark, raw_t, t_read, events=False)
+    tel = tables.classify(raw_tel, s).persist(StorageLevel.MEMORY_AND_DISK)
+    raw_ev = read_raw(spark, raw_e, e_read, events=True)
+    ev = tables.classify(raw_ev, s, events=True).persist(StorageLevel.MEMORY_AND_DISK)
+
+    t_lines = tables.dq_counts(tel, start, end)
+    e_lines = tables.dq_counts(ev, start, end)
+    say(f"read {sum(t_lines.values()):,} telemetry lines, {sum(e_lines.values()):,} event lines")
+
+    out = s.out.rstrip("/")
+    days = _days(start, end)
+    schemas: dict[str, T.StructType] = {}
+
+    def write(name: str, df: DataFrame, *order: str) -> None:
+        path = f"{out}/{name}"
+        remove_partitions(spark, path, days)
+        schemas[name] = df.schema
+        df = df.repartition("event_date").sortWithinPartitions(*order)
+        df.write.mode("overwrite").partitionBy("event_date").parquet(path)
+        say(f"wrote {name}")
+
+    def table(name: str) -> DataFrame:
+        df = spark.read.schema(schemas[name]).parquet(f"{out}/{name}")
+        return df.where(tables.in_range(F.col("event_date"), start, end))
+
+    write("telemetry", tables.clean_telemetry(tel, s, start, end), "device", "seq")
+    tel.unpersist()
+    clean = table("telemetry")
+    long = tables.values(clean).persist(StorageLevel.MEMORY_AND_DISK)
+    write("rollup_5m", tables.rollup_5m(long), "device", "metric", "window_start")
+    write("rollup_site_1h", tables.rollup_site_1h(long), "site", "metric", "hour")
+    write("anomalies", tables.anomalies(long, s), "device", "metric", "ts")
+    long.unpersist()
+
+    events = tables.clean_events(ev, end).persist(StorageLevel.MEMORY_AND_DISK)
+    ev.unpersist()
+    write("device_sessions", tables.sessions(events, start, end), "device", "start")
+    daily = tables.device_daily(
+        clean, table("device_sessions"), tables.event_daily(events, s, start, end)
+    )
+    write("device_daily", daily, "device")
+    events.unpersist()
+    daily = table("device_daily")
+    write("gaps", tables.gaps(clean, daily, s), "device", "gap_start")
+
+    totals = _totals(daily, table("gaps").count(), table("anomalies").count())
+    report = dq.build_report(start, end, s.lookback_days, t_lines, e_lines, totals, s.dq)
+    write_text(spark, f"{out}/_dq/{start}_{end}.json", json.dumps(report, indent=2, sort_keys=True))
+    say(f"wrote _dq/{start}_{end}.json")
+    return JobResult(start, end, report, time.monotonic() - began)
+
+
+def _totals(daily: DataFrame, gaps: int, anomalies: int) -> dq.Totals:
+    row = daily.agg(
+        *[
+            F.coalesce(F.sum(c), F.lit(0)).alias(c)
+            for c in (
+                "messages",
+                "duplicates",
+                "late",
+                "out_of_order",
+                "seq_holes",
+                "seq_resets",
+                "metric_values",
+                "bad_values",
+                "sessions",
+            )
+        ],
+        F.count_distinct("device").alias("devices"),
+        F.count(F.lit(1)).alias("device_days"),
+        F.sum(F.col("flapping").cast("int")).alias("flapping_device_days"),
+    ).collect()[0]
+    values = {k: int(row[k] or 0) for k in row.asDict()}
+    return dq.Totals(**values, gaps=gaps, anomalies=anomalies)
+
+
+__all__ = ["TABLES", "JobResult", "NoInput", "configure", "run", "spark_session"]
