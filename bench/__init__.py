@@ -1,0 +1,1 @@
+"""Benchmarks of gatewayd against mosquitto and amqtt: see bench/README.md."""

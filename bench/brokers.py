@@ -1,0 +1,384 @@
+"""The brokers under test, each started by the harness on a free loopback port.
+
+- ``gatewayd``: this project, ``<repo>/.venv/bin/python -m gateway.cli.gatewayd`` with a
+  generated TOML file (defaults, except the bind address and a temporary data directory).
+- ``mosquitto``: Debian's package (installed with apt-get when missing), generated config:
+  one listener on 127.0.0.1, ``allow_anonymous true``, ``persistence false``, defaults
+  otherwise.
+- ``amqtt``: PyPI's amqtt in its own virtualenv ``bench/.venv-amqtt`` (created when
+  missing, so its dependencies never touch the project's), generated YAML config: one TCP
+  listener on 127.0.0.1 and the anonymous-authentication plugin only.
+
+Each :class:`Broker` is one process whose pid is the broker itself (no shell in between),
+so ``/proc/<pid>/status`` (VmRSS) and ``/proc/<pid>/stat`` (CPU ticks) describe it.
+Readiness is a bounded TCP-connect poll.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+AMQTT_VENV = REPO / "bench" / ".venv-amqtt"
+AMQTT_REQUIREMENT = "amqtt"
+READY_TIMEOUT = 20.0
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+HOST = "127.0.0.1"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+def mqtt_ping(host: str, port: int, client_id: str, timeout: float = 2.0) -> None:
+    """CONNECT, wait for CONNACK, DISCONNECT: the broker is up and speaks MQTT."""
+    from bench import wire
+
+    with socket.create_connection((host, port), timeout=timeout) as s:
+        s.sendall(wire.connect(client_id))
+        data = b""
+        while len(data) < 4:
+            chunk = s.recv(4 - len(data))
+            if not chunk:
+                raise ConnectionError("closed before CONNACK")
+            data += chunk
+        if data[0] != 0x20 or data[3] != 0:
+            raise ConnectionError(f"bad CONNACK {data!r}")
+        s.sendall(wire.DISCONNECT)
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds the whole machine spent busy (all cores), from /proc/stat."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    # user nice system idle iowait irq softirq steal ...
+    busy = fields[0] + fields[1] + fields[2] + fields[5] + fields[6] + fields[7]
+    return busy / CLK_TCK
+
+
+def _say(msg: str) -> None:
+    print(f"bench: {msg}", file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------------------ setup
+
+
+def mosquitto_path() -> str | None:
+    return shutil.which("mosquitto") or next(
+        (p for p in ("/usr/sbin/mosquitto", "/usr/local/sbin/mosquitto") if os.access(p, os.X_OK)),
+        None,
+    )
+
+
+def ensure_mosquitto() -> str:
+    path = mosquitto_path()
+    if path:
+        return path
+    _say("installing Debian package mosquitto")
+    sudo = [] if os.geteuid() == 0 else ["sudo", "-n"]
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    subprocess.run([*sudo, "apt-get", "update", "-qq"], check=True, env=env)
+    subprocess.run(
+        [*sudo, "apt-get", "install", "-y", "-qq", "--no-install-recommends", "mosquitto"],
+        check=True,
+        env=env,
+    )
+    # Debian's package starts a system mosquitto on port 1883; we never use that port.
+    path = mosquitto_path()
+    if not path:
+        raise RuntimeError("mosquitto installed but not found")
+    return path
+
+
+def ensure_amqtt() -> Path:
+    """The amqtt virtualenv's python, created (and amqtt installed) when missing."""
+    python = AMQTT_VENV / "bin" / "python"
+    if (AMQTT_VENV / "bin" / "amqtt").exists():
+        return python
+    _say(f"creating {AMQTT_VENV} and installing {AMQTT_REQUIREMENT} (once)")
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(AMQTT_VENV)], check=True)
+    subprocess.run([str(python), "-m", "pip", "install", "-q", AMQTT_REQUIREMENT], check=True)
+    return python
+
+
+# ------------------------------------------------------------------------------ brokers
+
+
+class Broker:
+    name = "broker"
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.host = HOST
+        self.tmp = Path(tempfile.mkdtemp(prefix=f"bench-{self.name}-"))
+        self.log_path = self.tmp / "broker.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_offset = 0
+
+    # to override
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def env(self) -> dict[str, str]:
+        return dict(os.environ)
+
+    @classmethod
+    def version(cls) -> str:
+        raise NotImplementedError
+
+    # lifecycle
+
+    def start(self) -> None:
+        self.port = free_port()
+        with open(self.log_path, "ab") as log:
+            self.log_offset = log.tell()
+            self.proc = subprocess.Popen(
+                self.command(),
+                cwd=self.tmp,
+                env=self.env(),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        deadline = time.monotonic() + READY_TIMEOUT
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}"
+                )
+            try:
+                mqtt_ping(self.host, self.port, "bench-ready")
+                return
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"{self.name} did not listen within {READY_TIMEOUT}s")
+
+    def stop(self) -> None:
+        proc = self.proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+        self.proc = None
+
+    def cleanup(self) -> None:
+        self.stop()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    # measurements
+
+    def rss_kib(self) -> int:
+        with open(f"/proc/{self.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+        raise RuntimeError("no VmRSS")
+
+    def cpu_seconds(self) -> float:
+        with open(f"/proc/{self.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        # fields[11], [12] are utime, stime (the 14th and 15th fields of stat)
+        return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+    def log_since_start(self) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self.log_offset)
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def log_tail(self, lines: int = 20) -> str:
+        return "\n".join(self.log_since_start().splitlines()[-lines:])
+
+
+class Gatewayd(Broker):
+    name = "gatewayd"
+    # Source tree the broker runs from: the working tree, or an extracted commit (see
+    # use_gatewayd_commit); the project's .venv provides the dependencies either way.
+    src: Path = REPO
+    source: str = ""
+
+    def command(self) -> list[str]:
+        conf = self.tmp / "gateway.toml"
+        conf.write_text(
+            "[node]\n"
+            'name = "bench@127.0.0.1"\n'
+            f'data_dir = "{self.tmp / "data"}"\n'
+            "[listeners.tcp.default]\n"
+            f'bind = "{self.host}:{self.port}"\n'
+        )
+        python = REPO / ".venv" / "bin" / "python"
+        return [
+            str(python if python.exists() else sys.executable),
+            "-m",
+            "gateway.cli.gatewayd",
+            "--config",
+            str(conf),
+        ]
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
+        env["PYTHONPATH"] = str(self.src)
+        return env
+
+    @classmethod
+    def version(cls) -> str:
+        python = REPO / ".venv" / "bin" / "python"
+        out = subprocess.run(
+            [
+                str(python),
+                "-c",
+                "import gateway, uvloop; print(gateway.__version__, uvloop.__version__)",
+            ],
+            capture_output=True,
+            text=True,
+            cwd=cls.src,
+            env=dict(os.environ, PYTHONPATH=str(cls.src)),
+            check=False,
+        ).stdout.split()
+        version = f"{out[0]} (uvloop {out[1]})" if len(out) == 2 else "?"
+        return f"{version}, {cls.source or working_tree_source()}"
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(REPO), *args], capture_output=True, text=True, check=False
+    ).stdout.strip()
+
+
+def working_tree_source() -> str:
+    commit = _git("rev-parse", "--short", "HEAD") or "?"
+    dirty = _git("status", "--porcelain", "--", "gateway", "protocols")
+    return f"working tree at {commit}" + (" with uncommitted changes" if dirty else "")
+
+
+def use_gatewayd_commit(rev: str) -> str:
+    """Run gatewayd from ``rev`` (gateway/ and protocols/ extracted with git archive into a
+    temporary directory) instead of the working tree; returns the commit's short id."""
+    commit = _git("rev-parse", "--short", f"{rev}^{{commit}}")
+    if not commit:
+        raise RuntimeError(f"unknown revision {rev!r}")
+    dest = Path(tempfile.mkdtemp(prefix=f"bench-gatewayd-{commit}-"))
+    archive = subprocess.run(
+        ["git", "-C", str(REPO), "archive", "--format=tar", commit, "gateway", "protocols"],
+        capture_output=True,
+        check=True,
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    atexit.register(shutil.rmtree, dest, ignore_errors=True)
+    Gatewayd.src = dest
+    Gatewayd.source = f"commit {commit}"
+    return commit
+
+
+class Mosquitto(Broker):
+    name = "mosquitto"
+
+    def command(self) -> list[str]:
+        conf = self.tmp / "mosquitto.conf"
+        lines = [
+            "persistence false",
+            "log_dest stderr",
+            "log_type error",
+            "log_type warning",
+            f"listener {self.port} {self.host}",
+            "allow_anonymous true",
+        ]
+        if os.geteuid() == 0:
+            lines.insert(0, "user root")
+        conf.write_text("\n".join(lines) + "\n")
+        return [ensure_mosquitto(), "-c", str(conf)]
+
+    @classmethod
+    def version(cls) -> str:
+        path = mosquitto_path()
+        if not path:
+            return "?"
+        out = subprocess.run([path, "-h"], capture_output=True, text=True, check=False).stdout
+        m = re.search(r"version (\S+)", out)
+        return m.group(1) if m else "?"
+
+
+class Amqtt(Broker):
+    name = "amqtt"
+
+    def command(self) -> list[str]:
+        ensure_amqtt()
+        conf = self.tmp / "amqtt.yaml"
+        conf.write_text(
+            "listeners:\n"
+            "  default:\n"
+            "    type: tcp\n"
+            f"    bind: {self.host}:{self.port}\n"
+            "plugins:\n"
+            "  amqtt.plugins.authentication.AnonymousAuthPlugin:\n"
+            "    allow_anonymous: true\n"
+        )
+        return [
+            str(AMQTT_VENV / "bin" / "python"),
+            str(AMQTT_VENV / "bin" / "amqtt"),
+            "-c",
+            str(conf),
+        ]
+
+    @classmethod
+    def version(cls) -> str:
+        python = AMQTT_VENV / "bin" / "python"
+        if not python.exists():
+            return "?"
+        out = subprocess.run(
+            [str(python), "-c", "import importlib.metadata as m; print(m.version('amqtt'))"],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.strip()
+        return out or "?"
+
+
+BROKERS: dict[str, type[Broker]] = {b.name: b for b in (Gatewayd, Mosquitto, Amqtt)}
+
+
+def setup(names: list[str]) -> None:
+    """Install what the chosen brokers need (idempotent)."""
+    if "mosquitto" in names:
+        ensure_mosquitto()
+    if "amqtt" in names:
+        ensure_amqtt()
+
+
+@contextlib.contextmanager
+def running(cls: type[Broker]):  # type: ignore[no-untyped-def]
+    broker = cls()
+    try:
+        broker.start()
+        yield broker
+    finally:
+        broker.cleanup()

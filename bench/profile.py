@@ -1,0 +1,155 @@
+"""Profile gatewayd with py-spy while a benchmark scenario runs against it.
+
+    .venv/bin/python -m bench.profile                        # fanout-qos1 and p2p-qos1
+    .venv/bin/python -m bench.profile --scenarios fanin-qos0 --duration 10 --top 25
+
+For each scenario: start gatewayd, attach ``py-spy record --pid`` (sampling without
+pausing the broker, ``--function`` so samples aggregate per function), run the scenario
+for ``--duration`` seconds, stop py-spy and print the functions with the most *own* samples
+(the leaf frame of a stack: where the interpreter actually was) next to their inclusive
+share. The raw collapsed stacks stay in ``--out`` (default ``bench/profiles/``), one file
+per scenario, for flame graphs (``flamegraph.pl`` or speedscope read them).
+
+py-spy is installed into the project's virtualenv when missing (it needs ptrace: root, or
+``kernel.yama.ptrace_scope=0``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench.brokers import REPO, Gatewayd, use_gatewayd_commit
+from bench.run import _markdown
+from bench.scenarios import Params, run_scenario
+
+
+def ensure_py_spy() -> str:
+    exe = Path(sys.executable).with_name("py-spy")
+    if exe.exists():
+        return str(exe)
+    found = shutil.which("py-spy")
+    if found:
+        return found
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "py-spy"], check=True)
+    return str(exe)
+
+
+def top_functions(raw: str, top: int) -> tuple[int, list[tuple[str, int, int]]]:
+    """(total samples, [(function, own samples, inclusive samples)]) from collapsed stacks."""
+    own: collections.Counter[str] = collections.Counter()
+    incl: collections.Counter[str] = collections.Counter()
+    total = 0
+    for line in raw.splitlines():
+        stack, _, count_s = line.rpartition(" ")
+        if not stack or not count_s.isdigit():
+            continue
+        count = int(count_s)
+        frames = stack.split(";")
+        if frames and frames[0].startswith(("process ", "thread ")):
+            frames = [f for f in frames if not f.startswith(("process ", "thread "))]
+        if not frames:
+            continue
+        total += count
+        own[frames[-1]] += count
+        for f in set(frames):
+            incl[f] += count
+    rows = [(f, n, incl[f]) for f, n in own.most_common(top)]
+    return total, rows
+
+
+def profile(
+    scenario: str, params: Params, out: Path, top: int, rate: int, native: bool = False
+) -> str:
+    py_spy = ensure_py_spy()
+    broker = Gatewayd()
+    raw_path = out / f"{scenario}{'.native' if native else ''}.collapsed.txt"
+    try:
+        broker.start()
+        spy = subprocess.Popen(
+            [
+                py_spy,
+                "record",
+                "--pid",
+                str(broker.pid),
+                "--rate",
+                str(rate),
+                "--format",
+                "raw",
+                "--function",
+                # native unwinding needs the target paused; Python-only sampling does not
+                *(["--native"] if native else ["--nonblocking"]),
+                "--output",
+                str(raw_path),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        time.sleep(1.0)  # py-spy attaches
+        t0 = time.monotonic()
+        result = run_scenario(scenario, broker, params)
+        elapsed = time.monotonic() - t0
+        spy.send_signal(signal.SIGINT)
+        try:
+            _, err = spy.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            spy.kill()
+            _, err = spy.communicate()
+    finally:
+        broker.cleanup()
+    if not raw_path.exists():
+        return f"## {scenario}: py-spy wrote nothing\n{err.decode(errors='replace')}"
+    total, rows = top_functions(raw_path.read_text(), top)
+    table = [["#", "function (file:first line)", "own %", "inclusive %"]]
+    for i, (func, n, inc) in enumerate(rows, 1):
+        table.append([str(i), func, f"{100 * n / total:.1f}", f"{100 * inc / total:.1f}"])
+    busy = 100 * total / max(1.0, elapsed * rate)
+    shown = raw_path.relative_to(REPO) if raw_path.is_relative_to(REPO) else raw_path
+    return (
+        f"## {scenario}: {result.value} {result.unit}, lost {result.lost}"
+        f"{' ERROR ' + str(result.error) if result.error else ''}\n"
+        f"{total} samples at {rate} Hz over {elapsed:.1f}s (broker on-CPU about {busy:.0f}% "
+        f"of the time); stacks in {shown}\n\n" + _markdown(table)
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.profile",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument("--scenarios", default="fanout-qos1,p2p-qos1")
+    ap.add_argument("--duration", type=float, default=10.0)
+    ap.add_argument("--top", type=int, default=15)
+    ap.add_argument("--rate", type=int, default=250, help="samples per second")
+    ap.add_argument("--out", type=Path, default=REPO / "bench" / "profiles")
+    ap.add_argument("--gatewayd-commit", metavar="REV", help="profile this commit (see run.py)")
+    ap.add_argument(
+        "--native",
+        action="store_true",
+        help="include C frames (uvloop, CPython): shows what a Python line's own time is spent on",
+    )
+    args = ap.parse_args(argv)
+    if args.gatewayd_commit:
+        use_gatewayd_commit(args.gatewayd_commit)
+    print(f"gatewayd {Gatewayd.version()}\n")
+    params = Params(duration=args.duration, latency_duration=args.duration)
+    args.out.mkdir(parents=True, exist_ok=True)
+    for scenario in args.scenarios.split(","):
+        print(
+            profile(scenario.strip(), params, args.out, args.top, args.rate, args.native),
+            flush=True,
+        )
+        print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

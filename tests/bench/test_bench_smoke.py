@@ -1,0 +1,47 @@
+"""Smoke test of the benchmark harness (bench/): every scenario at a tiny scale against
+gatewayd only. It checks that the harness runs end to end, that nothing is lost and that
+every scenario produced a figure; it asserts nothing about speed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_tiny_run_against_gatewayd(tmp_path: Path) -> None:
+    out = tmp_path / "results.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.run", "--tiny", "--brokers", "gatewayd", "--json", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=280,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads(out.read_text())
+    results = doc["results"]
+    from bench.scenarios import SCENARIOS
+
+    assert sorted(r["scenario"] for r in results) == sorted(SCENARIOS)
+    for r in results:
+        assert r["broker"] == "gatewayd"
+        assert r["error"] is None, (r["scenario"], r["error"])
+        assert r["value"] is not None, r
+        if r["unit"] in ("msg/s", "conn/s"):
+            assert r["value"] > 0, r
+        assert r["lost"] == 0, r
+    traffic = [r for r in results if "expected" in r["details"]]
+    assert traffic
+    for r in traffic:
+        d = r["details"]
+        assert d["expected"] > 0 and d["received"] == d["expected"], r
+    assert "| fanin-qos0" in proc.stdout  # the table was printed
