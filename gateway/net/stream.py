@@ -1,10 +1,12 @@
 """The generic stream transport shell: the only code that touches stream sockets.
 
 A :class:`StreamShell` is an asyncio protocol built from a channel factory. It feeds the
-channel bytes and timer expiries and carries out the effects the channel returns:
+channel bytes and timer expiries; the effect loop it shares with the other shells
+(:class:`gateway.net.shell.EffectLoop`) carries out the effects the channel returns:
 writes (joined into one ``transport.write`` per call), named timers, and close. It is
 also the channel's :class:`~protocols.context.ConnectionHandle`, so deliveries pushed by
-the core run through the same effect loop.
+the core run through the same effect loop. TLS and WebSocket listeners use this same
+shell (WebSocket framing is a channel wrapper, :mod:`gateway.net.websocket`).
 
 Limits live in :class:`ListenerLimits`: maximum connections and CIDR allow/deny lists,
 checked on accept, before any channel exists.
@@ -28,8 +30,9 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, cast
 
+from gateway.net.shell import CommitGate, EffectLoop
 from protocols.context import Delivery
-from protocols.effects import CancelTimer, Close, Effect, SetTimer
+from protocols.effects import Effect
 
 log = logging.getLogger("gateway.net")
 
@@ -48,11 +51,6 @@ class StreamChannel(Protocol):
 
 ChannelFactory = Callable[["StreamShell", tuple[str, int] | None], StreamChannel]
 
-
-class CommitGate(Protocol):
-    @property
-    def dirty(self) -> bool: ...
-    def after_commit(self, callback: Callable[[], None]) -> None: ...
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -91,20 +89,17 @@ class ListenerLimits:
         return None
 
 
-class StreamShell(asyncio.Protocol):
+class StreamShell(EffectLoop, asyncio.Protocol):
+    channel: StreamChannel | None
+
     def __init__(
         self, limits: ListenerLimits, factory: ChannelFactory, gate: CommitGate | None = None
     ) -> None:
+        super().__init__(gate, asyncio.get_running_loop())
         self.limits = limits
         self.factory = factory
-        self.gate = gate
-        self.held: list[Effect] = []
         self.transport: asyncio.Transport | None = None
-        self.channel: StreamChannel | None = None
-        self.timers: dict[str, asyncio.TimerHandle] = {}
-        self.closed = False
         self.linger: asyncio.TimerHandle | None = None
-        self.loop = asyncio.get_running_loop()
 
     # -- asyncio.Protocol ------------------------------------------------------------
 
@@ -121,8 +116,8 @@ class StreamShell(asyncio.Protocol):
             transport.abort()
             return
         self.limits.current += 1
-        self.channel = self.factory(self, peer_t)
-        self._run(self.channel.connection_made())
+        self.channel = channel = self.factory(self, peer_t)
+        self._run(channel.connection_made())
 
     def data_received(self, data: bytes) -> None:
         channel = self.channel
@@ -135,9 +130,7 @@ class StreamShell(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self.linger is not None:
             self.linger.cancel()
-        for timer in self.timers.values():
-            timer.cancel()
-        self.timers.clear()
+        self._cancel_timers()
         if self.channel is not None:
             self.limits.current -= 1
             self.closed = True
@@ -146,78 +139,19 @@ class StreamShell(asyncio.Protocol):
             except Exception:  # pragma: no cover - a bug in a channel must not kill the loop
                 log.exception("channel failed in connection_lost")
 
-    # -- ConnectionHandle ------------------------------------------------------------
+    # -- EffectLoop ------------------------------------------------------------------
 
-    def deliver(self, deliveries: list[Delivery]) -> None:
-        if self.channel is not None and not self.closed:
-            self._run(self.channel.deliver(deliveries))
+    def _writable(self) -> bool:
+        return self.transport is not None and not self.transport.is_closing()
 
-    def release(self, packet_id: int) -> None:
-        if self.channel is not None and not self.closed:
-            self._run(self.channel.release(packet_id))
+    def _write_all(self, writes: list[bytes]) -> None:
+        assert self.transport is not None
+        self.transport.write(writes[0] if len(writes) == 1 else b"".join(writes))
 
-    def kick(self, reason_code: int) -> None:
-        if self.channel is not None and not self.closed:
-            self._run(self.channel.kick(reason_code))
-
-    # -- effects -------------------------------------------------------------------
-
-    def _fire(self, name: str) -> None:
-        self.timers.pop(name, None)
-        if self.channel is not None and not self.closed:
-            self._run(self.channel.on_timer(name))
-
-    def _run(self, effects: list[Effect]) -> None:
-        if not effects:
-            return
-        gate = self.gate
-        if gate is not None and (self.held or gate.dirty):
-            if not self.held:
-                gate.after_commit(self._release)
-            self.held.extend(effects)
-            return
-        self._execute(effects)
-
-    def _release(self) -> None:
-        effects, self.held = self.held, []
-        if self.transport is not None and not self.transport.is_closing():
-            self._execute(effects)
-
-    def _execute(self, effects: list[Effect]) -> None:
+    def _shutdown(self, reason: str) -> None:
         transport = self.transport
         assert transport is not None
-        if len(effects) == 1 and type(effects[0]) is bytes:
-            transport.write(effects[0])
-            return
-        writes: list[bytes] = []
-        for e in effects:
-            if type(e) is bytes:
-                writes.append(e)
-            elif isinstance(e, SetTimer):
-                old = self.timers.pop(e.name, None)
-                if old is not None:
-                    old.cancel()
-                self.timers[e.name] = self.loop.call_later(e.seconds, self._fire, e.name)
-            elif isinstance(e, CancelTimer):
-                old = self.timers.pop(e.name, None)
-                if old is not None:
-                    old.cancel()
-            elif isinstance(e, Close):
-                if writes:
-                    transport.write(b"".join(writes))
-                    writes = []
-                log.debug("closing %s: %s", transport.get_extra_info("peername"), e.reason)
-                self._shutdown(transport)
-                return
-        if writes:
-            transport.write(b"".join(writes) if len(writes) > 1 else writes[0])
-
-
-    def _shutdown(self, transport: asyncio.Transport) -> None:
-        self.closed = True
-        for timer in self.timers.values():
-            timer.cancel()
-        self.timers.clear()
+        log.debug("closing %s: %s", transport.get_extra_info("peername"), reason)
         if transport.can_write_eof():
             try:
                 transport.write_eof()

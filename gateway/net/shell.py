@@ -1,0 +1,154 @@
+"""The effect loop every transport shell shares (stream, WebSocket, datagram).
+
+A channel returns effects instead of performing them (``protocols.effects``). An
+:class:`EffectLoop` is the one place that carries them out for one connection or one
+datagram peer: writes, named timers, close. It is also the channel's
+:class:`~protocols.context.ConnectionHandle`, so deliveries pushed by the core and results
+computed later (``call_channel``) run through the same loop. Subclasses say only how to
+write (``_write_all``), how to close (``_shutdown``) and whether writing is still possible
+(``_writable``).
+
+Invariants:
+- At most one timer per name; setting a name again replaces it.
+- With a commit ``gate`` (a durable node), nothing a channel emits while the store has
+  uncommitted writes leaves before they are committed: a PUBACK/PUBREC is never sent
+  for a message that is not yet on disk. Held effects keep their order.
+- After a Close effect no further effect is carried out (``closed`` is set first).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Protocol
+
+from protocols.context import Delivery
+from protocols.effects import CancelTimer, Close, Effect, Pause, SetTimer
+
+log = logging.getLogger("gateway.net")
+
+
+class Channel(Protocol):
+    """What an effect loop asks of a channel besides its input (``handle_data`` for
+    streams, ``handle_datagram`` for datagrams)."""
+
+    def on_timer(self, name: str) -> list[Effect]: ...
+    def connection_lost(self) -> None: ...
+    def deliver(self, deliveries: list[Delivery]) -> list[Effect]: ...
+    def release(self, packet_id: int) -> list[Effect]: ...
+    def kick(self, reason_code: int) -> list[Effect]: ...
+
+
+class CommitGate(Protocol):
+    @property
+    def dirty(self) -> bool: ...
+    def after_commit(self, callback: Callable[[], None]) -> None: ...
+
+
+class EffectLoop:
+    """Carries out one channel's effects; base class of the transport shells."""
+
+    channel: Channel | None
+
+    def __init__(self, gate: CommitGate | None, loop: asyncio.AbstractEventLoop) -> None:
+        self.gate = gate
+        self.loop = loop
+        self.channel = None
+        self.held: list[Effect] = []
+        self.timers: dict[str, asyncio.TimerHandle] = {}
+        self.closed = False
+
+    # -- what a shell provides ---------------------------------------------------------
+
+    def _write_all(self, writes: list[bytes]) -> None:
+        """Write these, in order (a stream may join them; a datagram shell may not)."""
+        raise NotImplementedError
+
+    def _shutdown(self, reason: str) -> None:
+        """Close after the writes already made (``closed`` and the timers are done)."""
+        raise NotImplementedError
+
+    def _writable(self) -> bool:
+        return True
+
+    def _pause_reading(self, seconds: float) -> None:
+        """Read nothing from the peer for ``seconds`` (a Pause effect: a rate limit).
+        A shell that cannot (a datagram socket shared by many peers) ignores it."""
+
+    # -- ConnectionHandle ------------------------------------------------------------
+
+    def deliver(self, deliveries: list[Delivery]) -> None:
+        if self.channel is not None and not self.closed:
+            self._run(self.channel.deliver(deliveries))
+
+    def release(self, packet_id: int) -> None:
+        if self.channel is not None and not self.closed:
+            self._run(self.channel.release(packet_id))
+
+    def kick(self, reason_code: int) -> None:
+        if self.channel is not None and not self.closed:
+            self._run(self.channel.kick(reason_code))
+
+    def call_channel(self, fn: Callable[[], list[Effect]]) -> None:
+        """Run a channel method that returns effects (e.g. an authentication result that
+        arrived later) and carry them out; ignored once the connection is closed."""
+        if self.channel is not None and not self.closed:
+            self._run(fn())
+
+    # -- effects -------------------------------------------------------------------
+
+    def _fire(self, name: str) -> None:
+        self.timers.pop(name, None)
+        if self.channel is not None and not self.closed:
+            self._run(self.channel.on_timer(name))
+
+    def _cancel_timers(self) -> None:
+        for timer in self.timers.values():
+            timer.cancel()
+        self.timers.clear()
+
+    def _run(self, effects: list[Effect]) -> None:
+        if not effects:
+            return
+        gate = self.gate
+        if gate is not None and (self.held or gate.dirty):
+            if not self.held:
+                gate.after_commit(self._release)
+            self.held.extend(effects)
+            return
+        self._execute(effects)
+
+    def _release(self) -> None:
+        effects, self.held = self.held, []
+        if self._writable():
+            self._execute(effects)
+
+    def _execute(self, effects: list[Effect]) -> None:
+        if len(effects) == 1 and type(effects[0]) is bytes:
+            self._write_all(effects)  # type: ignore[arg-type]
+            return
+        writes: list[bytes] = []
+        for e in effects:
+            if type(e) is bytes:
+                writes.append(e)
+            elif isinstance(e, SetTimer):
+                old = self.timers.pop(e.name, None)
+                if old is not None:
+                    old.cancel()
+                self.timers[e.name] = self.loop.call_later(e.seconds, self._fire, e.name)
+            elif isinstance(e, CancelTimer):
+                old = self.timers.pop(e.name, None)
+                if old is not None:
+                    old.cancel()
+            elif isinstance(e, Pause):
+                self._pause_reading(e.seconds)
+            elif isinstance(e, Close):
+                if writes:
+                    self._write_all(writes)
+                self.closed = True
+                self._cancel_timers()
+                self._shutdown(e.reason)
+                return
+        if writes:
+            self._write_all(writes)
