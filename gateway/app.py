@@ -1,5 +1,9 @@
 """Assemble a node from its configuration and run it until SIGINT/SIGTERM.
 
+SIGHUP reloads what can change under a running node without dropping connections: the
+TLS certificates of the ssl listeners (new handshakes use the new files) and the
+authorization rules file. A reload that fails logs an error and keeps what was in force.
+
 This is the only place that knows both the configuration schema and the constructors of
 the core, the channels and the listeners.
 """
@@ -11,12 +15,13 @@ import logging
 import signal
 from collections.abc import Callable
 
-from gateway.config import GatewayConfig
+from gateway.config import ConfigError, GatewayConfig
 from gateway.core.authz import Authorizer, from_config
 from gateway.core.clock import LoopScheduler
 from gateway.core.node import CoreSettings, Node
 from gateway.fleet.archiver import Archiver, settings_from_config
 from gateway.net.stream import ListenerLimits, StreamShell, start_stream_listener
+from gateway.net.tls import ReloadableContext, TlsError, describe, peer_identity
 from gateway.store.db import db_path, ensure_schema, open_db
 from gateway.store.sessions import SCHEMA, SessionStore
 from gateway.store.writer import GroupCommitter
@@ -93,6 +98,7 @@ class Gateway:
         self.committer: GroupCommitter | None = None
         self.archiver: Archiver | None = None
         self.servers: list[asyncio.Server] = []
+        self.tls: dict[str, ReloadableContext] = {}  # ssl listener name -> its contexts
         self.stopped = asyncio.Event()
 
     async def start(self) -> None:
@@ -130,6 +136,49 @@ class Gateway:
             self.servers.append(server)
             addrs = ", ".join(_fmt(s.getsockname()) for s in server.sockets)
             log.info("listener tcp:%s (MQTT) on %s", name, addrs)
+        for name, ssl_lst in config.listeners.ssl.items():
+            if not ssl_lst.enable:
+                continue
+            tls = self.tls[f"ssl:{name}"] = ReloadableContext(f"ssl:{name}", ssl_lst)
+            settings = mqtt_settings(config, f"ssl:{name}", ssl_lst.mountpoint)
+            settings.peer_cert_as_clientid = ssl_lst.peer_cert_as_clientid
+            settings.peer_cert_as_username = ssl_lst.peer_cert_as_username
+            limits = ListenerLimits(
+                f"ssl:{name}",
+                max_connections=ssl_lst.max_connections,
+                allow=[str(n) for n in ssl_lst.allow],
+                deny=[str(n) for n in ssl_lst.deny],
+            )
+            server = await start_stream_listener(
+                ssl_lst.bind,
+                limits,
+                _mqtts_factory(node, settings, monotonic),
+                gate,
+                ssl=tls.server_context,
+                ssl_handshake_timeout=config.mqtt.idle_timeout,
+            )
+            self.servers.append(server)
+            addrs = ", ".join(_fmt(s.getsockname()) for s in server.sockets)
+            log.info("listener ssl:%s (MQTT over TLS) on %s: %s", name, addrs, describe(ssl_lst))
+
+    def reload(self) -> None:
+        """SIGHUP: re-read the ssl listeners' certificates and the authorization rules
+        file. Established connections are untouched; failures keep the previous state."""
+        for tls in self.tls.values():
+            tls.reload()
+        if self.node is None:
+            return
+        rules_file = self.config.authorization.rules_file
+        try:
+            self.node.authorizer = authorizer = build_authorizer(self.config)
+        except ConfigError as exc:
+            log.error("authorization rules not reloaded, keeping the previous ones: %s", exc)
+            return
+        log.info(
+            "authorization reloaded: %d rules%s",
+            len(authorizer.rules),
+            f" (inline and {rules_file})" if rules_file is not None else "",
+        )
 
     def _open_store(self, loop: asyncio.AbstractEventLoop) -> SessionStore | None:
         if not self.config.durability.enable:
@@ -181,6 +230,18 @@ def _mqtt_factory(
     return make
 
 
+def _mqtts_factory(
+    node: Node, settings: MqttSettings, monotonic: Callable[[], float]
+) -> Callable[[StreamShell, tuple[str, int] | None], MqttChannel]:
+    """Like :func:`_mqtt_factory`, handing the channel the client's TLS certificate."""
+
+    def make(shell: StreamShell, peer: tuple[str, int] | None) -> MqttChannel:
+        cert = peer_identity(shell.transport)
+        return MqttChannel(node, settings, shell, peer=peer, monotonic=monotonic, peer_cert=cert)
+
+    return make
+
+
 async def serve(config: GatewayConfig) -> int:
     gateway = Gateway(config)
     try:
@@ -188,10 +249,14 @@ async def serve(config: GatewayConfig) -> int:
     except OSError as exc:
         log.error("cannot open listener: %s", exc)
         return 1
+    except TlsError as exc:
+        log.error("cannot load TLS certificates: %s", exc)
+        return 1
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, gateway.reload)
     log.info("gatewayd %s started", config.node.name)
     await stop.wait()
     log.info("stopping")

@@ -71,7 +71,26 @@ def load_config(
             raise ConfigError(f'authorization.rules_file: no such file "{rules_path}"')
         load_rules_file(rules_path)  # validate now, before anything opens
         authz.rules_file = rules_path
+    _check_ssl_listeners(config, path)
     return config
+
+
+def _check_ssl_listeners(config: GatewayConfig, path: str | Path | None) -> None:
+    """Resolve each ssl listener's files (relative to the configuration file, like
+    ``rules_file``) and load every enabled one, so a missing or broken certificate stops
+    gatewayd with one line naming the key, before any listener opens."""
+    from gateway.net.tls import TlsError, build_context  # lazy: gateway.net imports config
+
+    for name, listener in config.listeners.ssl.items():
+        for key in ("certfile", "keyfile", "cacertfile"):
+            value = getattr(listener, key)
+            if value is not None and path is not None and not value.is_absolute():
+                setattr(listener, key, Path(path).parent / value)
+        if listener.enable:
+            try:
+                build_context(listener)
+            except TlsError as exc:
+                raise ConfigError(f"listeners.ssl.{name}.{exc.key}: {exc.reason}") from None
 
 
 def load_rules_file(path: str | Path) -> list[AuthzRule]:

@@ -231,9 +231,103 @@ class TcpListener(_Section):
 def _default_tcp_listeners() -> dict[str, TcpListener]:
     return {"default": TcpListener()}
 
+# ------------------------------------------------------------------ TLS listeners
+
+TLS_VERSIONS = ("tlsv1", "tlsv1.1", "tlsv1.2", "tlsv1.3")  # oldest first
+TlsVersion = Literal["tlsv1", "tlsv1.1", "tlsv1.2", "tlsv1.3"]
+DEFAULT_TLS_VERSIONS: tuple[TlsVersion, ...] = ("tlsv1.2", "tlsv1.3")
+TlsVerify = Literal["verify_none", "verify_peer"]
+PeerCertField = Literal["none", "cn", "dn", "san"]
+
+
+def _join_ciphers(value: object) -> object:
+    # EMQX writes ciphers as a list; OpenSSL wants one colon-separated string.
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return ":".join(value)
+    return value
+
+
+class SslListener(TcpListener):
+    """``[listeners.ssl.<name>]``: a TCP listener that speaks TLS (MQTT over TLS, 8883).
+
+    Cross-field rules are checked here; that the files exist and load (and that the key
+    matches the certificate) is checked by the loader, which also resolves relative paths
+    against the configuration file's directory. ``verify = "verify_peer"`` asks clients
+    for a certificate signed by ``cacertfile``; ``fail_if_no_peer_cert`` makes it
+    mandatory (mutual TLS). ``peer_cert_as_clientid``/``peer_cert_as_username`` replace
+    the CONNECT's client id/username by the certificate's ``cn``, ``dn`` (RFC 4514) or
+    ``san`` (first DNS or URI subject alternative name).
+    """
+
+    bind: Bind = "0.0.0.0:8883"
+    certfile: Path | None = None
+    keyfile: Path | None = None
+    cacertfile: Path | None = None
+    verify: Annotated[TlsVerify, BeforeValidator(_lower)] = "verify_none"
+    fail_if_no_peer_cert: bool = False
+    versions: Annotated[
+        list[Annotated[TlsVersion, BeforeValidator(_lower)]],
+        BeforeValidator(_split_commas),
+        Field(min_length=1),
+    ] = Field(default_factory=lambda: list(DEFAULT_TLS_VERSIONS))
+    ciphers: Annotated[str, BeforeValidator(_join_ciphers)] = ""  # "": OpenSSL's defaults
+    peer_cert_as_clientid: Annotated[PeerCertField, BeforeValidator(_lower)] = "none"
+    peer_cert_as_username: Annotated[PeerCertField, BeforeValidator(_lower)] = "none"
+
+    @model_validator(mode="after")
+    def _consistent_tls(self) -> SslListener:
+        if self.enable and (self.certfile is None or self.keyfile is None):
+            raise ValueError("an enabled ssl listener needs certfile and keyfile")
+        if self.verify == "verify_peer":
+            if self.cacertfile is None:
+                raise ValueError('verify = "verify_peer" needs cacertfile (the clients\' CA)')
+        else:
+            needs_peer = [
+                key
+                for key, on in (
+                    ("fail_if_no_peer_cert", self.fail_if_no_peer_cert),
+                    ("peer_cert_as_clientid", self.peer_cert_as_clientid != "none"),
+                    ("peer_cert_as_username", self.peer_cert_as_username != "none"),
+                )
+                if on
+            ]
+            if needs_peer:
+                raise ValueError(f'{needs_peer[0]} needs verify = "verify_peer"')
+        indexes = sorted({TLS_VERSIONS.index(v) for v in self.versions})
+        if indexes != list(range(indexes[0], indexes[-1] + 1)):
+            raise ValueError(f"versions must be a contiguous range, got {self.versions}")
+        return self
+
+    @property
+    def min_version(self) -> TlsVersion:
+        return min(self.versions, key=TLS_VERSIONS.index)
+
+    @property
+    def max_version(self) -> TlsVersion:
+        return max(self.versions, key=TLS_VERSIONS.index)
+
+
 
 class Listeners(_Section):
     tcp: dict[str, TcpListener] = Field(default_factory=_default_tcp_listeners)
+    # No ssl listener by default: there are no certificates by default.
+    ssl: dict[str, SslListener] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _distinct_binds_across_kinds(self) -> Listeners:
+        seen: dict[str, str] = {}
+        for kind, table in (("tcp", self.tcp), ("ssl", self.ssl)):
+            for name, listener in table.items():
+                if not listener.enable or listener.port == 0:
+                    continue
+                where = f"{kind}.{name}"
+                if listener.bind in seen:  # (two tcp listeners were refused above)
+                    raise ValueError(
+                        f"listeners {seen[listener.bind]} and {where} both bind {listener.bind}"
+                    )
+                seen.setdefault(listener.bind, where)
+        return self
+
 
     @field_validator("tcp")
     @classmethod

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from enum import Enum
 
@@ -89,6 +89,10 @@ class MqttSettings:
     await_rel_timeout: float = 300.0
     max_subscriptions: int = 0
     response_information: str = ""
+    # TLS listeners: "cn" | "dn" | "san" of the client certificate (the ``peer_cert``
+    # mapping) replaces the CONNECT's client id / username; "none" keeps the CONNECT's.
+    peer_cert_as_clientid: str = "none"
+    peer_cert_as_username: str = "none"
     deny_action_disconnect: bool = False
     subscribe_deny_code: int = 0x87  # MQTT 5 SUBACK code for a denied subscription
     mountpoint: str = ""
@@ -141,11 +145,13 @@ class MqttChannel:
         *,
         peer: tuple[str, int] | None = None,
         monotonic: Callable[[], float],
+        peer_cert: Mapping[str, str] | None = None,
     ) -> None:
         self.context = context
         self.settings = settings
         self.handle = handle
         self.peer = peer
+        self.peer_cert = peer_cert  # a verified TLS client certificate: "cn", "dn", "san"
         self.conn = Connection(Role.SERVER, max_incoming_packet_size=settings.max_packet_size)
         self.state = State.CONNECTING
         self.version = 4
@@ -338,6 +344,22 @@ class MqttChannel:
         s = self.settings
         self.version = v = p.protocol_level
         props = p.properties
+        if self.peer_cert is not None:  # the TLS client certificate may name the client
+            cert = self.peer_cert
+            cid_from, user_from = s.peer_cert_as_clientid, s.peer_cert_as_username
+            if cid_from != "none" and not cert.get(cid_from):
+                why = f"client certificate has no {cid_from} for the client id"
+                self._refuse(RC.CLIENT_IDENTIFIER_NOT_VALID, why)
+                return
+            if user_from != "none" and not cert.get(user_from):
+                why = f"client certificate has no {user_from} for the username"
+                self._refuse(RC.BAD_USER_NAME_OR_PASSWORD, why)
+                return
+            p = replace(
+                p,
+                client_id=cert[cid_from] if cid_from != "none" else p.client_id,
+                username=cert[user_from] if user_from != "none" else p.username,
+            )
         cid = p.client_id
         assigned: str | None = None
         if not cid:

@@ -1,0 +1,229 @@
+"""TLS for stream listeners: server contexts built from ``[listeners.ssl.<name>]``.
+
+TLS is not a separate transport shell: :func:`~gateway.net.stream.start_stream_listener`
+is given ``ssl=ReloadableContext.server_context`` and asyncio (or uvloop) runs the
+handshake before the shell's ``connection_made``; the channel factory then reads the
+peer's certificate with :func:`peer_identity`.
+
+Reloading (SIGHUP) without dropping connections: the context handed to ``create_server``
+never changes, but its ``sni_callback`` (which OpenSSL calls for every ClientHello, with or
+without a server name) moves the new handshake onto the most recently loaded context
+(``ssl_object.context = current``) before the certificate is chosen. Established
+connections keep the context they were made with; new handshakes see the new
+certificate, key and CA. A reload that fails (a missing or broken file) logs an error and
+keeps the previous context, so a half-copied certificate never takes a listener down.
+
+Invariants:
+
+- Every file is checked on its own (exists, parses, key matches certificate) before
+  OpenSSL sees it, so an error names the configuration key at fault (:class:`TlsError`).
+- Settings that live on the connection rather than on its certificates (verify mode,
+  protocol versions) come from the listener configuration, which a reload does not change;
+  only ``certfile``, ``keyfile`` and ``cacertfile`` are re-read.
+- ``ciphers`` applies to TLS 1.2 and older. Python's ``ssl`` module cannot configure TLS 1.3
+  cipher suites; OpenSSL's defaults are used for them.
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.x509.oid import NameOID
+
+if TYPE_CHECKING:
+    from gateway.config.schema import SslListener
+
+log = logging.getLogger("gateway.net.tls")
+
+_VERSIONS = {
+    "tlsv1": ssl.TLSVersion.TLSv1,
+    "tlsv1.1": ssl.TLSVersion.TLSv1_1,
+    "tlsv1.2": ssl.TLSVersion.TLSv1_2,
+    "tlsv1.3": ssl.TLSVersion.TLSv1_3,
+}
+
+
+class TlsError(Exception):
+    """A listener's TLS settings cannot be used; ``key`` names the configuration key."""
+
+    def __init__(self, key: str, reason: str) -> None:
+        super().__init__(f"{key}: {reason}")
+        self.key = key
+        self.reason = reason
+
+
+# ------------------------------------------------------------------ building contexts
+
+
+def build_context(listener: SslListener) -> ssl.SSLContext:
+    """A server-side SSLContext for ``listener``; :class:`TlsError` names the bad key."""
+    if listener.certfile is None or listener.keyfile is None:
+        raise TlsError("certfile", "an ssl listener needs certfile and keyfile")
+    certs = _load_certificates("certfile", listener.certfile)
+    key_pem = _read("keyfile", listener.keyfile)
+    try:
+        key = serialization.load_pem_private_key(key_pem, password=None)
+    except TypeError:
+        raise TlsError("keyfile", "encrypted private keys are not supported") from None
+    except (ValueError, NotImplementedError):
+        raise TlsError("keyfile", f'not a PEM private key "{listener.keyfile}"') from None
+    if _spki(key.public_key()) != _spki(certs[0].public_key()):
+        raise TlsError("keyfile", f'"{listener.keyfile}" does not match certfile')
+
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # TLS 1.0/1.1 when asked for
+        ctx.minimum_version = _VERSIONS[listener.min_version]
+        ctx.maximum_version = _VERSIONS[listener.max_version]
+    ctx.options |= ssl.OP_NO_RENEGOTIATION | ssl.OP_CIPHER_SERVER_PREFERENCE
+    if listener.ciphers:
+        try:
+            ctx.set_ciphers(listener.ciphers)
+        except ssl.SSLError:
+            raise TlsError("ciphers", f'no cipher matches "{listener.ciphers}"') from None
+    try:
+        ctx.load_cert_chain(listener.certfile, listener.keyfile)
+    except ssl.SSLError as exc:
+        raise TlsError("certfile", f"OpenSSL refused the certificate: {_why(exc)}") from None
+
+    if listener.verify == "verify_peer":
+        if listener.cacertfile is None:
+            raise TlsError("cacertfile", 'verify = "verify_peer" needs cacertfile')
+        _load_certificates("cacertfile", listener.cacertfile)
+        try:
+            ctx.load_verify_locations(cafile=listener.cacertfile)
+        except ssl.SSLError as exc:
+            raise TlsError("cacertfile", f"OpenSSL refused it: {_why(exc)}") from None
+        ctx.verify_mode = ssl.CERT_REQUIRED if listener.fail_if_no_peer_cert else ssl.CERT_OPTIONAL
+    else:
+        ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+def _read(key: str, path: Path) -> bytes:
+    if not path.is_file():
+        raise TlsError(key, f'no such file "{path}"')
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise TlsError(key, f'cannot read "{path}": {exc.strerror or exc}') from None
+
+
+def _load_certificates(key: str, path: Path) -> list[x509.Certificate]:
+    try:
+        certs = x509.load_pem_x509_certificates(_read(key, path))
+    except ValueError:
+        raise TlsError(key, f'no PEM certificate in "{path}"') from None
+    return certs
+
+
+def _spki(public_key: Any) -> bytes:
+    data: bytes = public_key.public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    return data
+
+
+def _why(exc: ssl.SSLError) -> str:
+    return str(exc.reason or exc.strerror or exc).lower().replace("_", " ")
+
+
+def describe(listener: SslListener) -> str:
+    """A short description of the certificate a context serves, for the log."""
+    assert listener.certfile is not None
+    try:
+        cert = x509.load_pem_x509_certificates(listener.certfile.read_bytes())[0]
+    except (OSError, ValueError):  # pragma: no cover - the file changed since the load
+        return str(listener.certfile)
+    return (
+        f"{cert.subject.rfc4514_string()} serial {cert.serial_number:x} "
+        f"valid until {cert.not_valid_after_utc:%Y-%m-%d} ({listener.certfile})"
+    )
+
+
+class ReloadableContext:
+    """One listener's TLS context that SIGHUP can refresh without dropping connections.
+
+    Give ``server_context`` to ``create_server``; call :meth:`reload` to re-read the files.
+    """
+
+    def __init__(self, name: str, listener: SslListener) -> None:
+        self.name = name
+        self.listener = listener
+        self.server_context = build_context(listener)
+        self.server_context.sni_callback = self._select
+        self.current = self.server_context
+
+    def _select(
+        self,
+        ssl_object: ssl.SSLObject | ssl.SSLSocket,
+        server_name: str | None,
+        context: ssl.SSLContext,
+    ) -> None:
+        current = self.current
+        if ssl_object.context is not current:
+            ssl_object.context = current
+
+    def reload(self) -> bool:
+        """Load the files again; on failure log the error and keep the previous context."""
+        try:
+            ctx = build_context(self.listener)
+        except TlsError as exc:
+            log.error(
+                "listener %s: TLS reload failed, keeping the previous certificate: %s",
+                self.name,
+                exc,
+            )
+            return False
+        self.current = ctx
+        log.info("listener %s: TLS reloaded: %s", self.name, describe(self.listener))
+        return True
+
+
+# ------------------------------------------------------------------ peer identity
+
+
+def peer_identity(transport: Any) -> Mapping[str, str] | None:
+    """The verified client certificate of a TLS transport as ``{"cn", "dn", "san"}``.
+
+    None when the transport is not TLS or the client sent no certificate. Keys whose field
+    the certificate lacks are absent: ``cn`` is the first commonName, ``dn`` the subject
+    in RFC 4514 form (``CN=dev1,O=Plant``), ``san`` the first DNS name or URI among the
+    subject alternative names.
+    """
+    ssl_object = transport.get_extra_info("ssl_object")
+    if ssl_object is None:
+        return None
+    der = ssl_object.getpeercert(binary_form=True)
+    if not der:
+        return None
+    return identity_of(x509.load_der_x509_certificate(der))
+
+
+def identity_of(cert: x509.Certificate) -> dict[str, str]:
+    out: dict[str, str] = {}
+    dn = cert.subject.rfc4514_string()
+    if dn:
+        out["dn"] = dn
+    cns = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    if cns:
+        value = cns[0].value
+        cn = value if isinstance(value, str) else value.decode("utf-8", "replace")
+        if cn:
+            out["cn"] = cn
+    try:
+        sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        sans = None
+    for name in sans or ():
+        if isinstance(name, x509.DNSName | x509.UniformResourceIdentifier) and name.value:
+            out["san"] = name.value
+            break
+    return out
