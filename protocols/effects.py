@@ -28,4 +28,15 @@ class Close:
     reason: str
 
 
-Effect = bytes | SetTimer | CancelTimer | Close
+@dataclass(frozen=True, slots=True)
+class Pause:
+    """Stop reading from the peer for ``seconds`` (a rate limit), then read again.
+
+    Writes, timers and deliveries carry on meanwhile; a later Pause replaces the end of
+    an earlier one only if it ends later.
+    """
+
+    seconds: float
+
+
+Effect = bytes | SetTimer | CancelTimer | Close | Pause

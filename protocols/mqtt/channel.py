@@ -32,7 +32,7 @@ from protocols.context import (
     SessionAPI,
     SubOptions,
 )
-from protocols.effects import CancelTimer, Close, Effect, SetTimer
+from protocols.effects import CancelTimer, Close, Effect, Pause, SetTimer
 from protocols.mqtt.codec import encode
 from protocols.mqtt.connection import Connection, Role
 from protocols.mqtt.errors import LocalProtocolError, RemoteProtocolError, Violation
@@ -59,6 +59,7 @@ from protocols.mqtt.packets import (
 )
 from protocols.mqtt.reason_codes import ReasonCode, to_v3_connack
 from protocols.mqtt.topics import is_wildcard, parse_shared
+from protocols.ratelimit import TokenBucket
 
 log = logging.getLogger("protocols.mqtt.channel")
 
@@ -89,6 +90,12 @@ class MqttSettings:
     await_rel_timeout: float = 300.0
     max_subscriptions: int = 0
     response_information: str = ""
+    # protection (0 = off): PUBLISH packets and bytes per second read from one client
+    # (beyond them the channel emits Pause: reading stops until the debt is paid), and
+    # the seconds a packet may take to arrive once its first byte is in (slowloris)
+    messages_rate: float = 0.0
+    bytes_rate: float = 0.0
+    packet_timeout: float = 0.0
     # TLS listeners: "cn" | "dn" | "san" of the client certificate (the ``peer_cert``
     # mapping) replaces the CONNECT's client id / username; "none" keeps the CONNECT's.
     peer_cert_as_clientid: str = "none"
@@ -168,6 +175,24 @@ class MqttChannel:
         self._busy = False
         self._held: list[Delivery] = []
         self._core_closed = False
+        # protection: rate buckets, reading paused until (monotonic), the start of the
+        # packet being received and whether its timer runs, PUBLISH count not yet charged
+        now = monotonic()
+        self._messages = (
+            TokenBucket(settings.messages_rate, max(1.0, settings.messages_rate), now)
+            if settings.messages_rate
+            else None
+        )
+        self._bytes = (
+            TokenBucket(settings.bytes_rate, max(1.0, settings.bytes_rate), now)
+            if settings.bytes_rate
+            else None
+        )
+        self._paused_until = 0.0
+        self._partial_since: float | None = None
+        self._packet_timer = False
+        self._buffered_before = 0
+        self._published = 0
 
     # -- entry points from the shell ---------------------------------------------------
 
@@ -192,6 +217,8 @@ class MqttChannel:
             self._protocol_error(exc)
         except _Disconnect as exc:
             self._server_disconnect(exc.code, exc.why)
+        if self.state is not State.CLOSED:  # type: ignore[comparison-overlap]
+            self._after_input(len(data))
         return self._leave(outer)
 
     def on_timer(self, name: str) -> list[Effect]:
@@ -202,13 +229,63 @@ class MqttChannel:
             self._close("no CONNECT within idle timeout")
         elif name == "keepalive" and self.state is State.CONNECTED and self.keepalive:
             limit = self.keepalive * self.settings.keepalive_multiplier
-            idle = self._monotonic() - self.last_rx
+            idle = self._monotonic() - max(self.last_rx, self._paused_until)
             if idle >= limit:
                 self.context.incr("client.keepalive_timeout")
                 self._server_disconnect(RC.KEEP_ALIVE_TIMEOUT, "keepalive timeout")
             else:
                 self._out.append(SetTimer("keepalive", limit - idle))
+        elif name == "packet":
+            self._on_packet_timer()
         return self._leave(outer)
+
+    # -- protection: rate limits and stalled packets -------------------------------------
+
+    def _after_input(self, n: int) -> None:
+        """Charge ``n`` bytes and the PUBLISH packets just handled to the rate buckets
+        (Pause when in debt), and time the packet left incomplete in the buffer."""
+        now = self._monotonic()
+        buffered = self.conn.buffered
+        if buffered and self.settings.packet_timeout:
+            if self._partial_since is None or buffered < self._buffered_before + n:
+                self._partial_since = now  # a packet completed: the next one starts now
+            if not self._packet_timer:
+                self._packet_timer = True
+                self._out.append(SetTimer("packet", self.settings.packet_timeout))
+        else:
+            self._partial_since = None
+        self._buffered_before = buffered
+        wait = 0.0
+        if self._bytes is not None:
+            wait = self._bytes.consume(n, now)
+        if self._messages is not None and self._published:
+            wait = max(wait, self._messages.consume(self._published, now))
+        self._published = 0
+        if wait > 0.0:
+            if self._paused_until <= 0.0:
+                log.info("%s: rate limit reached, pausing reads", self._who())
+            self._paused_until = now + wait
+            self.context.incr("client.rate_limited")
+            self._out.append(Pause(wait))
+
+    def _on_packet_timer(self) -> None:
+        self._packet_timer = False
+        since = self._partial_since
+        if since is None or not self.conn.buffered:
+            return
+        left = max(since, self._paused_until) + self.settings.packet_timeout - self._monotonic()
+        if left > 0:
+            self._packet_timer = True
+            self._out.append(SetTimer("packet", left))
+            return
+        self.context.incr("client.packet_timeout")
+        log.warning(
+            "%s: packet incomplete after %gs (%d bytes buffered)",
+            self._who(),
+            self.settings.packet_timeout,
+            self.conn.buffered,
+        )
+        self._server_disconnect(RC.KEEP_ALIVE_TIMEOUT, "packet not completed in time")
 
     def connection_lost(self) -> None:
         """The socket is gone (any reason). Tell the core once; the will goes unless
@@ -483,6 +560,7 @@ class MqttChannel:
     # -- PUBLISH in ----------------------------------------------------------------
 
     def _on_publish(self, p: Publish) -> None:
+        self._published += 1
         s = self.settings
         v5 = self.version == MQTT_5
         topic = p.topic
