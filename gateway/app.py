@@ -15,6 +15,9 @@ import logging
 import signal
 from collections.abc import Callable
 
+from gateway.admin.admin import Admin
+from gateway.admin.registry import ListenerEntry
+from gateway.admin.sdnotify import SystemdIntegration
 from gateway.config import ConfigError, GatewayConfig
 from gateway.core.authz import Authorizer, from_config
 from gateway.core.clock import LoopScheduler
@@ -97,6 +100,10 @@ class Gateway:
         self.node: Node | None = None
         self.committer: GroupCommitter | None = None
         self.archiver: Archiver | None = None
+        self.admin: Admin | None = None
+        # listener id ("tcp:default") -> what it is; whoever opens a listener registers
+        # it here so the management API, Prometheus and systemd STATUS see it
+        self.listeners: dict[str, ListenerEntry] = {}
         self.servers: list[asyncio.Server] = []
         self.tls: dict[str, ReloadableContext] = {}  # ssl listener name -> its contexts
         self.stopped = asyncio.Event()
@@ -104,6 +111,7 @@ class Gateway:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         config = self.config
+        self.admin = Admin(self)  # first: raises the open-file limit, checks it
         store = self._open_store(loop)
         self.node = node = Node(
             core_settings(config),
@@ -136,6 +144,10 @@ class Gateway:
             self.servers.append(server)
             addrs = ", ".join(_fmt(s.getsockname()) for s in server.sockets)
             log.info("listener tcp:%s (MQTT) on %s", name, addrs)
+            self.listeners[limits.name] = ListenerEntry(
+                "tcp", name, "mqtt", lst.bind, limits, addrs.split(", ")
+            )
+        await self.admin.start()  # API, $SYS, trace: once the core and listeners exist
         for name, ssl_lst in config.listeners.ssl.items():
             if not ssl_lst.enable:
                 continue
@@ -195,6 +207,8 @@ class Gateway:
     async def stop(self) -> None:
         """Stop accepting, tell connected clients we are going (0x8B), settle their
         sessions and commit everything to disk."""
+        if self.admin is not None:
+            await self.admin.stop()
         for server in self.servers:
             server.close()
         node = self.node
@@ -258,8 +272,12 @@ async def serve(config: GatewayConfig) -> int:
         loop.add_signal_handler(sig, stop.set)
     loop.add_signal_handler(signal.SIGHUP, gateway.reload)
     log.info("gatewayd %s started", config.node.name)
+    admin = gateway.admin
+    systemd = SystemdIntegration(admin.status_line if admin is not None else lambda: "running")
+    systemd.ready()  # READY=1 now that every listener is open; watchdog pings from here
     await stop.wait()
     log.info("stopping")
+    systemd.stopping()
     await gateway.stop()
     return 0
 

@@ -21,6 +21,18 @@ PROG = "gatewayctl"
 # module path -> attribute holding a click command or group
 SUBCOMMANDS: list[tuple[str, str]] = [
     ("gateway.cli.ctl.certs", "certs"),
+    ("gateway.cli.ctl.status", "status"),
+    ("gateway.cli.ctl.clients", "clients"),
+    ("gateway.cli.ctl.kick", "kick"),
+    ("gateway.cli.ctl.subscriptions", "subscriptions"),
+    ("gateway.cli.ctl.routes", "routes"),
+    ("gateway.cli.ctl.listeners", "listeners"),
+    ("gateway.cli.ctl.cluster", "cluster"),
+    ("gateway.cli.ctl.retained", "retained"),
+    ("gateway.cli.ctl.alarms", "alarms"),
+    ("gateway.cli.ctl.metrics", "metrics"),
+    ("gateway.cli.ctl.trace", "trace"),
+    ("gateway.cli.ctl.config", "config"),
 ]
 
 

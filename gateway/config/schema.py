@@ -481,6 +481,61 @@ class RulesFile(_Section):
     rules: list[AuthzRule] = Field(default_factory=list)
 
 
+# ------------------------------------------------------------------ operations
+
+
+def _check_token(value: str) -> str:
+    if value and (len(value) < 16 or any(c.isspace() for c in value)):
+        raise ValueError("expected at least 16 characters without spaces (or empty)")
+    return value
+
+
+class ApiConfig(_Section):
+    """``[api]``: the HTTP management API (``/api/v5/...``), Prometheus metrics
+    (``/metrics``) and live trace, on one aiohttp server inside ``gatewayd``.
+
+    Every request but ``/status`` (and ``/metrics`` unless ``metrics_auth``) carries
+    ``Authorization: Bearer <token>``. ``token`` empty means the token kept in
+    ``token_file`` (None: ``{node.data_dir}/api.token``), generated with mode 0600 at
+    the first start; ``gatewayctl`` reads the same file.
+    """
+
+    enable: bool = True
+    bind: Bind = "127.0.0.1:18083"
+    token: Annotated[str, AfterValidator(_check_token)] = ""
+    token_file: Path | None = None
+    metrics_auth: bool = False
+
+    @property
+    def host(self) -> str:
+        return parse_bind(self.bind)[0]
+
+    @property
+    def port(self) -> int:
+        return parse_bind(self.bind)[1]
+
+
+class SysEventMessages(_Section):
+    """Which client events go to ``$SYS/brokers/<node>/clients/<clientid>/<event>``."""
+
+    client_connected: bool = True
+    client_disconnected: bool = True
+    client_subscribed: bool = False
+    client_unsubscribed: bool = False
+
+
+class SysTopicsConfig(_Section):
+    """``[sys_topics]`` (EMQX's names): ``$SYS/brokers/<node>/...`` messages.
+
+    Every ``sys_msg_interval``: version, sysdescr, ``$SYS/brokers``, stats/..., metrics/...;
+    every ``sys_heartbeat_interval``: uptime and datetime. 0 turns either off.
+    """
+
+    sys_msg_interval: Duration = 60.0
+    sys_heartbeat_interval: Duration = 30.0
+    sys_event_messages: SysEventMessages = Field(default_factory=SysEventMessages)
+
+
 class GatewayConfig(_Section):
     node: NodeConfig = Field(default_factory=NodeConfig)
     log: LogConfig = Field(default_factory=LogConfig)
@@ -491,3 +546,5 @@ class GatewayConfig(_Section):
     authentication: AuthenticationConfig = Field(default_factory=AuthenticationConfig)
     authorization: AuthorizationConfig = Field(default_factory=AuthorizationConfig)
     fleet: FleetConfig = Field(default_factory=FleetConfig)
+    api: ApiConfig = Field(default_factory=ApiConfig)
+    sys_topics: SysTopicsConfig = Field(default_factory=SysTopicsConfig)

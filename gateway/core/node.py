@@ -447,3 +447,19 @@ class Node:
             "topics.count": len(self.broker.index),
             "retained.count": len(self.retainer),
         }
+
+    # -- administration (gateway.admin) ------------------------------------------------
+
+    def discard_session(self, client_id: str, *, send_will: bool = True) -> bool:
+        """End an offline session now, as if it expired: its pending will (if any, and
+        unless ``send_will`` is False) is published. False when there is no such session
+        or it is connected (kick the connection first)."""
+        session = self.sessions.get(client_id)
+        if session is None or session.handle is not None:
+            return False
+        will = session.will if send_will else None
+        self._cancel_timers(session)
+        if will is not None:
+            self._publish_will(will)
+        self._terminate(session, "discarded")
+        return True

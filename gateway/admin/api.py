@@ -1,0 +1,435 @@
+"""The HTTP management API (aiohttp, on the gateway's own event loop).
+
+Routes are listed in :data:`ROUTES` and documented one for one in
+:mod:`gateway.admin.openapi` (a test keeps the two equal). JSON everywhere except
+``/metrics`` (Prometheus text) and ``/api/v5/trace`` (server-sent events).
+
+Rules:
+- Every route needs ``Authorization: Bearer <token>`` except ``/status`` (a health
+  check) and, unless ``[api] metrics_auth``, ``/metrics`` and
+  ``/api/v5/prometheus/stats``. A missing or wrong token is 401 with
+  ``WWW-Authenticate: Bearer``.
+- Errors are ``{"code": "NOT_FOUND", "message": "..."}`` with the matching status
+  (400 BAD_REQUEST, 401 UNAUTHORIZED, 404 NOT_FOUND, 405 METHOD_NOT_ALLOWED,
+  409 CONFLICT, 501 NOT_CONFIGURED, 500 INTERNAL_ERROR); a handler's bug is logged
+  with its traceback and answered 500, never a dropped connection.
+- Lists are paginated: ``?page=1&limit=100`` (limit 1..10000) and answered as
+  ``{"data": [...], "meta": {"page", "limit", "count", "hasnext"}}``.
+- Topic names and filters inside a path are percent-encoded by the client
+  (``/api/v5/retainer/messages/a%2Fb``); unencoded slashes work too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from gateway.admin import introspect
+from gateway.admin.errors import ApiError, bad_request, conflict, not_found
+from gateway.admin.openapi import openapi_document
+from gateway.admin.prometheus import CONTENT_TYPE_LATEST, exposition
+from gateway.admin.registry import format_address
+from gateway.admin.tokens import check_bearer
+from gateway.core.topic_index import is_valid_filter
+
+if TYPE_CHECKING:
+    from gateway.admin.admin import Admin
+
+log = logging.getLogger("gateway.admin")
+
+API = "/api/v5"
+MAX_LIMIT = 10_000
+DEFAULT_LIMIT = 100
+TRACE_KEEPALIVE = 15.0
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def error_response(status: int, code: str, message: str, **headers: str) -> web.Response:
+    return web.json_response({"code": code, "message": message}, status=status,
+                             headers=headers or None)
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    return web.json_response(data, status=status, dumps=_dumps)
+
+
+def _dumps(data: Any) -> str:
+    return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+
+
+def query_int(request: web.Request, name: str, default: int | None, lo: int, hi: int) -> int | None:
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise bad_request(f"{name} must be an integer, got {raw!r}") from None
+    if not lo <= value <= hi:
+        raise bad_request(f"{name} must be in {lo}..{hi}, got {value}")
+    return value
+
+
+def query_bool(request: web.Request, name: str, default: bool) -> bool:
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return default
+    if raw.lower() in ("true", "1", "yes"):
+        return True
+    if raw.lower() in ("false", "0", "no"):
+        return False
+    raise bad_request(f"{name} must be true or false, got {raw!r}")
+
+
+def query_choice(request: web.Request, name: str, choices: tuple[str, ...]) -> str | None:
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return None
+    if raw not in choices:
+        raise bad_request(f"{name} must be one of {', '.join(choices)}, got {raw!r}")
+    return raw
+
+
+def page_body(request: web.Request, items: list[Any]) -> dict[str, Any]:
+    p = query_int(request, "page", 1, 1, 1 << 31)
+    limit = query_int(request, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT)
+    assert p is not None and limit is not None
+    return introspect.paginate(items, p, limit)
+
+
+def page(request: web.Request, items: list[Any]) -> web.Response:
+    return _json(page_body(request, items))
+
+
+async def read_json(request: web.Request) -> dict[str, Any]:
+    try:
+        body = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise bad_request("the body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise bad_request("the body must be a JSON object")
+    return body
+
+
+class ManagementApi:
+    """The aiohttp application over one :class:`~gateway.admin.admin.Admin`."""
+
+    def __init__(self, admin: Admin, token: str) -> None:
+        self.admin = admin
+        self.token = token
+        self.public = {"/status"}
+        if not admin.config.api.metrics_auth:
+            self.public |= {"/metrics", f"{API}/prometheus/stats"}
+        self.app = web.Application(middlewares=[self._errors, self._auth])
+        for method, path, name in ROUTES:
+            self.app.router.add_route(method, path, getattr(self, name))
+        self.runner: web.AppRunner | None = None
+        self.addresses: list[str] = []
+
+    # -- serving -----------------------------------------------------------------------
+
+    async def start(self, host: str, port: int) -> None:
+        self.runner = web.AppRunner(self.app, access_log=None, handle_signals=False,
+                                    shutdown_timeout=5.0)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, host, port, reuse_address=True)
+        await site.start()
+        self.addresses = [format_address(a) for a in self.runner.addresses]
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+            self.runner = None
+
+    # -- middlewares -------------------------------------------------------------------
+
+    @web.middleware
+    async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except ApiError as exc:
+            return error_response(exc.status, exc.code, exc.message)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            code = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}.get(
+                exc.status, exc.reason.upper().replace(" ", "_")
+            )
+            message = {404: f"no such resource: {request.path}",
+                       405: f"{request.method} is not allowed on {request.path}"}.get(
+                exc.status, exc.text or exc.reason)
+            headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else {}
+            return error_response(exc.status, code, message, **headers)
+        except (asyncio.CancelledError, ConnectionResetError):
+            raise
+        except Exception:
+            log.exception("API %s %s failed", request.method, request.path)
+            return error_response(500, "INTERNAL_ERROR", "internal error (see the node's log)")
+
+    @web.middleware
+    async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path not in self.public and not check_bearer(
+            request.headers.get("Authorization"), self.token
+        ):
+            return error_response(401, "UNAUTHORIZED", "missing or wrong API token",
+                                  **{"WWW-Authenticate": 'Bearer realm="gatewayd"'})
+        return await handler(request)
+
+    # -- node --------------------------------------------------------------------------
+
+    async def health(self, request: web.Request) -> web.Response:
+        a = self.admin
+        return _json({"node": a.node_name, "status": "running", "version": a.version})
+
+    async def openapi(self, request: web.Request) -> web.Response:
+        return _json(openapi_document(
+            self.admin.version, metrics_public=not self.admin.config.api.metrics_auth
+        ))
+
+    async def status(self, request: web.Request) -> web.Response:
+        return _json(self.admin.status())
+
+    async def nodes(self, request: web.Request) -> web.Response:
+        return _json([self.admin.node_view()])
+
+    async def node(self, request: web.Request) -> web.Response:
+        name = request.match_info["node"]
+        if name != self.admin.node_name:
+            raise not_found(f"no node {name!r} (this node is {self.admin.node_name!r})")
+        return _json(self.admin.node_view())
+
+    async def stats(self, request: web.Request) -> web.Response:
+        return _json(self.admin.stats())
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        return _json(self.admin.metrics())
+
+    async def prometheus(self, request: web.Request) -> web.Response:
+        body = exposition(self.admin.prometheus_registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    # -- clients -----------------------------------------------------------------------
+
+    async def clients(self, request: web.Request) -> web.Response:
+        q = request.query
+        sessions = introspect.filter_clients(
+            self.admin.node,
+            clientid=q.get("clientid") or None,
+            username=q.get("username") or None,
+            ip_address=q.get("ip_address") or None,
+            conn_state=query_choice(request, "conn_state", ("connected", "disconnected")),
+            proto_ver=query_int(request, "proto_ver", None, 3, 5),
+            protocol=q.get("protocol") or None,
+            listener=q.get("listener") or None,
+            like_clientid=q.get("like_clientid") or None,
+            like_username=q.get("like_username") or None,
+        )
+        node = self.admin.node
+        return page(request, [introspect.client_view(node, s) for s in sessions])
+
+    def _session(self, request: web.Request) -> Any:
+        cid = request.match_info["clientid"]
+        session = self.admin.node.sessions.get(cid)
+        if session is None:
+            raise not_found(f"no client {cid!r}")
+        return session
+
+    async def client(self, request: web.Request) -> web.Response:
+        return _json(introspect.client_view(self.admin.node, self._session(request)))
+
+    async def kick(self, request: web.Request) -> web.Response:
+        cid = request.match_info["clientid"]
+        will = query_bool(request, "will", True)
+        discard = query_bool(request, "discard", False)
+        result = self.admin.kick(cid, will=will, discard=discard)
+        if result is None:
+            raise not_found(f"no client {cid!r}")
+        if result == "offline":
+            raise conflict(f"client {cid!r} is not connected (discard=true ends its session)")
+        return _json({"clientid": cid, "result": result})
+
+    async def client_subscriptions(self, request: web.Request) -> web.Response:
+        session = self._session(request)
+        subs = list(introspect.iter_subscriptions(self.admin.node, clientid=session.client_id))
+        return _json(subs)
+
+    async def subscriptions(self, request: web.Request) -> web.Response:
+        q = request.query
+        match = q.get("match_topic") or None
+        if match is not None and ("+" in match or "#" in match):
+            raise bad_request("match_topic must be a topic name, without wildcards")
+        subs = list(
+            introspect.iter_subscriptions(
+                self.admin.node,
+                clientid=q.get("clientid") or None,
+                topic=q.get("topic") or None,
+                qos=query_int(request, "qos", None, 0, 2),
+                share_group=q.get("share_group") or None,
+                match_topic=match,
+            )
+        )
+        return page(request, subs)
+
+    async def routes(self, request: web.Request) -> web.Response:
+        topic = request.query.get("topic") or None
+        return page(request, introspect.routes(self.admin.node, topic=topic))
+
+    async def route(self, request: web.Request) -> web.Response:
+        topic = request.match_info["topic"]
+        found = introspect.routes(self.admin.node, topic=topic)
+        if not found:
+            raise not_found(f"no route for {topic!r}")
+        return _json(found)
+
+    # -- retained messages -------------------------------------------------------------
+
+    async def retained(self, request: web.Request) -> web.Response:
+        topic = request.query.get("topic") or None
+        if topic is not None and not is_valid_filter(topic):
+            raise bad_request(f"topic {topic!r} is not a valid topic filter")
+        return page(request, introspect.retained_messages(self.admin.node, topic=topic))
+
+    async def retained_message(self, request: web.Request) -> web.Response:
+        topic = request.match_info["topic"]
+        message = self.admin.node.retainer.get(topic)
+        if message is None:
+            raise not_found(f"no retained message on {topic!r}")
+        return _json(introspect.retained_view(message, payload=True))
+
+    async def retained_delete(self, request: web.Request) -> web.Response:
+        topic = request.match_info["topic"]
+        if not self.admin.node.retainer.delete(topic):
+            raise not_found(f"no retained message on {topic!r}")
+        return web.Response(status=204)
+
+    # -- banned, users -----------------------------------------------------------------
+
+    async def banned(self, request: web.Request) -> web.Response:
+        items, status = await self.admin.banned.list()
+        return _json({**page_body(request, items), "status": status})
+
+    async def banned_add(self, request: web.Request) -> web.Response:
+        body = await read_json(request)
+        return _json(await self.admin.banned.add(body), status=201)
+
+    async def banned_delete(self, request: web.Request) -> web.Response:
+        await self.admin.banned.delete(request.match_info["as"], request.match_info["who"])
+        return web.Response(status=204)
+
+    async def users(self, request: web.Request) -> web.Response:
+        items, status = await self.admin.users.list()
+        return _json({**page_body(request, items), "status": status})
+
+    async def user_add(self, request: web.Request) -> web.Response:
+        body = await read_json(request)
+        return _json(await self.admin.users.add(body), status=201)
+
+    async def user_delete(self, request: web.Request) -> web.Response:
+        await self.admin.users.delete(request.match_info["user_id"])
+        return web.Response(status=204)
+
+    # -- listeners, front-ends, cluster, bridges, alarms -------------------------------
+
+    async def listeners(self, request: web.Request) -> web.Response:
+        return _json(self.admin.listeners_view())
+
+    async def gateways(self, request: web.Request) -> web.Response:
+        return _json(self.admin.gateways_view())
+
+    async def cluster(self, request: web.Request) -> web.Response:
+        return _json(self.admin.cluster_view())
+
+    async def bridges(self, request: web.Request) -> web.Response:
+        return _json(self.admin.bridges_view())
+
+    async def alarms(self, request: web.Request) -> web.Response:
+        activated = query_bool(request, "activated", True)
+        alarms = self.admin.alarms.active() if activated else self.admin.alarms.history()
+        return page(request, [a.as_dict() for a in alarms])
+
+    # -- trace -------------------------------------------------------------------------
+
+    async def trace(self, request: web.Request) -> web.StreamResponse:
+        clientid = request.query.get("clientid") or None
+        topic = request.query.get("topic") or None
+        if (clientid is None) == (topic is None):
+            raise bad_request("give exactly one of clientid or topic")
+        if topic is not None and not is_valid_filter(topic):
+            raise bad_request(f"topic {topic!r} is not a valid topic filter")
+        hub = self.admin.trace_hub
+        if hub is None:
+            raise ApiError(503, "UNAVAILABLE", "the node is starting or stopping")
+        trace = hub.start(clientid=clientid, topic=topic)
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                     "X-Accel-Buffering": "no"}
+        )
+        try:
+            await response.prepare(request)
+            started = {"event": "trace.started", "trace_id": trace.id,
+                       "subject": trace.subject, "node": self.admin.node_name,
+                       "ts": self.admin.node.now()}
+            await response.write(_sse(started))
+            while True:
+                try:
+                    event = await asyncio.wait_for(trace.queue.get(), TRACE_KEEPALIVE)
+                except TimeoutError:
+                    await response.write(b": keepalive\n\n")
+                    continue
+                if event is None:
+                    break
+                await response.write(_sse(event))
+            await response.write(_sse({"event": "trace.stopped", "trace_id": trace.id,
+                                       "ts": self.admin.node.now()}))
+            await response.write_eof()
+        except (ConnectionResetError, asyncio.CancelledError):
+            pass
+        finally:
+            hub.stop(trace)
+        return response
+
+
+def _sse(event: dict[str, Any]) -> bytes:
+    return f"event: {event['event']}\ndata: {_dumps(event)}\n\n".encode()
+
+
+# (method, path, handler name); openapi.py documents each one.
+ROUTES: list[tuple[str, str, str]] = [
+    ("GET", "/status", "health"),
+    ("GET", "/metrics", "prometheus"),
+    ("GET", f"{API}/openapi.json", "openapi"),
+    ("GET", f"{API}/status", "status"),
+    ("GET", f"{API}/nodes", "nodes"),
+    ("GET", f"{API}/nodes/{{node}}", "node"),
+    ("GET", f"{API}/stats", "stats"),
+    ("GET", f"{API}/metrics", "metrics"),
+    ("GET", f"{API}/prometheus/stats", "prometheus"),
+    ("GET", f"{API}/clients", "clients"),
+    ("GET", f"{API}/clients/{{clientid}}", "client"),
+    ("DELETE", f"{API}/clients/{{clientid}}", "kick"),
+    ("GET", f"{API}/clients/{{clientid}}/subscriptions", "client_subscriptions"),
+    ("GET", f"{API}/subscriptions", "subscriptions"),
+    ("GET", f"{API}/routes", "routes"),
+    ("GET", f"{API}/routes/{{topic:.+}}", "route"),
+    ("GET", f"{API}/retainer/messages", "retained"),
+    ("GET", f"{API}/retainer/messages/{{topic:.+}}", "retained_message"),
+    ("DELETE", f"{API}/retainer/messages/{{topic:.+}}", "retained_delete"),
+    ("GET", f"{API}/banned", "banned"),
+    ("POST", f"{API}/banned", "banned_add"),
+    ("DELETE", f"{API}/banned/{{as}}/{{who:.+}}", "banned_delete"),
+    ("GET", f"{API}/users", "users"),
+    ("POST", f"{API}/users", "user_add"),
+    ("DELETE", f"{API}/users/{{user_id}}", "user_delete"),
+    ("GET", f"{API}/listeners", "listeners"),
+    ("GET", f"{API}/gateways", "gateways"),
+    ("GET", f"{API}/cluster", "cluster"),
+    ("GET", f"{API}/bridges", "bridges"),
+    ("GET", f"{API}/alarms", "alarms"),
+    ("GET", f"{API}/trace", "trace"),
+]

@@ -1,0 +1,146 @@
+"""Prometheus exposition (prometheus-client) of the node's stats, counters and listeners.
+
+Read at scrape time from the core (no second set of counters on the hot path):
+
+- ``gateway_info{node, version}`` 1, ``gateway_uptime_seconds``
+- gauges from the stats: ``gateway_connections_count``, ``gateway_connections_max``,
+  ``gateway_sessions_count``, ``gateway_subscriptions_count``, ``gateway_topics_count``,
+  ``gateway_retained_count`` (and each ``_max``)
+- counters from :class:`~gateway.core.metrics.Metrics`: ``messages.received`` becomes
+  ``gateway_messages_received_total``; ``messages.dropped.<reason>`` becomes
+  ``gateway_messages_dropped_reason_total{reason="<reason>"}`` next to the overall
+  ``gateway_messages_dropped_total``. The usual counters are always present (0 before the
+  first event) so dashboards and alerts have series from the start.
+- per listener: ``gateway_listener_connections{listener, type, protocol}``,
+  ``gateway_listener_max_connections``, ``gateway_listener_refused_total``
+- ``gateway_clients_connected{protocol}``, ``gateway_alarms_active``,
+  ``gateway_messages_rate{counter}`` (per second, last sample), ``gateway_nofile_limit``
+- the standard ``process_*`` and ``python_*`` families.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+PREFIX = "gateway"
+BASELINE_COUNTERS = (
+    "messages.received",
+    "messages.sent",
+    "messages.dropped",
+    "messages.will",
+    "client.connected",
+    "client.disconnected",
+    "session.created",
+    "session.resumed",
+    "session.takenover",
+    "session.terminated",
+    "authentication.success",
+    "authentication.failure",
+    "authorization.deny",
+    "packets.malformed",
+)
+DROPPED_PREFIX = "messages.dropped."
+_INVALID = re.compile(r"[^a-zA-Z0-9_]")
+
+__all__ = ["CONTENT_TYPE_LATEST", "GatewayCollector", "make_registry", "metric_name"]
+
+
+def metric_name(counter: str) -> str:
+    """``messages.received`` -> ``gateway_messages_received`` (the family name)."""
+    return f"{PREFIX}_{_INVALID.sub('_', counter)}"
+
+
+class GatewayCollector(Collector):
+    def __init__(self, snapshot: Callable[[], dict[str, Any]]) -> None:
+        """``snapshot()`` returns ``node``, ``version``, ``uptime``, ``stats``,
+        ``counters``, ``listeners`` (list of dicts), ``protocols``, ``alarms``,
+        ``rates`` and ``nofile`` (see :meth:`gateway.admin.Admin.prometheus_snapshot`)."""
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self._snapshot()
+        info = GaugeMetricFamily(f"{PREFIX}_info", "Node name and version.",
+                                 labels=["node", "version"])
+        info.add_metric([snap["node"], snap["version"]], 1)
+        yield info
+        yield GaugeMetricFamily(f"{PREFIX}_uptime_seconds", "Seconds since the node started.",
+                                value=snap["uptime"])
+        for key, value in sorted(snap["stats"].items()):
+            yield GaugeMetricFamily(metric_name(key), f"Node statistic {key}.", value=value)
+
+        counters: dict[str, int] = dict.fromkeys(BASELINE_COUNTERS, 0)
+        counters.update(snap["counters"])
+        reasons = CounterMetricFamily(
+            f"{PREFIX}_messages_dropped_reason",
+            "Messages dropped, by reason (messages.dropped.<reason>).",
+            labels=["reason"],
+        )
+        for key, value in sorted(counters.items()):
+            if key.startswith(DROPPED_PREFIX):
+                reasons.add_metric([key[len(DROPPED_PREFIX):]], value)
+            else:
+                yield CounterMetricFamily(metric_name(key), f"Counter {key}.", value=value)
+        yield reasons
+
+        conn = GaugeMetricFamily(f"{PREFIX}_listener_connections",
+                                 "Connections open on a listener.",
+                                 labels=["listener", "type", "protocol"])
+        maxc = GaugeMetricFamily(f"{PREFIX}_listener_max_connections",
+                                 "Connections a listener accepts at once (0: unlimited).",
+                                 labels=["listener", "type", "protocol"])
+        refused = CounterMetricFamily(f"{PREFIX}_listener_refused",
+                                      "Connections a listener refused on accept.",
+                                      labels=["listener", "type", "protocol"])
+        for lst in snap["listeners"]:
+            labels = [lst["id"], lst["type"], lst["protocol"]]
+            conn.add_metric(labels, lst["current_connections"])
+            maxc.add_metric(labels, lst["max_connections"])
+            refused.add_metric(labels, lst["refused_connections"])
+        yield conn
+        yield maxc
+        yield refused
+
+        clients = GaugeMetricFamily(f"{PREFIX}_clients_connected",
+                                    "Connected clients by protocol.", labels=["protocol"])
+        for proto, n in sorted(snap["protocols"].items()):
+            clients.add_metric([proto], n)
+        yield clients
+        rates = GaugeMetricFamily(f"{PREFIX}_messages_rate",
+                                  "Messages per second over the last sample.",
+                                  labels=["counter"])
+        for key, value in sorted(snap["rates"].items()):
+            rates.add_metric([key], value)
+        yield rates
+        yield GaugeMetricFamily(f"{PREFIX}_alarms_active", "Active alarms.",
+                                value=snap["alarms"])
+        nofile = snap.get("nofile")
+        if nofile is not None and nofile.get("soft", -1) >= 0:
+            yield GaugeMetricFamily(f"{PREFIX}_nofile_limit",
+                                    "The process's soft open-file limit.",
+                                    value=nofile["soft"])
+
+
+def make_registry(snapshot: Callable[[], dict[str, Any]]) -> CollectorRegistry:
+    """A registry of its own (not the global one) with the gateway's and the process's
+    collectors, so several nodes in one test process do not collide."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(GatewayCollector(snapshot))
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    return registry
+
+
+def exposition(registry: CollectorRegistry) -> bytes:
+    return generate_latest(registry)

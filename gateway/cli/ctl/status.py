@@ -1,0 +1,92 @@
+"""``gatewayctl status [--json]``: the node at a glance.
+
+Node, version, uptime, role, cluster members and their states, listeners with their
+connection counts, connections per protocol, sessions, subscriptions, retained
+messages, message rates, bridges and active alarms, from ``GET /api/v5/status``.
+Exit status 0 when the node answers, 3 when it does not (one line on stderr).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from gateway.cli.ctl import fmt
+from gateway.cli.ctl.apiclient import config_option, connect, emit_json, json_option
+
+
+@click.command(name="status")
+@config_option
+@json_option
+def status(config_path: Path | None, as_json: bool) -> None:
+    """Show the node's state: listeners, clients, sessions, rates, cluster, alarms."""
+    data = connect(config_path).get("/status")
+    if as_json:
+        emit_json(data)
+        return
+    render(data)
+
+
+def render(s: dict[str, Any]) -> None:
+    out = fmt.console()
+    conns = s["connections"]
+    by_proto = ", ".join(f"{p} {n}" for p, n in sorted(conns["by_protocol"].items()))
+    rates = s.get("rates", {})
+    cluster = s["cluster"]
+    bridges = s["bridges"]
+    alarms = s["alarms"]
+    rows: list[tuple[str, Any]] = [
+        ("Node", f"{s['node']} ({s['status']}, {s['role']})"),
+        ("Version", s["version"]),
+        ("Uptime", fmt.duration(s["uptime"])),
+        ("Cluster", cluster["status"] if not cluster["enabled"]
+         else f"{cluster['name']}: {len(cluster['members'])} members"),
+        ("Connections", f"{conns['count']}" + (f" ({by_proto})" if by_proto else "")),
+        ("Sessions", s["sessions"]),
+        ("Subscriptions", s["subscriptions"]),
+        ("Topics", s["topics"]),
+        ("Retained", s["retained"]),
+        ("Messages", f"in {fmt.rate(rates.get('messages.received'))}, "
+                     f"out {fmt.rate(rates.get('messages.sent'))}, "
+                     f"dropped {fmt.rate(rates.get('messages.dropped'))}"),
+        ("Bridges", bridges["status"] if not bridges["enabled"]
+         else f"{len(bridges['bridges'])} bridges"),
+        ("Alarms", f"{len(alarms)} active" if alarms else "none"),
+    ]
+    out.print(fmt.pairs(rows))
+    out.print()
+    out.print(fmt.table(
+        ["Listener", "Protocol", "Address", "Status", "Connections", "Max", "Refused"],
+        [
+            (lst["id"], lst["protocol"], ", ".join(lst["addresses"]) or lst["bind"],
+             lst["status"], lst["current_connections"], lst["max_connections"] or "unlimited",
+             lst["refused_connections"])
+            for lst in s["listeners"]
+        ],
+        title="Listeners",
+    ))
+    if cluster["enabled"] or len(cluster["members"]) > 1:
+        out.print()
+        out.print(fmt.table(
+            ["Member", "Role", "Status", "Version", "Connections"],
+            [(m["node"] + (" (self)" if m.get("self") else ""), m["role"], m["status"],
+              m["version"], m.get("connections")) for m in cluster["members"]],
+            title="Cluster",
+        ))
+    if bridges["enabled"] and bridges["bridges"]:
+        out.print()
+        out.print(fmt.table(
+            ["Bridge", "Upstream", "Status", "Queued", "Forwarded", "Last error"],
+            [(b["name"], b["upstream"], b["status"], b["queue_len"], b["forwarded"],
+              b.get("last_error")) for b in bridges["bridges"]],
+            title="Bridges",
+        ))
+    if alarms:
+        out.print()
+        out.print(fmt.table(
+            ["Alarm", "Since", "Message"],
+            [(a["name"], fmt.when(a["activated_at"]), a["message"]) for a in alarms],
+            title="Alarms",
+        ))
