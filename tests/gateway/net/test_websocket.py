@@ -112,7 +112,7 @@ class WsWire:
                         assert isinstance(ev, Frame)
                         self.frames.append(ev)
                         if ev.opcode in (Opcode.BINARY, Opcode.CONT):
-                            self.mqtt.receive_data(ev.data)
+                            self.mqtt.receive_data(bytes(ev.data))
                             while (p := self.mqtt.next_event()) is not None:
                                 self.packets.append(p)
             elif isinstance(e, SetTimer):

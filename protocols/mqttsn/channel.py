@@ -1,0 +1,967 @@
+"""The MQTT-SN 1.2 gateway channel: datagrams in, broker operations and effects out.
+
+One channel per peer address (the datagram shell keys them). It talks to the core only
+through :class:`~protocols.context.GatewayContext`, so an MQTT-SN client is a session of
+the same broker as an MQTT or WebSocket client: same authentication (by client id; MQTT-SN
+1.2 has no credentials), authorization, hooks, metrics and retained messages.
+
+States (``State``)::
+
+    IDLE --CONNECT--> [WILL_TOPIC --WILLTOPIC--> WILL_MSG --WILLMSG-->] AUTHENTICATING
+    AUTHENTICATING --accepted--> ACTIVE           (refused: CONNACK 0x03, back to IDLE)
+    ACTIVE --DISCONNECT(duration)--> ASLEEP --PINGREQ--> AWAKE --queue flushed, PINGRESP--> ASLEEP
+    ASLEEP/AWAKE --CONNECT--> ACTIVE
+    any --DISCONNECT / lost / kicked--> CLOSED (the shell forgets the peer)
+
+Rules:
+- Without a connection a peer may only search for the gateway (SEARCHGW -> GWINFO) and,
+  when ``enable_qos3``, publish at QoS -1 to a predefined or short topic (published at
+  QoS 0, as client ``mqttsn-qos3``, authorized like any publish). Anything else gets a
+  DISCONNECT, telling the client it has no connection.
+- Topic ids: the client's REGISTER allocates ids from ``first_topic_id`` (1025) upwards;
+  a wildcard REGISTER is refused (0x03). SUBSCRIBE to a plain name answers its id,
+  to a wildcard or a short name 0. Before a delivery on a topic the client has no id for
+  (and that is neither predefined nor a two-character short name) the gateway sends
+  REGISTER and holds every later delivery until the REGACK, so order is kept.
+- QoS 1/2 PUBLISH, PUBREL and REGISTER are retransmitted every ``retry_interval`` with
+  DUP, at most ``max_retries`` times; then the client is taken as lost (its will goes).
+- Sleeping (DISCONNECT with a duration): deliveries are buffered (QoS 1/2 in the session's
+  inflight window and queue, QoS 0 in the channel, at most ``max_sleep_buffer``, oldest
+  dropped and counted); PINGREQ wakes the client, the buffer is flushed, then PINGRESP.
+  A client that neither wakes nor reconnects within duration x ``keepalive_multiplier``
+  is lost.
+- The will belongs to the channel (WILLTOPICUPD/WILLMSGUPD change it while connected): it
+  is published when the client is lost (keepalive, retries, sleep overrun, socket gone)
+  or its session is taken over, never after a DISCONNECT.
+
+Invariants (as in the MQTT channel):
+- Effects produced by re-entrant calls (the core delivering to this very client while one
+  of its datagrams is handled) are appended in order to the outer call's list.
+- The core learns of the end of the connection exactly once (``context.close``).
+- A malformed datagram is counted (``packets.malformed``) and dropped; it changes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from enum import Enum
+
+from protocols.context import (
+    AUTH_PENDING,
+    ClientInfo,
+    ConnectionHandle,
+    Delivery,
+    GatewayContext,
+    Message,
+    SessionAPI,
+    SubOptions,
+)
+from protocols.effects import CancelTimer, Close, Effect, SetTimer
+from protocols.mqtt.topics import is_wildcard, validate_topic_filter
+from protocols.mqttsn.codec import Codec, LocalProtocolError, RemoteProtocolError, Role
+from protocols.mqttsn.packets import (
+    NORMAL,
+    PREDEFINED,
+    PROTOCOL_ID,
+    SHORT,
+    Advertise,
+    ConnAck,
+    Connect,
+    Disconnect,
+    Encapsulated,
+    GwInfo,
+    Packet,
+    PingReq,
+    PingResp,
+    PubAck,
+    PubComp,
+    Publish,
+    PubRec,
+    PubRel,
+    RegAck,
+    Register,
+    ReturnCode,
+    SearchGw,
+    SubAck,
+    Subscribe,
+    UnsubAck,
+    Unsubscribe,
+    WillMsg,
+    WillMsgReq,
+    WillMsgResp,
+    WillMsgUpd,
+    WillTopic,
+    WillTopicReq,
+    WillTopicResp,
+    WillTopicUpd,
+)
+
+log = logging.getLogger("protocols.mqttsn.channel")
+
+RC = ReturnCode
+SESSION_TAKEN_OVER = 0x8E
+QOS3_CLIENT = "mqttsn-qos3"
+MAX_TOPIC_ID = 0xFFFE  # 0x0000 and 0xFFFF are reserved
+
+
+@dataclass(slots=True)
+class MqttSnSettings:
+    """One MQTT-SN gateway's behaviour (``[gateway.mqttsn]`` and ``[mqtt]``)."""
+
+    gateway_id: int = 1
+    predefined: dict[int, str] = field(default_factory=dict)
+    enable_qos3: bool = True
+    mountpoint: str = ""
+    listener: str = "mqttsn:udp:default"
+    idle_timeout: float = 30.0
+    keepalive_multiplier: float = 1.5
+    retry_interval: float = 10.0
+    max_retries: int = 4
+    max_inflight: int = 32
+    session_expiry_interval: int = 7200
+    max_sleep_buffer: int = 1000
+    max_clientid_len: int = 65535
+    first_topic_id: int = 1025
+    max_datagram: int = 65507
+
+
+class State(Enum):
+    IDLE = "idle"
+    WILL_TOPIC = "will_topic"
+    WILL_MSG = "will_msg"
+    AUTHENTICATING = "authenticating"
+    ACTIVE = "active"
+    ASLEEP = "asleep"
+    AWAKE = "awake"
+    CLOSED = "closed"
+
+
+CONNECTED = (State.ACTIVE, State.ASLEEP, State.AWAKE)
+SENDING = (State.ACTIVE, State.AWAKE)
+
+
+@dataclass(slots=True)
+class _Outstanding:
+    packet: Publish | PubRel | Register
+    attempts: int
+    due: float
+
+
+def short_id(name: str) -> int:
+    """The topic id field value of a two-character short topic name."""
+    return int.from_bytes(name.encode(), "big")
+
+
+class MqttSnChannel:
+    def __init__(
+        self,
+        context: GatewayContext,
+        settings: MqttSnSettings,
+        handle: ConnectionHandle,
+        *,
+        peer: tuple[str, int] | None = None,
+        monotonic: Callable[[], float],
+    ) -> None:
+        self.context = context
+        self.settings = settings
+        self.handle = handle
+        self.peer = peer
+        self.codec = Codec(Role.GATEWAY)
+        self.state = State.IDLE
+        self.info: ClientInfo | None = None
+        self.session: SessionAPI | None = None
+        self.connect: Connect | None = None
+        self.will_topic: WillTopic | None = None
+        self.will_payload = b""
+        self.keepalive = 0.0
+        self.last_rx = 0.0
+        # topic registry of this client: ids it knows
+        self.topic_ids: dict[str, int] = {}
+        self.id_topics: dict[int, str] = {}
+        self._next_topic_id = settings.first_topic_id
+        self._predefined_ids = {t: i for i, t in settings.predefined.items()}
+        # outgoing
+        self.pending: deque[Delivery] = deque()
+        self._pending_qos0 = 0
+        self._reg_wait: tuple[int, str] | None = None  # (msg id, topic) of our REGISTER
+        self._next_msg_id = 1
+        self.unacked: dict[tuple[str, int], _Outstanding] = {}
+        self._retry_armed = False
+        self._pingresp_due = False
+        self._monotonic = monotonic
+        self._out: list[Effect] = []
+        self._busy = False
+        self._core_closed = False
+
+    # -- entry points from the shell ---------------------------------------------------
+
+    def connection_made(self) -> list[Effect]:
+        self.last_rx = self._monotonic()
+        return [SetTimer("idle", self.settings.idle_timeout)]
+
+    def handle_datagram(self, data: bytes) -> list[Effect]:
+        if self.state is State.CLOSED:
+            return []
+        outer = self._enter()
+        try:
+            packet = self.codec.decode(data)
+        except RemoteProtocolError as exc:
+            self.context.incr("packets.malformed")
+            log.warning("%s: malformed datagram dropped: %s", self._who(), exc)
+            return self._leave(outer)
+        self.last_rx = self._monotonic()
+        self._dispatch(packet)
+        return self._leave(outer)
+
+    def on_timer(self, name: str) -> list[Effect]:
+        if self.state is State.CLOSED:
+            return []
+        outer = self._enter()
+        now = self._monotonic()
+        if name == "idle" and self.state not in CONNECTED:
+            self._close("no CONNECT within idle timeout")
+        elif name == "keepalive" and self.state is State.ACTIVE and self.keepalive:
+            limit = self.keepalive * self.settings.keepalive_multiplier
+            idle = now - self.last_rx
+            if idle >= limit:
+                self.context.incr("client.keepalive_timeout")
+                self._lost("keepalive timeout")
+            else:
+                self._out.append(SetTimer("keepalive", limit - idle))
+        elif name == "asleep" and self.state in (State.ASLEEP, State.AWAKE):
+            self._lost("did not wake up within its sleep duration")
+        elif name == "retry":
+            self._retry(now)
+        return self._leave(outer)
+
+    def connection_lost(self) -> None:
+        """The shell forgot this peer (after our Close, or the listener closed)."""
+        if self.state is not State.CLOSED and self.state in CONNECTED:
+            self._publish_will()
+        self.state = State.CLOSED
+        self._notify_core_closed()
+
+    # -- entry points from the core ----------------------------------------------------
+
+    def deliver(self, deliveries: list[Delivery]) -> list[Effect]:
+        if self.state is State.CLOSED:
+            return []
+        outer = self._enter()
+        self._queue(deliveries)
+        self._pump()
+        return self._leave(outer)
+
+    def release(self, packet_id: int) -> list[Effect]:
+        if self.state not in CONNECTED:
+            return []
+        outer = self._enter()
+        self._send_tracked("rel", PubRel(packet_id))
+        return self._leave(outer)
+
+    def kick(self, reason_code: int) -> list[Effect]:
+        """The core closes us (takeover, admin kick, shutdown); it settled the session."""
+        if self.state is State.CLOSED:
+            return []
+        outer = self._enter()
+        self._core_closed = True
+        if reason_code == SESSION_TAKEN_OVER:
+            self._publish_will()
+        if self.state in CONNECTED:
+            self._send(Disconnect())
+        self._close(f"kicked (0x{reason_code:02X})")
+        return self._leave(outer)
+
+    # -- plumbing ------------------------------------------------------------------
+
+    def _enter(self) -> bool:
+        if self._busy:
+            return False
+        self._busy = True
+        return True
+
+    def _leave(self, outer: bool) -> list[Effect]:
+        if not outer:
+            return []
+        self._busy = False
+        out, self._out = self._out, []
+        return out
+
+    def _send(self, packet: Packet) -> None:
+        self._out.append(self.codec.encode(packet))
+
+    def _close(self, reason: str) -> None:
+        if self.state is State.CLOSED:
+            return
+        was_connected = self.state in CONNECTED
+        self.state = State.CLOSED
+        self._out.append(Close(reason))
+        if was_connected:
+            log.info("%s: closed: %s", self._who(), reason)
+
+    def _notify_core_closed(self) -> None:
+        if self._core_closed or self.info is None or self.session is None:
+            return
+        self._core_closed = True
+        self.context.close(self.info, self.handle, send_will=False)
+
+    def _lost(self, why: str) -> None:
+        """The client is gone without a DISCONNECT: its will goes, the session ends."""
+        log.info("%s: lost: %s", self._who(), why)
+        self._publish_will()
+        self._notify_core_closed()
+        self._close(why)
+
+    def _who(self) -> str:
+        if self.info is not None:
+            return f"mqtt-sn client {self.info.client_id!r}"
+        return f"mqtt-sn peer {self.peer[0]}:{self.peer[1]}" if self.peer else "mqtt-sn peer"
+
+    def _not_connected(self, what: str) -> None:
+        log.info("%s: %s without a connection; sending DISCONNECT", self._who(), what)
+        self._send(Disconnect())
+
+    def _dispatch(self, p: Packet) -> None:
+        state = self.state
+        connected = state in CONNECTED
+        if isinstance(p, Publish):
+            if p.qos == -1:
+                self._on_publish_qos3(p)
+            elif connected:
+                self._on_publish(p)
+            else:
+                self._not_connected("PUBLISH")
+        elif isinstance(p, PubAck):
+            if connected:
+                self._on_puback(p)
+        elif isinstance(p, PubRec):
+            if connected:
+                self._on_pubrec(p)
+        elif isinstance(p, PubRel):
+            if connected:
+                assert self.session is not None
+                self.session.complete_rel(p.msg_id)
+                self._send(PubComp(p.msg_id))
+        elif isinstance(p, PubComp):
+            if connected and self.unacked.pop(("rel", p.msg_id), None) is not None:
+                assert self.session is not None
+                self.session.pubcomp(p.msg_id)
+        elif isinstance(p, PingReq):
+            self._on_pingreq(p)
+        elif isinstance(p, Connect):
+            self._on_connect(p)
+        elif isinstance(p, WillTopic):
+            self._on_willtopic(p)
+        elif isinstance(p, WillMsg):
+            self._on_willmsg(p)
+        elif isinstance(p, Register):
+            if connected:
+                self._on_register(p)
+            else:
+                self._not_connected("REGISTER")
+        elif isinstance(p, RegAck):
+            if connected:
+                self._on_regack(p)
+        elif isinstance(p, Subscribe):
+            if connected:
+                self._on_subscribe(p)
+            else:
+                self._not_connected("SUBSCRIBE")
+        elif isinstance(p, Unsubscribe):
+            if connected:
+                self._on_unsubscribe(p)
+            else:
+                self._not_connected("UNSUBSCRIBE")
+        elif isinstance(p, Disconnect):
+            self._on_disconnect(p)
+        elif isinstance(p, WillTopicUpd):
+            if connected:
+                self._on_willtopicupd(p)
+        elif isinstance(p, WillMsgUpd):
+            if connected:
+                self._on_willmsgupd(p)
+        elif isinstance(p, SearchGw):
+            self._send(GwInfo(self.settings.gateway_id))
+        elif isinstance(p, Encapsulated):
+            self.context.incr("packets.mqttsn.encapsulated.dropped")
+            log.info("%s: forwarder encapsulation is not supported; dropped", self._who())
+        elif isinstance(p, Advertise | GwInfo | PingResp):
+            pass  # other gateways' broadcasts; an answer to a PINGREQ we never send
+        else:  # pragma: no cover - the codec's role table rules the rest out
+            log.warning("%s: unexpected %s", self._who(), type(p).__name__)
+
+    # -- CONNECT and the will dialogue -----------------------------------------------
+
+    def _on_connect(self, p: Connect) -> None:
+        s = self.settings
+        if self.state in CONNECTED:
+            info = self.info
+            assert info is not None
+            if p.client_id == info.client_id and not p.clean_session and not p.will:
+                self._reactivate(p)  # back from sleep, or a lost CONNACK
+                return
+            self._notify_core_closed()  # a new connection replaces the old one
+            self._reset()
+        if p.protocol_id != PROTOCOL_ID:
+            self._send(ConnAck(RC.NOT_SUPPORTED))
+            return
+        if not p.client_id or len(p.client_id) > s.max_clientid_len:
+            self.context.incr("client.connack.refused")
+            self._send(ConnAck(RC.NOT_SUPPORTED))
+            return
+        self.connect = p
+        self.will_topic = None
+        self.will_payload = b""
+        if p.will:
+            self.state = State.WILL_TOPIC
+            self._send(WillTopicReq())
+        else:
+            self._authenticate()
+
+    def _reset(self) -> None:
+        self.state = State.IDLE
+        self.info = None
+        self.session = None
+        self._core_closed = False
+        self.unacked.clear()
+        self.pending.clear()
+        self._pending_qos0 = 0
+        self._reg_wait = None
+        self._pingresp_due = False
+        self._out.append(SetTimer("idle", self.settings.idle_timeout))
+
+    def _on_willtopic(self, p: WillTopic) -> None:
+        if self.state is State.WILL_MSG:
+            self._send(WillMsgReq())  # our WILLMSGREQ was lost; the client repeats
+            return
+        if self.state is not State.WILL_TOPIC:
+            return
+        if not p.topic:
+            self.will_topic = None
+            self._authenticate()
+            return
+        self.will_topic = p
+        self.state = State.WILL_MSG
+        self._send(WillMsgReq())
+
+    def _on_willmsg(self, p: WillMsg) -> None:
+        if self.state is not State.WILL_MSG:
+            return
+        self.will_payload = p.message
+        self._authenticate()
+
+    def _authenticate(self) -> None:
+        p = self.connect
+        assert p is not None
+        host, port = self.peer if self.peer else (None, None)
+        s = self.settings
+        info = ClientInfo(
+            client_id=p.client_id,
+            protocol="mqttsn",
+            proto_ver=1,
+            peer_host=host,
+            peer_port=port,
+            listener=s.listener,
+            mountpoint=s.mountpoint,
+            keepalive=p.duration,
+            clean_start=p.clean_session,
+        )
+        self.info = info
+        self.state = State.AUTHENTICATING
+        handle = self.handle
+
+        def later(code: int) -> None:
+            handle.call_channel(lambda: self.auth_result(info, code))
+
+        code = self.context.authenticate(info, None, later)
+        if code != AUTH_PENDING:
+            self._finish_connect(info, code)
+
+    def auth_result(self, info: ClientInfo, code: int) -> list[Effect]:
+        """An authentication that had to wait has its answer (via ``call_channel``)."""
+        if self.state is not State.AUTHENTICATING or self.info is not info:
+            return []
+        outer = self._enter()
+        self._finish_connect(info, code)
+        return self._leave(outer)
+
+    def _finish_connect(self, info: ClientInfo, code: int) -> None:
+        s = self.settings
+        p = self.connect
+        assert p is not None
+        if code:
+            self._refuse(info, code, "authentication failed")
+            return
+        result = self.context.open_session(
+            info,
+            self.handle,
+            clean_start=p.clean_session,
+            expiry_interval=0 if p.clean_session else s.session_expiry_interval,
+            receive_maximum=s.max_inflight,
+            will=None,  # the will is the channel's: MQTT-SN can change it while connected
+            will_delay=0,
+        )
+        if result.reason_code or result.session is None:
+            self._refuse(info, result.reason_code or 0x80, "session refused")
+            return
+        self.session = result.session
+        if p.clean_session:
+            self.topic_ids.clear()
+            self.id_topics.clear()
+            self._next_topic_id = s.first_topic_id
+        self._send(ConnAck(RC.ACCEPTED))
+        self.context.connack(info, 0)
+        self.state = State.ACTIVE
+        self.keepalive = float(p.duration)
+        self._out.append(CancelTimer("idle"))
+        if p.duration:
+            self._out.append(SetTimer("keepalive", p.duration * s.keepalive_multiplier))
+        self._pump()  # anything the core pushed while the session opened
+        result.session.resume()
+
+    def _refuse(self, info: ClientInfo, code: int, why: str) -> None:
+        self.context.incr("client.connack.refused")
+        self.context.connack(info, code)
+        log.info("%s refused: %s (0x%02X)", self._who(), why, code)
+        self._send(ConnAck(RC.NOT_SUPPORTED))
+        self.state = State.IDLE
+        self.info = None
+
+    def _reactivate(self, p: Connect) -> None:
+        s = self.settings
+        self.state = State.ACTIVE
+        self._pingresp_due = False
+        self.keepalive = float(p.duration)
+        self._send(ConnAck(RC.ACCEPTED))
+        self._out.append(CancelTimer("asleep"))
+        if p.duration:
+            self._out.append(SetTimer("keepalive", p.duration * s.keepalive_multiplier))
+        self._resend_unacked()
+        self._pump()
+
+    def _message_will(self) -> Message | None:
+        w = self.will_topic
+        info = self.info
+        if w is None or info is None:
+            return None
+        now = self.context.now()
+        return Message(
+            self.settings.mountpoint + w.topic,
+            self.will_payload,
+            max(0, w.qos),
+            w.retain,
+            publisher=info.client_id,
+            timestamp=now,
+        )
+
+    def _publish_will(self) -> None:
+        will = self._message_will()
+        self.will_topic = None
+        info = self.info
+        if will is None or info is None:
+            return
+        self.context.incr("messages.will")
+        if self.context.authorize(info, "publish", will.topic):
+            self.context.publish(info, will)
+
+    def _on_willtopicupd(self, p: WillTopicUpd) -> None:
+        if not p.topic:
+            self.will_topic = None
+            self.will_payload = b""
+        else:
+            self.will_topic = WillTopic(p.topic, p.qos, p.retain)
+        self._send(WillTopicResp(RC.ACCEPTED))
+
+    def _on_willmsgupd(self, p: WillMsgUpd) -> None:
+        self.will_payload = p.message
+        self._send(WillMsgResp(RC.ACCEPTED))
+
+    # -- DISCONNECT, sleep, PINGREQ ----------------------------------------------------
+
+    def _on_disconnect(self, p: Disconnect) -> None:
+        if self.state not in CONNECTED:
+            if self.state is not State.IDLE:
+                self._reset()
+            self._send(Disconnect())
+            return
+        if p.duration:
+            s = self.settings
+            self.state = State.ASLEEP
+            self._pingresp_due = False
+            self._send(Disconnect())
+            self._out.append(CancelTimer("keepalive"))
+            self._out.append(SetTimer("asleep", p.duration * s.keepalive_multiplier))
+            self.keepalive = float(p.duration)
+            return
+        self.will_topic = None  # a normal DISCONNECT: no will
+        self._send(Disconnect())
+        self._notify_core_closed()
+        self._close("client disconnected")
+
+    def _on_pingreq(self, p: PingReq) -> None:
+        state = self.state
+        if state is State.ACTIVE:
+            self._send(PingResp())
+        elif state in (State.ASLEEP, State.AWAKE):
+            self.state = State.AWAKE
+            self._pingresp_due = True
+            self._out.append(
+                SetTimer("asleep", self.keepalive * self.settings.keepalive_multiplier)
+            )
+            self._resend_unacked()
+            self._pump()
+        elif p.client_id:
+            self._not_connected("PINGREQ")
+        else:
+            self._send(PingResp())  # a liveness probe of the gateway itself
+
+    # -- PUBLISH in ------------------------------------------------------------------
+
+    def _resolve(self, topic: int | str, tid_type: int) -> str | None:
+        if tid_type == SHORT:
+            return str(topic)
+        if tid_type == PREDEFINED:
+            return self.settings.predefined.get(int(topic))
+        return self.id_topics.get(int(topic))
+
+    def _topic_id_field(self, p: Publish) -> int:
+        return short_id(p.topic) if isinstance(p.topic, str) else p.topic
+
+    def _on_publish_qos3(self, p: Publish) -> None:
+        s = self.settings
+        if not s.enable_qos3:
+            self.context.incr("messages.dropped.qos3_disabled")
+            return
+        if p.topic_id_type == NORMAL and self.state not in CONNECTED:
+            return  # a normal id means nothing without a connection
+        topic = self._resolve(p.topic, p.topic_id_type)
+        if topic is None:
+            self.context.incr("messages.dropped.invalid_topic_id")
+            return
+        info = self.info if self.state in CONNECTED else None
+        if info is None:
+            host, port = self.peer if self.peer else (None, None)
+            info = ClientInfo(
+                client_id=QOS3_CLIENT,
+                protocol="mqttsn",
+                proto_ver=1,
+                peer_host=host,
+                peer_port=port,
+                listener=s.listener,
+                mountpoint=s.mountpoint,
+            )
+        full = s.mountpoint + topic
+        if not self.context.authorize(info, "publish", full):
+            return
+        now = self.context.now()
+        msg = Message(full, p.data, 0, p.retain, publisher=info.client_id, timestamp=now)
+        self.context.publish(info, msg)
+
+    def _on_publish(self, p: Publish) -> None:
+        info, session = self.info, self.session
+        assert info is not None and session is not None
+        s = self.settings
+        topic = self._resolve(p.topic, p.topic_id_type)
+        tid = self._topic_id_field(p)
+        if topic is None:
+            self._send(PubAck(tid, p.msg_id, RC.INVALID_TOPIC_ID))
+            return
+        if p.qos == 2 and p.msg_id in session.awaiting_rel:
+            self._send(PubRec(p.msg_id))  # a repeated PUBLISH: acknowledge, not again
+            return
+        full = s.mountpoint + topic
+        if not self.context.authorize(info, "publish", full):
+            self._send(PubAck(tid, p.msg_id, RC.NOT_SUPPORTED))
+            return
+        now = self.context.now()
+        msg = Message(
+            full, p.data, p.qos, p.retain, publisher=info.client_id, username=info.username,
+            timestamp=now,
+        )
+        self.context.publish(info, msg)
+        if p.qos == 1:
+            self._send(PubAck(tid, p.msg_id, RC.ACCEPTED))
+        elif p.qos == 2:
+            session.await_rel(p.msg_id)
+            self._send(PubRec(p.msg_id))
+
+    # -- REGISTER in and out ---------------------------------------------------------
+
+    def _allocate_topic_id(self) -> int | None:
+        used = self.id_topics
+        start = self._next_topic_id
+        tid = start
+        while tid in used:
+            tid = tid + 1 if tid < MAX_TOPIC_ID else self.settings.first_topic_id
+            if tid == start:
+                return None
+        self._next_topic_id = tid + 1 if tid < MAX_TOPIC_ID else self.settings.first_topic_id
+        return tid
+
+    def _known(self, topic: str, tid: int) -> None:
+        self.topic_ids[topic] = tid
+        self.id_topics[tid] = topic
+
+    def _id_for(self, topic: str) -> int | None:
+        tid = self.topic_ids.get(topic)
+        if tid is None:
+            tid = self._allocate_topic_id()
+            if tid is not None:
+                self._known(topic, tid)
+        return tid
+
+    def _on_register(self, p: Register) -> None:
+        name = p.topic_name
+        if not name or is_wildcard(name):
+            self._send(RegAck(0, p.msg_id, RC.NOT_SUPPORTED))
+            return
+        tid = self._id_for(name)
+        if tid is None:
+            self._send(RegAck(0, p.msg_id, RC.CONGESTION))
+            return
+        self._send(RegAck(tid, p.msg_id, RC.ACCEPTED))
+
+    def _on_regack(self, p: RegAck) -> None:
+        wait = self._reg_wait
+        if wait is None or wait[0] != p.msg_id:
+            return
+        self._reg_wait = None
+        self.unacked.pop(("reg", p.msg_id), None)
+        topic = wait[1]
+        if p.return_code == RC.ACCEPTED:
+            self._known(topic, p.topic_id)
+        else:
+            log.info("%s refused topic %r (0x%02X)", self._who(), topic, p.return_code)
+            self._drop_pending_topic(topic, "topic_refused")
+        self._pump()
+
+    def _drop_pending_topic(self, topic: str, reason: str) -> None:
+        mount = self.settings.mountpoint
+        keep: deque[Delivery] = deque()
+        for d in self.pending:
+            if self._local_topic(d.message.topic, mount) == topic:
+                self.context.incr("messages.dropped")
+                self.context.incr("messages.dropped." + reason)
+                if d.qos == 0:
+                    self._pending_qos0 -= 1
+                elif d.packet_id is not None and self.session is not None:
+                    self.session.discard(d.packet_id)
+            else:
+                keep.append(d)
+        self.pending = keep
+
+    def _next_mid(self) -> int:
+        mid = self._next_msg_id
+        self._next_msg_id = mid % 0xFFFF + 1
+        return mid
+
+    # -- deliveries out --------------------------------------------------------------
+
+    @staticmethod
+    def _local_topic(topic: str, mount: str) -> str:
+        return topic[len(mount) :] if mount and topic.startswith(mount) else topic
+
+    def _queue(self, deliveries: list[Delivery]) -> None:
+        cap = self.settings.max_sleep_buffer
+        for d in deliveries:
+            if d.qos == 0:
+                if self.state not in SENDING and self._pending_qos0 >= cap:
+                    self._drop_oldest_qos0()
+                self._pending_qos0 += 1
+            self.pending.append(d)
+
+    def _drop_oldest_qos0(self) -> None:
+        for i, d in enumerate(self.pending):
+            if d.qos == 0:
+                del self.pending[i]
+                self._pending_qos0 -= 1
+                self.context.incr("messages.dropped")
+                self.context.incr("messages.dropped.sleep_buffer_full")
+                return
+
+    def _target(self, topic: str) -> tuple[int, int | str] | None:
+        tid = self.topic_ids.get(topic)
+        if tid is not None:
+            return NORMAL, tid
+        pre = self._predefined_ids.get(topic)
+        if pre is not None:
+            return PREDEFINED, pre
+        if len(topic.encode()) == 2:
+            return SHORT, topic
+        return None
+
+    def _pump(self) -> None:
+        """Send pending deliveries in order while the client is awake and no REGISTER of
+        ours awaits its REGACK; then the PINGRESP of a wake-up."""
+        if self.state not in SENDING:
+            return
+        pending = self.pending
+        mount = self.settings.mountpoint
+        sent: list[Delivery] = []
+        while pending and self._reg_wait is None:
+            d = pending[0]
+            topic = self._local_topic(d.message.topic, mount)
+            target = self._target(topic)
+            if target is None:
+                tid = self._allocate_topic_id()
+                if tid is None:
+                    self._drop_pending_topic(topic, "no_topic_id")
+                    continue
+                mid = self._next_mid()
+                self._reg_wait = (mid, topic)
+                self._send_tracked("reg", Register(tid, mid, topic))
+                break
+            pending.popleft()
+            if d.qos == 0:
+                self._pending_qos0 -= 1
+            tid_type, topic_field = target
+            packet = Publish(
+                topic_field, d.message.payload, d.qos, d.packet_id or 0, d.retain, d.dup,
+                tid_type,
+            )
+            try:
+                if d.qos:
+                    self._send_tracked("pub", packet)
+                else:
+                    self._send(packet)
+            except LocalProtocolError as exc:  # too large for a datagram
+                log.info("%s: not sent (%s)", self._who(), exc)
+                self.context.incr("messages.dropped")
+                self.context.incr("messages.dropped.too_large")
+                if d.packet_id is not None and self.session is not None:
+                    self.session.discard(d.packet_id)
+                continue
+            sent.append(d)
+        if sent:
+            assert self.info is not None
+            self.context.delivered(self.info, sent)
+        if self._pingresp_due and not pending and self._reg_wait is None:
+            self._pingresp_due = False
+            self._send(PingResp())
+            self.state = State.ASLEEP
+
+    def _send_tracked(self, kind: str, packet: Publish | PubRel | Register) -> None:
+        data = self.codec.encode(packet)
+        if len(data) > self.settings.max_datagram:
+            raise LocalProtocolError(f"{len(data)} bytes do not fit in a datagram")
+        self._out.append(data)
+        mid = packet.msg_id
+        self.unacked[(kind, mid)] = _Outstanding(
+            packet, 0, self._monotonic() + self.settings.retry_interval
+        )
+        if not self._retry_armed:
+            self._retry_armed = True
+            self._out.append(SetTimer("retry", self.settings.retry_interval))
+
+    def _retry(self, now: float) -> None:
+        self._retry_armed = False
+        if not self.unacked or self.state not in CONNECTED:
+            return
+        if self.state is State.ASLEEP:
+            return  # resent when the client wakes up
+        s = self.settings
+        for out in list(self.unacked.values()):
+            if out.due > now:
+                continue
+            if out.attempts >= s.max_retries:
+                self.context.incr("messages.retry_exhausted")
+                self._lost(f"no acknowledgement after {s.max_retries} retransmissions")
+                return
+            out.attempts += 1
+            out.due = now + s.retry_interval
+            self._resend(out)
+        if self.unacked:
+            soonest = min(o.due for o in self.unacked.values())
+            self._retry_armed = True
+            self._out.append(SetTimer("retry", max(0.0, soonest - now)))
+
+    def _resend(self, out: _Outstanding) -> None:
+        p = out.packet
+        if isinstance(p, Publish):
+            p = out.packet = replace(p, dup=True)
+        self._out.append(self.codec.encode(p))
+        self.context.incr("messages.retransmitted")
+
+    def _resend_unacked(self) -> None:
+        now = self._monotonic()
+        for out in self.unacked.values():
+            out.due = now + self.settings.retry_interval
+            self._resend(out)
+        if self.unacked and not self._retry_armed:
+            self._retry_armed = True
+            self._out.append(SetTimer("retry", self.settings.retry_interval))
+
+    def _on_puback(self, p: PubAck) -> None:
+        session = self.session
+        assert session is not None
+        out = self.unacked.pop(("pub", p.msg_id), None)
+        if p.return_code == RC.INVALID_TOPIC_ID:
+            topic = self.id_topics.pop(p.topic_id, None)  # the client forgot it: REGISTER again
+            if topic is not None:
+                self.topic_ids.pop(topic, None)
+        if out is None:
+            return
+        if p.return_code != RC.ACCEPTED:
+            self.context.incr("messages.dropped")
+            self.context.incr("messages.dropped.rejected_by_client")
+            session.discard(p.msg_id)
+        elif isinstance(out.packet, Publish) and out.packet.qos == 1:
+            session.puback(p.msg_id)
+        else:
+            session.discard(p.msg_id)  # a PUBACK to QoS 2: the client refused it
+
+    def _on_pubrec(self, p: PubRec) -> None:
+        session = self.session
+        assert session is not None
+        self.unacked.pop(("pub", p.msg_id), None)
+        session.pubrec(p.msg_id)
+        self._send_tracked("rel", PubRel(p.msg_id))
+
+    # -- SUBSCRIBE / UNSUBSCRIBE -----------------------------------------------------
+
+    def _filter_of(self, topic: int | str, tid_type: int) -> str | None:
+        if tid_type == PREDEFINED:
+            return self.settings.predefined.get(int(topic))
+        return str(topic)
+
+    def _on_subscribe(self, p: Subscribe) -> None:
+        info = self.info
+        assert info is not None
+        s = self.settings
+        qos = max(0, min(p.qos, 2))
+        f = self._filter_of(p.topic, p.topic_id_type)
+        if f is None:
+            self._send(SubAck(p.msg_id, 0, qos, RC.INVALID_TOPIC_ID))
+            return
+        try:
+            validate_topic_filter(f)
+        except Exception:
+            self._send(SubAck(p.msg_id, 0, qos, RC.NOT_SUPPORTED))
+            return
+        tid = 0
+        if p.topic_id_type == PREDEFINED:
+            tid = int(p.topic)
+        elif p.topic_id_type == NORMAL and not is_wildcard(f):
+            got = self._id_for(f)
+            if got is None:
+                self._send(SubAck(p.msg_id, 0, qos, RC.CONGESTION))
+                return
+            tid = got
+        full = s.mountpoint + f
+        if not self.context.authorize(info, "subscribe", full):
+            self._send(SubAck(p.msg_id, 0, qos, RC.NOT_SUPPORTED))
+            return
+        opts = SubOptions(qos)
+        existed = self.context.subscribe(info, full, opts)
+        self._send(SubAck(p.msg_id, tid, qos, RC.ACCEPTED))
+        self.context.deliver_retained(info, full, opts, existed)
+
+    def _on_unsubscribe(self, p: Unsubscribe) -> None:
+        info = self.info
+        assert info is not None
+        f = self._filter_of(p.topic, p.topic_id_type)
+        if f is not None:
+            self.context.unsubscribe(info, self.settings.mountpoint + f)
+        self._send(UnsubAck(p.msg_id))
