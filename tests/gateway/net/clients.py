@@ -161,12 +161,16 @@ class MosquittoSub:
         )
         self.lines: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
-        while True:
-            line = self.lines.get(timeout=TIMEOUT)
-            if line is None:
-                raise Refused("mosquitto_sub exited before subscribing")
-            if line.startswith("Subscribed (mid"):
-                return
+        try:
+            while True:
+                line = self.lines.get(timeout=TIMEOUT)
+                if line is None:
+                    raise Refused("mosquitto_sub exited before subscribing")
+                if line.startswith("Subscribed (mid"):
+                    return
+        except BaseException:
+            self.close()  # never leave the process behind
+            raise
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
@@ -183,5 +187,10 @@ class MosquittoSub:
                 return line
 
     def close(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=TIMEOUT)
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        try:
+            self.proc.wait(timeout=TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=TIMEOUT)
