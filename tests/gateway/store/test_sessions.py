@@ -138,7 +138,7 @@ def test_clean_session_is_not_persisted_and_expired_session_is_deleted(tmp_path:
         db = tmp_path / "gateway.db"
         clock = VirtualScheduler()
         node, committer = make_node(db, clock)
-        a, ha = open_session(node, "mem", expiry=0)
+        a, _ = open_session(node, "mem", expiry=0)
         node.subscribe(a, "t", SubOptions(qos=1))
         b, hb = open_session(node, "short", expiry=5)
         node.subscribe(b, "t", SubOptions(qos=1))

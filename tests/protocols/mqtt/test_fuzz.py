@@ -13,7 +13,7 @@ from tests.protocols.mqtt.strategies import packets
 LEVELS = (MQTT_3_1, MQTT_3_1_1, MQTT_5)
 
 
-@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.binary(max_size=200))
 def test_random_bytes(data: bytes) -> None:
     fuzz_one(data)
@@ -53,7 +53,7 @@ def _mutate(data: bytes, mutations: list[tuple[str, int, int]]) -> bytes:
     return bytes(out)
 
 
-@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(selector=st.integers(0, 255), stream=valid_streams(), mutations=_MUTATIONS)
 def test_mutated_valid_packets(
     selector: int, stream: bytes, mutations: list[tuple[str, int, int]]
@@ -61,7 +61,7 @@ def test_mutated_valid_packets(
     fuzz_one(bytes((selector,)) + _mutate(stream, mutations))
 
 
-@settings(max_examples=100)
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(selector=st.integers(0, 255), stream=valid_streams(), cut=st.integers(0))
 def test_truncated_valid_packets(selector: int, stream: bytes, cut: int) -> None:
     fuzz_one(bytes((selector,)) + stream[: cut % (len(stream) + 1)])
