@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import sqlite3
 from collections.abc import Callable
 
 from gateway.admin.admin import Admin
@@ -25,6 +26,9 @@ from gateway.core.node import CoreSettings, Node
 from gateway.fleet.archiver import Archiver, settings_from_config
 from gateway.net.stream import ListenerLimits, StreamShell, start_stream_listener
 from gateway.net.tls import ReloadableContext, TlsError, describe, peer_identity
+from gateway.protect.banned import BanGuard
+from gateway.protect.flapping import FlappingDetector, FlappingSettings
+from gateway.store.banned import BannedStore
 from gateway.store.db import db_path, ensure_schema, open_db
 from gateway.store.sessions import SCHEMA, SessionStore
 from gateway.store.writer import GroupCommitter
@@ -72,6 +76,9 @@ def mqtt_settings(config: GatewayConfig, listener: str, mountpoint: str) -> Mqtt
         max_awaiting_rel=m.max_awaiting_rel,
         await_rel_timeout=m.await_rel_timeout,
         max_subscriptions=m.max_subscriptions,
+        messages_rate=_listener_override(config, listener, "messages_rate", m.messages_rate),
+        bytes_rate=_listener_override(config, listener, "bytes_rate", m.bytes_rate),
+        packet_timeout=m.packet_timeout,
         response_information=m.response_information,
         deny_action_disconnect=config.authorization.deny_action == "disconnect",
         subscribe_deny_code=(
@@ -80,6 +87,14 @@ def mqtt_settings(config: GatewayConfig, listener: str, mountpoint: str) -> Mqtt
         mountpoint=mountpoint,
         listener=listener,
     )
+
+
+def _listener_override(config: GatewayConfig, listener: str, key: str, default: float) -> float:
+    """A per-client limit of listener ``"kind:name"``, or ``default`` when it has none."""
+    kind, _, name = listener.partition(":")
+    table = getattr(config.listeners, kind, None)
+    value = getattr(table.get(name), key, None) if isinstance(table, dict) else None
+    return default if value is None else float(value)
 
 
 def build_authorizer(config: GatewayConfig) -> Authorizer:
@@ -100,6 +115,8 @@ class Gateway:
         self.node: Node | None = None
         self.committer: GroupCommitter | None = None
         self.archiver: Archiver | None = None
+        self.bans: BanGuard | None = None
+        self.flapping: FlappingDetector | None = None
         self.admin: Admin | None = None
         # listener id ("tcp:default") -> what it is; whoever opens a listener registers
         # it here so the management API, Prometheus and systemd STATUS see it
@@ -121,6 +138,7 @@ class Gateway:
         )
         if store is not None:
             node.restore(*store.load())
+        self._start_protection(node)
         if config.fleet.archiver.enable:
             self.archiver = Archiver(
                 settings_from_config(config), node.scheduler, metrics=node.metrics
@@ -136,6 +154,7 @@ class Gateway:
             limits = ListenerLimits(
                 f"tcp:{name}",
                 max_connections=lst.max_connections,
+                max_conn_rate=lst.max_conn_rate,
                 allow=[str(n) for n in lst.allow],
                 deny=[str(n) for n in lst.deny],
             )
@@ -158,6 +177,7 @@ class Gateway:
             limits = ListenerLimits(
                 f"ssl:{name}",
                 max_connections=ssl_lst.max_connections,
+                max_conn_rate=ssl_lst.max_conn_rate,
                 allow=[str(n) for n in ssl_lst.allow],
                 deny=[str(n) for n in ssl_lst.deny],
             )
@@ -191,6 +211,26 @@ class Gateway:
             len(authorizer.rules),
             f" (inline and {rules_file})" if rules_file is not None else "",
         )
+
+    def _start_protection(self, node: Node) -> None:
+        """Banned clients (from ``gateway.db`` whether or not durability is on, so that
+        ``gatewayctl ban`` works; memory only if the file cannot be opened) and flapping
+        detection."""
+        path = db_path(self.config.node.data_dir)
+        try:
+            bans: BannedStore | None = BannedStore.open(path, now=node.scheduler.time)
+        except (OSError, sqlite3.Error) as exc:
+            log.error("banned clients kept in memory only: cannot open %s: %s", path, exc)
+            bans = None
+        self.bans = BanGuard(node, bans)
+        self.bans.attach()
+        if len(self.bans.index):
+            log.info("%d banned clients", len(self.bans.index))
+        fd = self.config.flapping_detect
+        if fd.enable:
+            settings = FlappingSettings(fd.max_count, fd.window_time, fd.ban_time)
+            self.flapping = FlappingDetector(node, self.bans, settings)
+            self.flapping.attach()
 
     def _open_store(self, loop: asyncio.AbstractEventLoop) -> SessionStore | None:
         if not self.config.durability.enable:
@@ -228,6 +268,14 @@ class Gateway:
         if self.committer is not None:
             self.committer.close()
             self.committer = None
+        if self.flapping is not None:
+            self.flapping.detach()
+            self.flapping = None
+        if self.bans is not None:
+            self.bans.detach()
+            if self.bans.store is not None:
+                self.bans.store.close()
+            self.bans = None
 
 
 def _fmt(addr: tuple[str, int] | tuple[str, int, int, int]) -> str:

@@ -157,6 +157,50 @@ Bind = Annotated[str, BeforeValidator(_normalise_bind)]
 Network = Annotated[str, AfterValidator(_check_network)]
 TopicFilter = Annotated[str, AfterValidator(_check_topic_filter)]
 
+_RATE_RE = re.compile(
+    r"(\d+(?:\.\d+)?)\s*([kmg]?b?)\s*/\s*(\d+(?:\.\d+)?)?\s*(ms|s|m|h|d)", re.IGNORECASE
+)
+RATE_HINT = 'expected a rate such as 100, "100/s", "1000/m", "50/10s" or "infinity"'
+BYTE_RATE_HINT = 'expected a byte rate such as 1048576, "1MB/s", "512KB/s" or "infinity"'
+
+
+def _parse_rate(value: object, *, sizes: bool, hint: str) -> float:
+    if isinstance(value, bool):
+        raise ValueError(hint)
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        text = value.strip()
+        if text.lower() in ("infinity", "0"):
+            return 0.0
+        match = _RATE_RE.fullmatch(text)
+        if match:
+            number, unit, per, per_unit = match.groups()
+            if unit and not sizes:
+                raise ValueError(hint)
+            seconds = float(per or 1) * _DURATION_UNITS[per_unit.lower()]
+            if seconds > 0:
+                return float(number) * _SIZE_UNITS[unit.lower()] / seconds
+    raise ValueError(hint)
+
+
+def parse_rate(value: object) -> float:
+    """Events per second from a number (per second), ``"N/s"``, ``"N/m"``, ``"N/10s"``...;
+    ``"infinity"`` (or 0) is 0.0, meaning no limit."""
+    return _parse_rate(value, sizes=False, hint=RATE_HINT)
+
+
+def parse_byte_rate(value: object) -> float:
+    """Bytes per second from a number or ``"1MB/s"``, ``"512KB/s"``, ``"10MB/m"`` (sizes
+    are 1024-based, as for sizes); ``"infinity"`` (or 0) is 0.0, meaning no limit."""
+    return _parse_rate(value, sizes=True, hint=BYTE_RATE_HINT)
+
+
+Rate = Annotated[float, BeforeValidator(parse_rate), Field(ge=0)]
+"""Events per second, as float (0: no limit); written ``100``, ``"100/s"``, ``"6000/m"``."""
+ByteRate = Annotated[float, BeforeValidator(parse_byte_rate), Field(ge=0)]
+"""Bytes per second, as float (0: no limit); written ``1048576``, ``"1MB/s"``."""
+
 LogLevel = Literal["debug", "info", "warning", "error"]
 MqueueOverflow = Literal["drop_oldest", "drop_newest"]
 SharedStrategy = Literal[
@@ -208,6 +252,11 @@ class TcpListener(_Section):
     allow: Annotated[list[Network], BeforeValidator(_split_commas)] = Field(default_factory=list)
     deny: Annotated[list[Network], BeforeValidator(_split_commas)] = Field(default_factory=list)
     mountpoint: str = ""
+    # protection: new connections per second accepted (beyond: closed at accept; 0 = no
+    # limit), and per-client rates overriding [mqtt]'s (None: [mqtt]'s)
+    max_conn_rate: Rate = 0.0
+    messages_rate: Rate | None = None
+    bytes_rate: ByteRate | None = None
 
     @property
     def host(self) -> str:
@@ -372,6 +421,12 @@ class MqttConfig(_Section):
     upgrade_qos: bool = False
     response_information: str = ""
     strict_mode: bool = False
+    # protection, per client (0 = no limit): PUBLISH packets and bytes per second read;
+    # beyond them reading pauses until the client is back under the rate. packet_timeout:
+    # how long one packet may take to arrive once its first byte is in (slowloris).
+    messages_rate: Rate = 0.0
+    bytes_rate: ByteRate = 0.0
+    packet_timeout: Duration = 60.0
 
 
 class RetainerConfig(_Section):
@@ -536,6 +591,16 @@ class SysTopicsConfig(_Section):
     sys_event_messages: SysEventMessages = Field(default_factory=SysEventMessages)
 
 
+class FlappingDetectConfig(_Section):
+    """``[flapping_detect]`` (EMQX's): a client id that connects ``max_count`` times
+    within ``window_time`` is banned for ``ban_time``."""
+
+    enable: bool = False
+    max_count: int = Field(default=15, ge=2)
+    window_time: Annotated[Duration, Field(gt=0)] = 60.0
+    ban_time: Annotated[Duration, Field(gt=0)] = 300.0
+
+
 class GatewayConfig(_Section):
     node: NodeConfig = Field(default_factory=NodeConfig)
     log: LogConfig = Field(default_factory=LogConfig)
@@ -546,5 +611,6 @@ class GatewayConfig(_Section):
     authentication: AuthenticationConfig = Field(default_factory=AuthenticationConfig)
     authorization: AuthorizationConfig = Field(default_factory=AuthorizationConfig)
     fleet: FleetConfig = Field(default_factory=FleetConfig)
+    flapping_detect: FlappingDetectConfig = Field(default_factory=FlappingDetectConfig)
     api: ApiConfig = Field(default_factory=ApiConfig)
     sys_topics: SysTopicsConfig = Field(default_factory=SysTopicsConfig)

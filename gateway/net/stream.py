@@ -8,8 +8,9 @@ also the channel's :class:`~protocols.context.ConnectionHandle`, so deliveries p
 the core run through the same effect loop. TLS and WebSocket listeners use this same
 shell (WebSocket framing is a channel wrapper, :mod:`gateway.net.websocket`).
 
-Limits live in :class:`ListenerLimits`: maximum connections and CIDR allow/deny lists,
-checked on accept, before any channel exists.
+Limits live in :class:`ListenerLimits`: maximum connections, CIDR allow/deny lists and
+the connection rate (``max_conn_rate``), checked on accept, before any channel exists; a
+refused connection is closed at once, counted by reason, and logged at most once a second.
 
 Invariants:
 - At most one timer per name; setting a name again replaces it.
@@ -27,10 +28,12 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, cast
 
 from gateway.net.shell import CommitGate, EffectLoop
+from protocols import ratelimit
 from protocols.context import Delivery
 from protocols.effects import Effect
 
@@ -65,6 +68,8 @@ class ListenerLimits:
         max_connections: int = 0,
         allow: Sequence[str] = (),
         deny: Sequence[str] = (),
+        max_conn_rate: float = 0.0,
+        now: Callable[[], float] = time.monotonic,
     ) -> None:
         self.name = name
         self.max_connections = max_connections
@@ -72,6 +77,17 @@ class ListenerLimits:
         self.deny: list[Network] = [ipaddress.ip_network(c, strict=False) for c in deny]
         self.current = 0
         self.refused = 0
+        # max_conn_rate: connections per second (0 = no limit), burst one second's worth
+        self.max_conn_rate = max_conn_rate
+        self._now = now
+        self._conn_rate = (
+            ratelimit.TokenBucket(max_conn_rate, max(1.0, max_conn_rate), now())
+            if max_conn_rate
+            else None
+        )
+        self.refused_by: dict[str, int] = {}  # refusals by reason
+        self._logged_at = float("-inf")
+        self._unlogged = 0
 
     def admit(self, host: str | None) -> str | None:
         """None to accept, else why the connection is refused."""
@@ -86,7 +102,23 @@ class ListenerLimits:
                 return "address denied"
             if self.allow and not any(addr in n for n in self.allow):
                 return "address not allowed"
+        if self._conn_rate is not None and not self._conn_rate.admit(self._now()):
+            return "max_conn_rate exceeded"
         return None
+
+    def refuse(self, peer: tuple[str, int] | None, reason: str) -> None:
+        """Count a refused connection; log it, at most once a second per listener (a
+        flood of refusals must not become a flood of log lines)."""
+        self.refused += 1
+        self.refused_by[reason] = self.refused_by.get(reason, 0) + 1
+        now = self._now()
+        if now - self._logged_at < 1.0:
+            self._unlogged += 1
+            return
+        more = f" (and {self._unlogged} more since the last report)" if self._unlogged else ""
+        log.warning("listener %s refused %s: %s%s", self.name, peer, reason, more)
+        self._logged_at = now
+        self._unlogged = 0
 
 
 class StreamShell(EffectLoop, asyncio.Protocol):
@@ -100,6 +132,7 @@ class StreamShell(EffectLoop, asyncio.Protocol):
         self.factory = factory
         self.transport: asyncio.Transport | None = None
         self.linger: asyncio.TimerHandle | None = None
+        self.resume: asyncio.TimerHandle | None = None  # reading paused (rate limit) until
 
     # -- asyncio.Protocol ------------------------------------------------------------
 
@@ -110,14 +143,35 @@ class StreamShell(EffectLoop, asyncio.Protocol):
         peer_t: tuple[str, int] | None = (peer[0], peer[1]) if peer else None
         refusal = self.limits.admit(peer_t[0] if peer_t else None)
         if refusal is not None:
-            self.limits.refused += 1
-            log.warning("listener %s refused %s: %s", self.limits.name, peer_t, refusal)
+            self.limits.refuse(peer_t, refusal)
             self.closed = True
             transport.abort()
             return
         self.limits.current += 1
         self.channel = channel = self.factory(self, peer_t)
         self._run(channel.connection_made())
+
+    def _pause_reading(self, seconds: float) -> None:
+        """A Pause effect (a rate limit): stop reading for ``seconds``; the kernel's
+        buffers fill and TCP flow control slows the client down. A second Pause only
+        extends the first."""
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        until = self.loop.time() + seconds
+        if self.resume is not None:
+            if self.resume.when() >= until:
+                return
+            self.resume.cancel()
+        else:
+            transport.pause_reading()
+        self.resume = self.loop.call_at(until, self._resume_reading)
+
+    def _resume_reading(self) -> None:
+        self.resume = None
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            transport.resume_reading()
 
     def data_received(self, data: bytes) -> None:
         channel = self.channel
@@ -130,6 +184,9 @@ class StreamShell(EffectLoop, asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self.linger is not None:
             self.linger.cancel()
+        if self.resume is not None:
+            self.resume.cancel()
+            self.resume = None
         self._cancel_timers()
         if self.channel is not None:
             self.limits.current -= 1

@@ -1,0 +1,247 @@
+"""Listener limits (CIDR allow/deny, max connections, max_conn_rate) and the stream
+shell's handling of Pause, without real sockets or real time."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import pytest
+
+from gateway.net.stream import ListenerLimits, StreamShell
+from protocols.effects import Effect, Pause
+
+
+class Now:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_cidr_allow_and_deny() -> None:
+    limits = ListenerLimits(
+        "tcp:t", allow=["10.0.0.0/8", "fd00::/8"], deny=["10.66.0.0/16", "10.1.2.3"]
+    )
+    assert limits.admit("10.1.1.1") is None
+    assert limits.admit("fd00::5") is None
+    assert limits.admit("10.66.1.1") == "address denied"  # deny wins over allow
+    assert limits.admit("10.1.2.3") == "address denied"
+    assert limits.admit("192.168.1.1") == "address not allowed"
+    assert limits.admit("::1") == "address not allowed"
+    assert limits.admit("fe80::1%eth0") == "address not allowed"
+    assert limits.admit(None) is None  # no peer address (a UNIX socket): not filtered
+
+
+def test_deny_only() -> None:
+    limits = ListenerLimits("tcp:t", deny=["127.0.0.0/8"])
+    assert limits.admit("127.0.0.1") == "address denied"
+    assert limits.admit("10.0.0.1") is None
+
+
+def test_max_connections() -> None:
+    limits = ListenerLimits("tcp:t", max_connections=2)
+    limits.current = 2
+    assert limits.admit("10.0.0.1") == "max_connections reached"
+    limits.current = 1
+    assert limits.admit("10.0.0.1") is None
+
+
+def test_max_conn_rate_refuses_the_excess_and_recovers() -> None:
+    now = Now()
+    limits = ListenerLimits("tcp:t", max_conn_rate=10, now=now)
+    results = [limits.admit("10.0.0.1") for _ in range(25)]
+    assert results.count(None) == 10
+    assert set(results[10:]) == {"max_conn_rate exceeded"}
+    now.t += 0.5
+    assert [limits.admit("10.0.0.1") for _ in range(6)].count(None) == 5
+    now.t += 60
+    assert [limits.admit("10.0.0.1") for _ in range(11)].count(None) == 10  # burst: 1 s
+
+
+def test_denied_peers_do_not_use_up_the_rate() -> None:
+    limits = ListenerLimits("tcp:t", max_conn_rate=2, deny=["10.66.0.0/16"], now=Now())
+    for _ in range(100):
+        assert limits.admit("10.66.0.1") == "address denied"
+    assert limits.admit("10.0.0.1") is None
+
+
+def test_refusals_are_counted_and_their_logging_is_throttled(caplog) -> None:
+    now = Now()
+    limits = ListenerLimits("tcp:t", now=now)
+    with caplog.at_level(logging.WARNING, logger="gateway.net"):
+        for _ in range(1000):
+            limits.refuse(("10.0.0.1", 5), "max_conn_rate exceeded")
+        now.t += 1.0
+        limits.refuse(("10.0.0.2", 5), "address denied")
+    assert limits.refused == 1001
+    assert limits.refused_by == {"max_conn_rate exceeded": 1000, "address denied": 1}
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2
+    assert "999 more" in lines[1]
+
+
+# -- the shell carries out Pause --------------------------------------------------------
+
+
+class FakeTransport:
+    def __init__(self) -> None:
+        self.reading = True
+        self.written: list[bytes] = []
+        self.closing = False
+        self.aborted = False
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return ("10.0.0.1", 4444) if name == "peername" else default
+
+    def pause_reading(self) -> None:
+        assert self.reading
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        assert not self.reading
+        self.reading = True
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def write(self, data: bytes) -> None:
+        self.written.append(data)
+
+    def abort(self) -> None:
+        self.aborted = True
+        self.closing = True
+
+    def can_write_eof(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        self.closing = True
+
+
+class FakeTimer:
+    def __init__(self, when: float, callback: Any, args: tuple[Any, ...]) -> None:
+        self._when = when
+        self.callback = callback
+        self.args = args
+        self.cancelled = False
+
+    def when(self) -> float:
+        return self._when
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class FakeLoop:
+    """Enough of an event loop for the shell's timers; time moves when told."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.timers: list[FakeTimer] = []
+
+    def time(self) -> float:
+        return self.now
+
+    def call_at(self, when: float, callback: Any, *args: Any) -> FakeTimer:
+        t = FakeTimer(when, callback, args)
+        self.timers.append(t)
+        return t
+
+    def call_later(self, delay: float, callback: Any, *args: Any) -> FakeTimer:
+        return self.call_at(self.now + delay, callback, *args)
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+        for t in sorted(self.timers, key=lambda t: t.when()):
+            if t.when() <= self.now and not t.cancelled:
+                self.timers.remove(t)
+                t.callback(*t.args)
+
+
+class PausingChannel:
+    """Answers each read with the effects queued in ``script``."""
+
+    def __init__(self) -> None:
+        self.script: list[list[Effect]] = []
+        self.seen: list[bytes] = []
+
+    def connection_made(self) -> list[Effect]:
+        return []
+
+    def handle_data(self, data: bytes) -> list[Effect]:
+        self.seen.append(data)
+        return self.script.pop(0) if self.script else []
+
+    def on_timer(self, name: str) -> list[Effect]:
+        return []
+
+    def connection_lost(self) -> None:
+        pass
+
+    def deliver(self, deliveries: Any) -> list[Effect]:
+        return []
+
+    def release(self, packet_id: int) -> list[Effect]:
+        return []
+
+    def kick(self, reason_code: int) -> list[Effect]:
+        return []
+
+
+def make_shell() -> tuple[StreamShell, FakeTransport, FakeLoop, PausingChannel]:
+    channel = PausingChannel()
+
+    async def build() -> StreamShell:
+        return StreamShell(ListenerLimits("tcp:t"), lambda shell, peer: channel)
+
+    shell = asyncio.run(build())
+    loop = FakeLoop()
+    shell.loop = loop  # type: ignore[assignment]
+    transport = FakeTransport()
+    shell.connection_made(transport)  # type: ignore[arg-type]
+    return shell, transport, loop, channel
+
+
+def test_pause_stops_reading_until_the_time_is_up() -> None:
+    shell, transport, loop, channel = make_shell()
+    channel.script = [[b"ack", Pause(2.0)]]
+    shell.data_received(b"x")
+    assert transport.written == [b"ack"]
+    assert not transport.reading
+    loop.advance(1.9)
+    assert not transport.reading
+    loop.advance(0.1)
+    assert transport.reading
+
+
+def test_a_longer_pause_extends_a_shorter_one_never_shortens() -> None:
+    shell, transport, loop, _ = make_shell()
+    shell._run([Pause(1.0)])
+    shell._run([Pause(3.0)])
+    shell._run([Pause(0.5)])
+    loop.advance(1.0)
+    assert not transport.reading
+    loop.advance(2.0)
+    assert transport.reading
+
+
+def test_pause_after_close_and_connection_lost_are_harmless() -> None:
+    shell, transport, loop, _ = make_shell()
+    shell._run([Pause(5.0)])
+    shell.connection_lost(None)
+    assert shell.resume is None
+    loop.advance(10)  # the cancelled resume never runs
+    assert not transport.reading
+    transport.closing = True
+    shell._pause_reading(1.0)  # a closing transport is left alone
+
+
+@pytest.mark.parametrize("seconds", [0.001, 1e6])
+def test_pause_lengths(seconds: float) -> None:
+    shell, transport, loop, _ = make_shell()
+    shell._run([Pause(seconds)])
+    loop.advance(seconds)
+    assert transport.reading
