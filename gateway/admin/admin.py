@@ -21,7 +21,7 @@ from gateway.admin import introspect
 from gateway.admin.alarms import Alarms
 from gateway.admin.api import ManagementApi
 from gateway.admin.limits import configured_max_connections, raise_nofile_limit
-from gateway.admin.prometheus import make_registry
+from gateway.admin.prometheus import BASELINE_COUNTERS, make_registry
 from gateway.admin.registry import ListenerEntry
 from gateway.admin.stats import SAMPLE_INTERVAL, StatsTracker
 from gateway.admin.stores import NOT_CONFIGURED, BannedAdapter, UsersAdapter
@@ -164,7 +164,10 @@ class Admin:
         return self.tracker.stats()
 
     def metrics(self) -> dict[str, int]:
-        return dict(sorted(self.node.metrics.snapshot().items()))
+        """Every counter, the usual ones at 0 before their first event."""
+        counters = dict.fromkeys(BASELINE_COUNTERS, 0)
+        counters.update(self.node.metrics.snapshot())
+        return dict(sorted(counters.items()))
 
     def node_view(self) -> dict[str, Any]:
         return {
