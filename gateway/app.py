@@ -19,6 +19,7 @@ from collections.abc import Callable
 from gateway.admin.admin import Admin
 from gateway.admin.registry import ListenerEntry
 from gateway.admin.sdnotify import SystemdIntegration
+from gateway.auth.setup import AuthServices, install_auth
 from gateway.config import ConfigError, GatewayConfig
 from gateway.core.authz import Authorizer, from_config
 from gateway.core.clock import LoopScheduler
@@ -115,6 +116,7 @@ class Gateway:
         self.node: Node | None = None
         self.committer: GroupCommitter | None = None
         self.archiver: Archiver | None = None
+        self.auth: AuthServices | None = None
         self.bans: BanGuard | None = None
         self.flapping: FlappingDetector | None = None
         self.admin: Admin | None = None
@@ -138,6 +140,7 @@ class Gateway:
         )
         if store is not None:
             node.restore(*store.load())
+        self.auth = install_auth(node, config, loop)
         self._start_protection(node)
         if config.fleet.archiver.enable:
             self.archiver = Archiver(
@@ -268,6 +271,9 @@ class Gateway:
         if self.committer is not None:
             self.committer.close()
             self.committer = None
+        if self.auth is not None:
+            await self.auth.close()
+            self.auth = None
         if self.flapping is not None:
             self.flapping.detach()
             self.flapping = None

@@ -13,9 +13,11 @@ Invariants:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from protocols.effects import Effect
 from protocols.mqtt.packets import NO_PROPERTIES, Properties
 
 
@@ -138,6 +140,12 @@ class ConnectionHandle(Protocol):
         """Close the connection, telling the client why when the protocol allows."""
         ...
 
+    def call_channel(self, fn: Callable[[], list[Effect]]) -> None:
+        """Run ``fn`` (a channel method returning effects) and carry out its effects;
+        nothing happens once the connection is closed. How a result computed later (an
+        authentication that had to wait) gets back into the sans-IO channel."""
+        ...
+
 
 class SessionAPI(Protocol):
     """A session as a channel sees it."""
@@ -170,11 +178,51 @@ class ConnectResult:
     session_expiry_interval: int = 0
 
 
+AUTH_PENDING = -1
+"""``GatewayContext.authenticate``: the answer will come through ``done``."""
+
+
+@dataclass(frozen=True, slots=True)
+class AuthStep:
+    """One server step of an enhanced authentication exchange.
+
+    ``reason_code``: 0x18 (continue: send ``data`` in an AUTH and wait for the client's
+    next AUTH), 0 (success: ``data`` goes in the CONNACK, or in AUTH 0x00 when
+    re-authenticating) or a failure reason code (0x86, 0x87, ...) with ``reason``.
+    """
+
+    reason_code: int
+    data: bytes | None = None
+    reason: str = ""
+
+
+class AuthExchange(Protocol):
+    """The server side of one enhanced authentication (sans-IO). ``step`` is called with
+    the Authentication Data of the CONNECT (or AUTH 0x19) and then of each AUTH 0x18.
+    On success the exchange has set ``client.username`` (if it was None) and
+    ``client.attrs`` (e.g. ``is_superuser``)."""
+
+    def step(self, data: bytes | None) -> AuthStep: ...
+
+
 class GatewayContext(Protocol):
     """The core as a channel sees it."""
 
-    def authenticate(self, client: ClientInfo, password: bytes | None) -> int:
-        """Return 0 to accept, else an MQTT 5 CONNACK reason code."""
+    def authenticate(
+        self,
+        client: ClientInfo,
+        password: bytes | None,
+        done: Callable[[int], None] | None = None,
+    ) -> int:
+        """Return 0 to accept, an MQTT 5 CONNACK reason code to refuse, or
+        :data:`AUTH_PENDING`: the answer is not known yet and ``done(code)`` will be
+        called exactly once, later, on the event loop thread. Without ``done`` the
+        answer is never pending."""
+        ...
+
+    def enhanced_auth(self, client: ClientInfo, method: str) -> AuthExchange | None:
+        """A new exchange for MQTT 5 enhanced authentication with ``method`` (e.g.
+        ``"SCRAM-SHA-256"``), or None when the method is not supported (0x8C)."""
         ...
 
     def open_session(

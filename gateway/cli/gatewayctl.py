@@ -21,6 +21,7 @@ PROG = "gatewayctl"
 # module path -> attribute holding a click command or group
 SUBCOMMANDS: list[tuple[str, str]] = [
     ("gateway.cli.ctl.certs", "certs"),
+    ("gateway.cli.ctl.users", "users"),
     ("gateway.cli.ctl.ban", "ban"),
     ("gateway.cli.ctl.status", "status"),
     ("gateway.cli.ctl.clients", "clients"),

@@ -482,8 +482,61 @@ class FleetConfig(_Section):
     archiver: FleetArchiverConfig = Field(default_factory=FleetArchiverConfig)
 
 
+class BuiltinDbAuthnConfig(_Section):
+    """The built-in user database (``gatewayctl users``), tried first."""
+
+    enable: bool = True
+    # PBKDF2-HMAC-SHA256 rounds for passwords set from now on (RFC 7677: >= 4096); each
+    # plain-password CONNECT costs this many rounds on a worker thread
+    iteration_count: int = Field(default=100_000, ge=4096, le=10_000_000)
+    hash_workers: int = Field(default=2, ge=1, le=64)
+    max_pending: int = Field(default=256, ge=1)
+
+
+class ScramAuthnConfig(_Section):
+    """MQTT 5 enhanced authentication ``SCRAM-SHA-256`` against the built-in database."""
+
+    enable: bool = True
+
+
+def _check_http_url(value: str) -> str:
+    if not re.fullmatch(r"https?://[^\s/?#]+[^\s]*", value):
+        raise ValueError('expected an http:// or https:// URL such as "http://127.0.0.1:8080/auth"')
+    return value
+
+
+HttpUrl = Annotated[str, AfterValidator(_check_http_url)]
+
+
+def _default_http_body() -> dict[str, str]:
+    return {
+        "clientid": "${clientid}",
+        "username": "${username}",
+        "password": "${password}",
+        "peerhost": "${peerhost}",
+        "protocol": "${protocol}",
+    }
+
+
+class HttpAuthnConfig(_Section):
+    """An HTTP authentication service, tried after the built-in database (EMQX-shaped)."""
+
+    enable: bool = False
+    url: HttpUrl = "http://127.0.0.1:8080/auth"
+    headers: dict[str, str] = Field(default_factory=dict)
+    body: dict[str, str] = Field(default_factory=_default_http_body)
+    request_timeout: Annotated[Duration, Field(gt=0)] = 5.0
+    pool_size: int = Field(default=8, ge=1)
+    cache_ttl: Duration = 60.0
+    cache_max: int = Field(default=10_000, ge=1)
+    on_error: Literal["ignore", "deny"] = "ignore"
+
+
 class AuthenticationConfig(_Section):
     allow_anonymous: bool = True
+    builtin_db: BuiltinDbAuthnConfig = Field(default_factory=BuiltinDbAuthnConfig)
+    scram: ScramAuthnConfig = Field(default_factory=ScramAuthnConfig)
+    http: HttpAuthnConfig = Field(default_factory=HttpAuthnConfig)
 
 
 class AuthzRule(_Section):

@@ -260,6 +260,21 @@ class Authorizer:
         filter to subscribe to) for this client. ``peer_ip`` is the peer's address as a
         string (IPv4 or IPv6, no port); None or unparsable matches no ``ipaddress`` rule.
         """
+        decided = self.decide(
+            action, topic, clientid=clientid, username=username, peer_ip=peer_ip
+        )
+        return self._no_match if decided is None else decided
+
+    def decide(
+        self,
+        action: Action,
+        topic: str,
+        *,
+        clientid: str,
+        username: str | None,
+        peer_ip: str | None,
+    ) -> bool | None:
+        """Like :meth:`check`, but None when no rule applies (``no_match`` not used)."""
         if action == "publish":
             publish = True
         elif action == "subscribe":
@@ -302,4 +317,4 @@ class Authorizer:
                         return rule.allow
                 elif rule_filter == topic or filter_covers(rule_filter, topic):
                     return rule.allow
-        return self._no_match
+        return None

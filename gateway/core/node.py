@@ -20,18 +20,22 @@ from __future__ import annotations
 import functools
 import logging
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from gateway.core.authz import Authorizer
 from gateway.core.broker import Broker
 from gateway.core.clock import Scheduler
+from gateway.core.deferred import fold_deferred
 from gateway.core.hooks import Hooks, Priority
 from gateway.core.metrics import Metrics
 from gateway.core.retainer import Retainer
 from gateway.core.session import NEVER_EXPIRE, Session
 from gateway.store.sessions import SessionStore, StoredSession
 from protocols.context import (
+    AUTH_PENDING,
+    AuthExchange,
     ClientInfo,
     ConnectionHandle,
     ConnectResult,
@@ -97,6 +101,9 @@ class Node:
         if settings.retainer_enable:
             self.hooks.add("message.publish", self._retain_hook, Priority.RETAINER)
         self.connections = 0
+        # MQTT 5 enhanced authentication methods ("SCRAM-SHA-256" -> exchange factory),
+        # registered by gateway.auth
+        self.auth_methods: dict[str, Callable[[ClientInfo], AuthExchange]] = {}
 
     # -- GatewayContext: connection life cycle -----------------------------------------
 
@@ -115,16 +122,60 @@ class Node:
             for d in deliveries:
                 self.hooks.run("message.delivered", client, d.message)
 
-    def authenticate(self, client: ClientInfo, password: bytes | None) -> int:
-        result: int | None = self.hooks.run_fold(
-            "client.authenticate", (client, password), None
+    def authenticate(
+        self,
+        client: ClientInfo,
+        password: bytes | None,
+        done: Callable[[int], None] | None = None,
+    ) -> int:
+        """The ``client.authenticate`` chain (subscribers may answer later with a
+        :class:`~gateway.core.deferred.Deferred`), then ``allow_anonymous`` for a client
+        no subscriber claimed: refused with 0x86 when it presented a user name or
+        password, 0x87 when it presented nothing."""
+        callbacks = self.hooks.callbacks("client.authenticate")
+        if not callbacks:
+            return self._authn_decided(client, password, None)
+
+        def finish(result: int | None) -> None:
+            if done is not None:
+                done(self._authn_decided(client, password, result))
+
+        finished, result = fold_deferred(
+            "client.authenticate", callbacks, (client, password), None, finish
         )
-        if result is not None:
-            return result
-        if self.settings.allow_anonymous:
-            return 0
-        self.metrics.incr("authentication.failure")
-        return ReasonCode.NOT_AUTHORIZED
+        if finished:
+            return self._authn_decided(client, password, result)
+        if done is None:
+            log.error("authentication of %r had to wait, but the caller cannot", client)
+            return ReasonCode.SERVER_UNAVAILABLE
+        return AUTH_PENDING
+
+    def _authn_decided(self, client: ClientInfo, password: bytes | None, result: int | None) -> int:
+        if result is None:
+            if self.settings.allow_anonymous:
+                self.metrics.incr("authentication.anonymous")
+                return 0
+            if client.username is None and password is None:
+                result = ReasonCode.NOT_AUTHORIZED
+            else:
+                result = ReasonCode.BAD_USER_NAME_OR_PASSWORD
+        if result:
+            self.metrics.incr("authentication.failure")
+            log.info(
+                "authentication failed (0x%02X): client=%s username=%s peer=%s",
+                result,
+                client.client_id,
+                client.username,
+                client.peer_host,
+            )
+        else:
+            self.metrics.incr("authentication.success")
+        return result
+
+    def enhanced_auth(self, client: ClientInfo, method: str) -> AuthExchange | None:
+        """An exchange from the factory registered in ``auth_methods`` for ``method``."""
+        factory = self.auth_methods.get(method)
+        return None if factory is None else factory(client)
 
     def open_session(
         self,

@@ -13,10 +13,16 @@ Invariants:
   one of its packets is being handled) are appended in order to the outer call's list.
 - The core learns of the end of the connection exactly once (``context.close``).
 - After a Close effect the channel ignores further input.
+- Authentication may finish later: while the core decides (``AUTHENTICATING``) the codec
+  keeps buffering but no packet is parsed; the answer comes back through
+  ``ConnectionHandle.call_channel`` and the buffered packets are then handled in order.
+  During an MQTT 5 enhanced authentication exchange (``AUTH_EXCHANGE``) only AUTH and
+  DISCONNECT are accepted. The idle timer (armed at accept) bounds both.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import uuid
 from collections.abc import Callable, Mapping
@@ -24,6 +30,9 @@ from dataclasses import dataclass, replace
 from enum import Enum
 
 from protocols.context import (
+    AUTH_PENDING,
+    AuthExchange,
+    AuthStep,
     ClientInfo,
     ConnectionHandle,
     Delivery,
@@ -108,8 +117,13 @@ class MqttSettings:
 
 class State(Enum):
     CONNECTING = "connecting"
+    AUTHENTICATING = "authenticating"  # the core decides; input is buffered, not parsed
+    AUTH_EXCHANGE = "auth_exchange"  # enhanced authentication: waiting for the client's AUTH
     CONNECTED = "connected"
     CLOSED = "closed"
+
+
+_PARSING = frozenset({State.CONNECTING, State.AUTH_EXCHANGE, State.CONNECTED})
 
 
 class _Disconnect(Exception):
@@ -175,6 +189,12 @@ class MqttChannel:
         self._busy = False
         self._held: list[Delivery] = []
         self._core_closed = False
+        # authentication: the CONNECT (and assigned client id) while it is decided, the
+        # enhanced authentication method and exchange, and data for the CONNACK
+        self._pending_connect: tuple[Connect, str | None] | None = None
+        self._auth_method: str | None = None
+        self._exchange: AuthExchange | None = None
+        self._auth_data_out: bytes | None = None
         # protection: rate buckets, reading paused until (monotonic), the start of the
         # packet being received and whether its timer runs, PUBLISH count not yet charged
         now = monotonic()
@@ -204,11 +224,22 @@ class MqttChannel:
         if self.state is State.CLOSED:
             return []
         outer = self._enter()
+        self.last_rx = self._monotonic()
         try:
-            self.last_rx = self._monotonic()
-            conn = self.conn
-            conn.receive_data(data)
-            while self.state is not State.CLOSED:  # type: ignore[comparison-overlap]
+            self.conn.receive_data(data)
+        except RemoteProtocolError as exc:
+            self._protocol_error(exc)
+        else:
+            self._parse()
+        if self.state is not State.CLOSED:  # type: ignore[comparison-overlap]
+            self._after_input(len(data))
+        return self._leave(outer)
+
+    def _parse(self) -> None:
+        """Handle the buffered packets while the state allows it."""
+        conn = self.conn
+        try:
+            while self.state in _PARSING:
                 packet = conn.next_event()
                 if packet is None:
                     break
@@ -217,16 +248,17 @@ class MqttChannel:
             self._protocol_error(exc)
         except _Disconnect as exc:
             self._server_disconnect(exc.code, exc.why)
-        if self.state is not State.CLOSED:  # type: ignore[comparison-overlap]
-            self._after_input(len(data))
-        return self._leave(outer)
 
     def on_timer(self, name: str) -> list[Effect]:
         if self.state is State.CLOSED:
             return []
         outer = self._enter()
-        if name == "idle" and self.state is State.CONNECTING:
-            self._close("no CONNECT within idle timeout")
+        if name == "idle" and self.state is not State.CONNECTED:
+            if self.state is State.CONNECTING:
+                self._close("no CONNECT within idle timeout")
+            else:
+                self.context.incr("authentication.timeout")
+                self._close("authentication not finished within idle timeout")
         elif name == "keepalive" and self.state is State.CONNECTED and self.keepalive:
             limit = self.keepalive * self.settings.keepalive_multiplier
             idle = self._monotonic() - max(self.last_rx, self._paused_until)
@@ -379,6 +411,9 @@ class MqttChannel:
             assert isinstance(packet, Connect)  # the codec guarantees CONNECT first
             self._on_connect(packet)
             return
+        if self.state is State.AUTH_EXCHANGE:
+            self._on_auth_exchange(packet)
+            return
         session = self.session
         assert session is not None
         if isinstance(packet, Publish):
@@ -400,19 +435,23 @@ class MqttChannel:
         elif isinstance(packet, Disconnect):
             self._on_disconnect(packet)
         elif isinstance(packet, Auth):
-            raise _Disconnect(RC.PROTOCOL_ERROR, "AUTH without enhanced authentication")
+            self._on_reauth(packet)
         else:
             raise _Disconnect(RC.PROTOCOL_ERROR, f"unexpected {type(packet).__name__}")
 
     # -- CONNECT -------------------------------------------------------------------
 
-    def _refuse(self, code: int, why: str) -> None:
+    def _refuse(self, code: int, why: str, auth_data: bytes | None = None) -> None:
         self.context.incr("client.connack.refused")
         log.info("%s refused: %s", self._who(), why)
         if self.info is not None:
             self.context.connack(self.info, code)
         if self.version == MQTT_5:
-            self._send(ConnAck(False, code, Properties(reason_string=why)))
+            method = self._auth_method if auth_data is not None else None
+            props = Properties(
+                reason_string=why, authentication_method=method, authentication_data=auth_data
+            )
+            self._send(ConnAck(False, code, props))
         else:
             self._send(ConnAck(False, to_v3_connack(code)))
         self._close(why)
@@ -448,9 +487,6 @@ class MqttChannel:
         elif len(cid) > s.max_clientid_len:
             self._refuse(RC.CLIENT_IDENTIFIER_NOT_VALID, "client id too long")
             return
-        if v == MQTT_5 and props.authentication_method is not None:
-            self._refuse(RC.BAD_AUTHENTICATION_METHOD, "unsupported authentication method")
-            return
         host, port = self.peer if self.peer else (None, None)
         info = ClientInfo(
             client_id=cid,
@@ -464,10 +500,134 @@ class MqttChannel:
             clean_start=p.clean_start,
         )
         self.info = info
-        code = self.context.authenticate(info, p.password)
+        method = props.authentication_method if v == MQTT_5 else None
+        if method is not None:
+            self._start_enhanced_auth(p, assigned, method)
+            return
+        code = self.context.authenticate(info, p.password, self._authenticated_later)
+        if code == AUTH_PENDING:
+            self.state = State.AUTHENTICATING
+            self._pending_connect = (p, assigned)
+            return
+        self._connect_authenticated(p, assigned, code)
+
+    # -- authentication --------------------------------------------------------------
+
+    def _authenticated_later(self, code: int) -> None:
+        """``done`` of a pending ``context.authenticate`` (called on the loop thread)."""
+        self.handle.call_channel(functools.partial(self.authenticated, code))
+
+    def authenticated(self, code: int) -> list[Effect]:
+        """The answer of a pending authentication: finish the CONNECT, then handle what
+        the client sent meanwhile."""
+        if self.state is not State.AUTHENTICATING or self._pending_connect is None:
+            return []
+        outer = self._enter()
+        p, assigned = self._pending_connect
+        self._pending_connect = None
+        self.state = State.CONNECTING
+        self._connect_authenticated(p, assigned, code)
+        self._parse()
+        return self._leave(outer)
+
+    def _start_enhanced_auth(self, p: Connect, assigned: str | None, method: str) -> None:
+        assert self.info is not None
+        exchange = self.context.enhanced_auth(self.info, method)
+        if exchange is None:
+            self.context.incr("authentication.failure")
+            why = f"unsupported authentication method {method!r}"
+            self._refuse(RC.BAD_AUTHENTICATION_METHOD, why)
+            return
+        self._auth_method = method
+        self._exchange = exchange
+        self._pending_connect = (p, assigned)
+        self._connect_auth_step(p.properties.authentication_data)
+
+    def _exchange_step(self, data: bytes | None) -> AuthStep:
+        assert self._exchange is not None
+        try:
+            return self._exchange.step(data)
+        except Exception:  # a bug in an exchange must not take the connection's loop down
+            log.exception("%s: authentication exchange failed", self._who())
+            return AuthStep(RC.UNSPECIFIED_ERROR, None, "authentication error")
+
+    def _auth_packet(self, code: int, data: bytes | None) -> Auth:
+        props = Properties(authentication_method=self._auth_method, authentication_data=data)
+        return Auth(code, props)
+
+    def _connect_auth_step(self, data: bytes | None) -> None:
+        step = self._exchange_step(data)
+        if step.reason_code == RC.CONTINUE_AUTHENTICATION:
+            self.state = State.AUTH_EXCHANGE
+            self._send(self._auth_packet(RC.CONTINUE_AUTHENTICATION, step.data))
+            return
+        self._exchange = None
+        assert self._pending_connect is not None
+        p, assigned = self._pending_connect
+        self._pending_connect = None
+        self.state = State.CONNECTING
+        if step.reason_code == 0:
+            self.context.incr("authentication.success")
+            self._auth_data_out = step.data
+            self._connect_authenticated(p, assigned, 0)
+        else:
+            self.context.incr("authentication.failure")
+            self._refuse(step.reason_code, step.reason or "authentication failed", step.data)
+
+    def _on_auth_exchange(self, packet: Packet) -> None:
+        """A packet while the CONNECT's enhanced authentication is under way."""
+        if isinstance(packet, Auth):
+            if packet.reason_code != RC.CONTINUE_AUTHENTICATION:
+                self._refuse(RC.PROTOCOL_ERROR, "AUTH must continue the authentication (0x18)")
+            elif packet.properties.authentication_method != self._auth_method:
+                self._refuse(RC.PROTOCOL_ERROR, "AUTH with a different authentication method")
+            else:
+                self._connect_auth_step(packet.properties.authentication_data)
+        elif isinstance(packet, Disconnect):
+            self._close("client disconnected during authentication")
+        else:
+            self._refuse(
+                RC.PROTOCOL_ERROR, f"{type(packet).__name__} before authentication finished"
+            )
+
+    def _on_reauth(self, p: Auth) -> None:
+        """AUTH on an established connection: MQTT 5 re-authentication (4.12.1)."""
+        method = self._auth_method
+        if method is None:
+            raise _Disconnect(RC.PROTOCOL_ERROR, "AUTH without enhanced authentication")
+        if p.properties.authentication_method != method:
+            raise _Disconnect(RC.PROTOCOL_ERROR, "AUTH with a different authentication method")
+        if p.reason_code == RC.RE_AUTHENTICATE and self._exchange is None:
+            assert self.info is not None
+            self._exchange = self.context.enhanced_auth(self.info, method)
+            if self._exchange is None:
+                raise _Disconnect(RC.NOT_AUTHORIZED, f"{method} no longer supported")
+        elif p.reason_code != RC.CONTINUE_AUTHENTICATION or self._exchange is None:
+            raise _Disconnect(RC.PROTOCOL_ERROR, f"unexpected AUTH 0x{p.reason_code:02X}")
+        step = self._exchange_step(p.properties.authentication_data)
+        if step.reason_code == RC.CONTINUE_AUTHENTICATION:
+            self._send(self._auth_packet(RC.CONTINUE_AUTHENTICATION, step.data))
+            return
+        self._exchange = None
+        if step.reason_code == 0:
+            self.context.incr("authentication.success")
+            self._send(self._auth_packet(0, step.data))
+            return
+        self.context.incr("authentication.failure")
+        # DISCONNECT has no 0x86: a failed re-authentication is "not authorized"
+        raise _Disconnect(RC.NOT_AUTHORIZED, step.reason or "re-authentication failed")
+
+    def _connect_authenticated(self, p: Connect, assigned: str | None, code: int) -> None:
+        """The rest of the CONNECT, once authentication has answered ``code``."""
         if code:
             self._refuse(code, "authentication failed")
             return
+        s = self.settings
+        v = self.version
+        props = p.properties
+        info = self.info
+        assert info is not None
+        cid = info.client_id
         will: Message | None = None
         will_delay = 0
         if p.will is not None:
@@ -487,7 +647,7 @@ class MqttChannel:
                 w.retain,
                 _will_properties(w.properties),
                 cid,
-                p.username,
+                info.username,
                 now,
                 now + expiry if expiry is not None else None,
             )
@@ -539,6 +699,8 @@ class MqttChannel:
                 wildcard_subscription_available=None if s.wildcard_subscription else 0,
                 shared_subscription_available=None if s.shared_subscription else 0,
                 server_keep_alive=keepalive if keepalive != p.keepalive else None,
+                authentication_method=self._auth_method,
+                authentication_data=self._auth_data_out,
                 response_information=(
                     s.response_information
                     if props.request_response_information and s.response_information

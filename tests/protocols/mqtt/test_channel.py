@@ -6,6 +6,8 @@ channel wrote, decodes them with a client-role codec, and lets the test fire tim
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from gateway.core.authz import Authorizer, Rule
@@ -57,6 +59,10 @@ class Wire:
 
     def kick(self, reason_code: int) -> None:
         self._run(self.channel.kick(reason_code))
+
+    def call_channel(self, fn: Callable[[], list[Effect]]) -> None:
+        if self.closed is None:
+            self._run(fn())
 
     def _run(self, effects: list[Effect]) -> None:
         for e in effects:

@@ -1,0 +1,104 @@
+"""Assemble the authentication chain and per-user authorization from the configuration.
+
+Order of the ``client.authenticate`` chain (all at priority AUTHN, in this order): the
+built-in database, then the HTTP service; ``Node.authenticate`` falls back to
+``allow_anonymous`` for clients neither claimed. Enhanced authentication methods go into
+``node.auth_methods``; per-user rules and superusers into ``client.authorize``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from dataclasses import dataclass, field
+
+from gateway.auth.builtin import BuiltinAuthenticator, ScramExchange, ThreadOffload
+from gateway.auth.http import AiohttpPoster, HttpAuthenticator, HttpAuthSettings
+from gateway.auth.user_rules import UserRulesAuthorizer
+from gateway.config import GatewayConfig
+from gateway.core.hooks import Priority
+from gateway.core.node import Node
+from gateway.store.db import db_path
+from gateway.store.users import UserStore
+from protocols.context import AuthExchange, ClientInfo
+
+__all__ = ["AuthServices", "install_auth"]
+
+log = logging.getLogger("gateway.auth")
+
+
+@dataclass(slots=True)
+class AuthServices:
+    """What :func:`install_auth` started, to close at shutdown."""
+
+    store: UserStore | None = None
+    offload: ThreadOffload | None = None
+    posters: list[AiohttpPoster] = field(default_factory=list)
+
+    async def close(self) -> None:
+        for poster in self.posters:
+            await poster.close()
+        if self.offload is not None:
+            self.offload.close()
+        if self.store is not None:
+            self.store.close()
+
+
+def install_auth(
+    node: Node, config: GatewayConfig, loop: asyncio.AbstractEventLoop
+) -> AuthServices:
+    a = config.authentication
+    services = AuthServices()
+    chain: list[str] = []
+    # the store also holds per-user rules, which apply whichever backend authenticated
+    store = services.store = UserStore.open(db_path(config.node.data_dir))
+    if a.builtin_db.enable:
+        db = a.builtin_db
+        offload = services.offload = ThreadOffload(loop, db.hash_workers)
+        node.hooks.add(
+            "client.authenticate",
+            BuiltinAuthenticator(store, offload, max_pending=db.max_pending),
+            Priority.AUTHN,
+        )
+        chain.append("builtin_db")
+        if a.scram.enable:
+            secret = os.urandom(32)
+            iterations = db.iteration_count
+
+            def scram(client: ClientInfo) -> AuthExchange:
+                return ScramExchange(
+                    store, client, fake_secret=secret, fake_iterations=iterations
+                )
+
+            node.auth_methods["SCRAM-SHA-256"] = scram
+    if a.http.enable:
+        h = a.http
+        poster = AiohttpPoster(
+            h.url, headers=h.headers, pool_size=h.pool_size, timeout=h.request_timeout, loop=loop
+        )
+        services.posters.append(poster)
+        settings = HttpAuthSettings(
+            url=h.url,
+            headers=dict(h.headers),
+            body=dict(h.body),
+            request_timeout=h.request_timeout,
+            cache_ttl=h.cache_ttl,
+            cache_max=h.cache_max,
+            on_error=h.on_error,
+            pool_size=h.pool_size,
+        )
+        node.hooks.add(
+            "client.authenticate",
+            HttpAuthenticator(settings, node.scheduler, poster, incr=node.metrics.incr),
+            Priority.AUTHN,
+        )
+        chain.append(f"http ({h.url})")
+    node.hooks.add("client.authorize", UserRulesAuthorizer(services.store), Priority.AUTHZ)
+    log.info(
+        "authentication: %s, then allow_anonymous=%s%s",
+        " -> ".join(chain) or "no backend",
+        str(a.allow_anonymous).lower(),
+        "; enhanced: SCRAM-SHA-256" if node.auth_methods else "",
+    )
+    return services
