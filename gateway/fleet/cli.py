@@ -130,6 +130,7 @@ def run(
     )
     say = job.stderr_progress()
     say("starting Spark")
+    owned = job.active_session() is None  # a session we start is one we stop
     spark = job.spark_session(master)
     say(f"Spark {spark.version} on {spark.sparkContext.master}")
     try:
@@ -138,7 +139,8 @@ def run(
         click.echo(f"gateway-fleet: {exc}", err=True)
         sys.exit(EXIT_NO_INPUT)
     finally:
-        spark.stop()
+        if owned:
+            spark.stop()
     click.echo(dq_report.summary(result.report))
     click.echo(f"done in {result.seconds:.1f}s: {out}")
     if fail_on_dq and not result.report["ok"]:

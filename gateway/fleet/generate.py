@@ -43,6 +43,7 @@ class FleetSpec:
     interval: float = 60.0
     seed: int = 1
     devices_per_gw: int = 50
+    segment_seconds: float = 3600.0  # one segment per gateway, kind and this much time
     gws_per_site: int = 2
     disconnects_per_day: float = 1.0
     buffered_share: float = 0.5  # offline periods whose readings arrive late
@@ -229,7 +230,8 @@ def generate_fleet(
                 stats[k] += v
             for kind, lines in (("telemetry", tel), ("events", ev)):
                 for line in lines:
-                    segments[(kind, line.rx // 3600 * 3600)].append(line)  # type: ignore[index]
+                    span = spec.segment_seconds
+                    segments[(kind, line.rx // span * span)].append(line)  # type: ignore[index]
         for (kind, hour), lines in sorted(segments.items()):
             lines.sort(key=lambda x: x.rx)
             texts = (

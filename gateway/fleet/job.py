@@ -50,9 +50,18 @@ def stderr_progress() -> Progress:
     return say
 
 
-def spark_session(master: str | None = None, app_name: str = "gateway-fleet") -> SparkSession:
+def active_session() -> SparkSession | None:
+    return SparkSession.getActiveSession()
+
+
+def spark_session(
+    master: str | None = None,
+    app_name: str = "gateway-fleet",
+    conf: dict[str, str] | None = None,
+) -> SparkSession:
     """A session for the job. ``master`` is applied only when given; without it a plain
-    ``python`` process gets ``local[*]`` while ``spark-submit`` keeps its own master."""
+    ``python`` process gets ``local[*]`` while ``spark-submit`` keeps its own master.
+    ``conf`` is applied to the builder (so JVM options still count)."""
     builder = SparkSession.builder.appName(app_name)
     under_submit = "PYSPARK_GATEWAY_PORT" in os.environ  # set by spark-submit
     if master:
@@ -63,6 +72,9 @@ def spark_session(master: str | None = None, app_name: str = "gateway-fleet") ->
         # An embedded JVM: room for the cached raw rows, no web UI.
         builder = builder.config("spark.driver.memory", os.environ.get("FLEET_DRIVER_MEMORY", "4g"))
         builder = builder.config("spark.ui.enabled", "false")
+        builder = builder.config("spark.ui.showConsoleProgress", "false")  # ours instead
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
     spark = builder.getOrCreate()
     configure(spark)
     return spark

@@ -272,6 +272,7 @@ def sessions(events: DataFrame, start: dt.date, end: dt.date) -> DataFrame:
         F.col("ts").alias("s"),
         F.coalesce(F.col("next_ts"), F.lit(run_end)).alias("e"),
         F.lit(False).alias("start_inferred"),
+        F.col("next_ts").isNull().alias("open"),
     )
     inferred = e.where(
         (F.col("event") == "disconnected")
@@ -283,6 +284,7 @@ def sessions(events: DataFrame, start: dt.date, end: dt.date) -> DataFrame:
         F.greatest(F.coalesce(F.col("prev_ts"), midnight), midnight).alias("s"),
         F.col("ts").alias("e"),
         F.lit(True).alias("start_inferred"),
+        F.lit(False).alias("open"),
     )
     spans = from_connect.unionByName(inferred).where(F.col("e") > F.col("s"))
     day = F.explode(
@@ -308,7 +310,8 @@ def sessions(events: DataFrame, start: dt.date, end: dt.date) -> DataFrame:
         (hi - lo).alias("duration_s"),
         "start_inferred",
         (F.col("s") < d0).alias("clipped_start"),
-        (F.col("e") > d0 + DAY).alias("clipped_end"),
+        # an open session runs to the end of the run: it goes on past that day too
+        ((F.col("e") > d0 + DAY) | (F.col("open") & (F.col("e") >= d0 + DAY))).alias("clipped_end"),
     ).where(F.col("duration_s") > 0)
 
 
