@@ -195,6 +195,9 @@ class Gateway:
             self.servers.append(server)
             addrs = ", ".join(_fmt(s.getsockname()) for s in server.sockets)
             log.info("listener ssl:%s (MQTT over TLS) on %s: %s", name, addrs, describe(ssl_lst))
+            self.listeners[limits.name] = ListenerEntry(
+                "ssl", name, "mqtt", ssl_lst.bind, limits, addrs.split(", ")
+            )
 
     def reload(self) -> None:
         """SIGHUP: re-read the ssl listeners' certificates and the authorization rules

@@ -18,6 +18,7 @@ graceful drain starts.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 import os
 import socket
@@ -36,8 +37,7 @@ class Notifier:
         self._daemon_notify: Callable[[str], bool] | None = None
         if self.socket_path is not None and environ is None:
             try:
-                from systemd import daemon  # type: ignore[import-untyped,import-not-found,unused-ignore]
-
+                daemon = importlib.import_module("systemd.daemon")  # systemd-python
                 self._daemon_notify = daemon.notify
             except ImportError:
                 log.debug("systemd-python not installed: writing to $NOTIFY_SOCKET directly")
