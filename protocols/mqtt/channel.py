@@ -17,7 +17,8 @@ Invariants:
   keeps buffering but no packet is parsed; the answer comes back through
   ``ConnectionHandle.call_channel`` and the buffered packets are then handled in order.
   During an MQTT 5 enhanced authentication exchange (``AUTH_EXCHANGE``) only AUTH and
-  DISCONNECT are accepted. The idle timer (armed at accept) bounds both.
+  DISCONNECT are accepted. The idle timer (armed at accept) bounds both, and what is
+  buffered while authenticating is bounded by ``max_packet_size`` (beyond it, 0x97).
 """
 
 from __future__ import annotations
@@ -230,7 +231,12 @@ class MqttChannel:
         except RemoteProtocolError as exc:
             self._protocol_error(exc)
         else:
-            self._parse()
+            waiting = self.state is State.AUTHENTICATING
+            if waiting and self.conn.buffered > self.settings.max_packet_size:
+                # what a client may send before its CONNACK is bounded: one packet's worth
+                self._refuse(RC.QUOTA_EXCEEDED, "too much input before CONNACK")
+            else:
+                self._parse()
         if self.state is not State.CLOSED:  # type: ignore[comparison-overlap]
             self._after_input(len(data))
         return self._leave(outer)

@@ -332,3 +332,17 @@ def test_reauth_with_another_method_is_a_protocol_error(
     w = connected_with_scram(node, clock)
     w.send(Auth(0x19, Properties(authentication_method="OTHER", authentication_data=b"x")))
     assert w.take()[0].reason_code == 0x82
+
+
+def test_input_while_authenticating_is_bounded(
+    node: Node, clock: VirtualScheduler, later: Later
+) -> None:
+    w = wire(node, clock, max_packet_size=1024)
+    w.send(Connect("c", protocol_level=MQTT_5, username="u", password=b"p"))
+    w.send(Publish("t", b"x" * 600, qos=0))
+    assert w.take() == [] and w.closed is None  # buffered: within one packet's worth
+    w.send(Publish("t", b"x" * 600, qos=0))
+    ack = w.take()[0]
+    assert isinstance(ack, ConnAck) and ack.reason_code == 0x97 and w.closed
+    later.answer(Stop(0))  # the answer finds the connection gone
+    assert w.take() == [] and "c" not in node.sessions
