@@ -42,7 +42,7 @@ BROKER_KIND = os.environ.get("CONFORMANCE_BROKER", "gatewayd").strip().lower() o
 UNDER_MOSQUITTO = BROKER_KIND == "mosquitto"
 UNDER_GATEWAY = not UNDER_MOSQUITTO
 REPO_ROOT = Path(__file__).resolve().parents[2]
-READY_TIMEOUT = 10.0
+READY_TIMEOUT = 60.0
 HAVE_MOSQUITTO_CLIENTS = bool(shutil.which("mosquitto_pub") and shutil.which("mosquitto_sub"))
 
 # gatewayd key -> mosquitto.conf option (global or listener scope).
