@@ -59,6 +59,7 @@ class Message:
         "expires_at",
         "headers",
         "store_id",
+        "wire",
     )
 
     def __init__(
@@ -84,6 +85,8 @@ class Message:
         self.expires_at = expires_at
         self.headers: dict[str, Any] | None = None
         self.store_id: int | None = None  # row id once persisted (gateway.store)
+        # encoded PUBLISH templates shared by every subscriber: key -> (bytes, id offset)
+        self.wire: dict[Any, tuple[bytes, int]] | None = None
 
     def __repr__(self) -> str:
         return (

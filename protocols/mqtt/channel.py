@@ -43,7 +43,7 @@ from protocols.context import (
     SubOptions,
 )
 from protocols.effects import CancelTimer, Close, Effect, Pause, SetTimer
-from protocols.mqtt.codec import encode
+from protocols.mqtt.codec import encode, encode_publish_with_id, publish_packet_id_offset
 from protocols.mqtt.connection import Connection, Role
 from protocols.mqtt.errors import LocalProtocolError, RemoteProtocolError, Violation
 from protocols.mqtt.packets import (
@@ -190,12 +190,6 @@ class MqttChannel:
         self._busy = False
         self._held: list[Delivery] = []
         self._core_closed = False
-        # authentication: the CONNECT (and assigned client id) while it is decided, the
-        # enhanced authentication method and exchange, and data for the CONNACK
-        self._pending_connect: tuple[Connect, str | None] | None = None
-        self._auth_method: str | None = None
-        self._exchange: AuthExchange | None = None
-        self._auth_data_out: bytes | None = None
         # protection: rate buckets, reading paused until (monotonic), the start of the
         # packet being received and whether its timer runs, PUBLISH count not yet charged
         now = monotonic()
@@ -214,6 +208,12 @@ class MqttChannel:
         self._packet_timer = False
         self._buffered_before = 0
         self._published = 0
+        # authentication: the CONNECT (and assigned client id) while it is decided, the
+        # enhanced authentication method and exchange, and data for the CONNACK
+        self._pending_connect: tuple[Connect, str | None] | None = None
+        self._auth_method: str | None = None
+        self._exchange: AuthExchange | None = None
+        self._auth_data_out: bytes | None = None
 
     # -- entry points from the shell ---------------------------------------------------
 
@@ -838,8 +838,24 @@ class MqttChannel:
         mount = self.settings.mountpoint
         now = self.context.now() if v5 else 0.0
         dropped: list[Delivery] = []
+        limit = conn.max_outgoing_packet_size
+        shareable = not mount and not self.client_alias_max
         for d in deliveries:
             msg = d.message
+            if shareable and (
+                not v5 or (not d.subscription_ids and msg.expires_at is None)
+            ):
+                # Hot path: the same bytes for every subscriber at this (version, QoS,
+                # retain); only the packet id (and DUP) differ, patched into a copy.
+                data = self._shared_publish(d, v5)
+                if limit is not None and len(data) > limit:
+                    dropped.append(d)
+                    log.info(
+                        "%s: not sent (%d bytes, peer accepts %d)", self._who(), len(data), limit
+                    )
+                    continue
+                out.append(data)
+                continue
             topic = msg.topic
             if mount and topic.startswith(mount):
                 topic = topic[len(mount) :]
@@ -867,6 +883,32 @@ class MqttChannel:
             for d in dropped:
                 if d.packet_id is not None:
                     self.session.discard(d.packet_id)
+
+    @staticmethod
+    def _shared_publish(d: Delivery, v5: bool) -> bytes:
+        msg = d.message
+        wire = msg.wire
+        if wire is None:
+            wire = msg.wire = {}
+        key = (v5, d.qos, d.retain)
+        template = wire.get(key)
+        if template is None:
+            qos = d.qos
+            packet = Publish(
+                msg.topic,
+                msg.payload,
+                qos,
+                d.retain,
+                False,
+                1 if qos else None,
+                msg.properties if v5 else NO_PROPERTIES,
+            )
+            data = encode(packet, MQTT_5 if v5 else 4)
+            template = wire[key] = (data, publish_packet_id_offset(data) if qos else 0)
+        data, offset = template
+        if d.qos:
+            return encode_publish_with_id(data, offset, d.packet_id or 0, dup=d.dup)
+        return data
 
     def _v5_publish_fields(
         self, d: Delivery, topic: str, now: float
