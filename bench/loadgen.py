@@ -564,6 +564,10 @@ def worker_main(pipe: Connection, ws: WorkerSpec, shared: Shared | None) -> None
         import traceback
 
         result = {"error": repr(exc), "traceback": traceback.format_exc()}
+    # the event loop watched the pipe and left it non-blocking: a large result (latency
+    # samples) would fail with EAGAIN half-way
+    with contextlib.suppress(OSError):
+        os.set_blocking(pipe.fileno(), True)
     with contextlib.suppress(OSError, BrokenPipeError):
         pipe.send(("result", result))
     pipe.close()

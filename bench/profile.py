@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from bench.brokers import REPO, Gatewayd, use_gatewayd_commit
-from bench.run import _markdown
+from bench.run import _markdown, renice
 from bench.scenarios import Params, run_scenario
 
 
@@ -136,7 +136,10 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="include C frames (uvloop, CPython): shows what a Python line's own time is spent on",
     )
+    ap.add_argument("--nice", type=int, default=0, help="as in bench.run (e.g. -20)")
     args = ap.parse_args(argv)
+    if args.nice:
+        renice(args.nice)
     if args.gatewayd_commit:
         use_gatewayd_commit(args.gatewayd_commit)
     print(f"gatewayd {Gatewayd.version()}\n")
