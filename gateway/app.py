@@ -21,19 +21,26 @@ from gateway.admin.registry import ListenerEntry
 from gateway.admin.sdnotify import SystemdIntegration
 from gateway.auth.setup import AuthServices, install_auth
 from gateway.config import ConfigError, GatewayConfig
+from gateway.config.schema import WsListener, WssListener
 from gateway.core.authz import Authorizer, from_config
 from gateway.core.clock import LoopScheduler
 from gateway.core.node import CoreSettings, Node
 from gateway.fleet.archiver import Archiver, settings_from_config
+from gateway.net.datagram import DatagramPeer, DatagramShell, start_datagram_listener
 from gateway.net.stream import ListenerLimits, StreamShell, start_stream_listener
 from gateway.net.tls import ReloadableContext, TlsError, describe, peer_identity
+from gateway.net.websocket import WebSocketChannel, WebSocketSettings
 from gateway.protect.banned import BanGuard
 from gateway.protect.flapping import FlappingDetector, FlappingSettings
 from gateway.store.banned import BannedStore
 from gateway.store.db import db_path, ensure_schema, open_db
 from gateway.store.sessions import SCHEMA, SessionStore
 from gateway.store.writer import GroupCommitter
+from protocols.context import ConnectionHandle
 from protocols.mqtt.channel import MqttChannel, MqttSettings
+from protocols.mqttsn.channel import MqttSnChannel, MqttSnSettings
+from protocols.mqttsn.codec import encode as mqttsn_encode
+from protocols.mqttsn.packets import Advertise
 
 log = logging.getLogger("gateway")
 
@@ -124,7 +131,9 @@ class Gateway:
         # it here so the management API, Prometheus and systemd STATUS see it
         self.listeners: dict[str, ListenerEntry] = {}
         self.servers: list[asyncio.Server] = []
-        self.tls: dict[str, ReloadableContext] = {}  # ssl listener name -> its contexts
+        self.tls: dict[str, ReloadableContext] = {}
+        self.datagrams: list[DatagramShell] = []  # MQTT-SN (UDP) listeners
+        self.advertisers: list[asyncio.TimerHandle] = []  # ssl listener name -> its contexts
         self.stopped = asyncio.Event()
 
     async def start(self) -> None:
@@ -198,6 +207,8 @@ class Gateway:
             self.listeners[limits.name] = ListenerEntry(
                 "ssl", name, "mqtt", ssl_lst.bind, limits, addrs.split(", ")
             )
+        await self._start_websocket_listeners(node, gate, monotonic)
+        await self._start_mqttsn(node, gate, monotonic)
 
     def reload(self) -> None:
         """SIGHUP: re-read the ssl listeners' certificates and the authorization rules
@@ -238,6 +249,106 @@ class Gateway:
             self.flapping = FlappingDetector(node, self.bans, settings)
             self.flapping.attach()
 
+    async def _start_websocket_listeners(
+        self, node: Node, gate: GroupCommitter | None, monotonic: Callable[[], float]
+    ) -> None:
+        """``[listeners.ws.<name>]`` and ``[listeners.wss.<name>]``: MQTT over WebSocket on
+        the stream shell (wss with the ssl listeners' TLS contexts, reloaded by SIGHUP)."""
+        config = self.config
+        kinds: list[tuple[str, dict[str, WsListener] | dict[str, WssListener]]] = [
+            ("ws", config.listeners.ws),
+            ("wss", config.listeners.wss),
+        ]
+        for kind, table in kinds:
+            for name, lst in table.items():
+                if not lst.enable:
+                    continue
+                lname = f"{kind}:{name}"
+                settings = mqtt_settings(config, lname, lst.mountpoint)
+                limits = ListenerLimits(
+                    lname,
+                    max_connections=lst.max_connections,
+                    allow=[str(n) for n in lst.allow],
+                    deny=[str(n) for n in lst.deny],
+                )
+                factory = _ws_factory(node, settings, websocket_settings(lst), monotonic)
+                extra: dict[str, object] = {}
+                if isinstance(lst, WssListener):
+                    tls = self.tls[lname] = ReloadableContext(lname, lst)
+                    extra = {
+                        "ssl": tls.server_context,
+                        "ssl_handshake_timeout": config.mqtt.idle_timeout,
+                    }
+                server = await start_stream_listener(lst.bind, limits, factory, gate, **extra)
+                self.servers.append(server)
+                addrs = ", ".join(_fmt(s.getsockname()) for s in server.sockets)
+                log.info(
+                    "listener %s (MQTT over WebSocket%s) on %s, path %s",
+                    lname, " and TLS" if extra else "", addrs, lst.websocket.mqtt_path,
+                )
+                self.listeners[lname] = ListenerEntry(
+                    kind, name, "mqtt", lst.bind, limits, addrs.split(", ")
+                )
+
+    async def _start_mqttsn(
+        self, node: Node, gate: GroupCommitter | None, monotonic: Callable[[], float]
+    ) -> None:
+        """``[gateway.mqttsn]``: MQTT-SN 1.2 on the datagram shell, one per UDP listener;
+        ADVERTISE every ``advertise_interval`` when ``broadcast``."""
+        sn = self.config.gateway.mqttsn
+        if sn is None or not sn.enable:
+            return
+        loop = asyncio.get_running_loop()
+        for name, lst in sn.listeners.udp.items():
+            if not lst.enable:
+                continue
+            lname = f"mqttsn:udp:{name}"
+            settings = mqttsn_settings(self.config, lname)
+            limits = ListenerLimits(
+                lname,
+                max_connections=lst.max_connections,
+                allow=[str(n) for n in lst.allow],
+                deny=[str(n) for n in lst.deny],
+            )
+            shell = await start_datagram_listener(
+                lst.bind, limits, _mqttsn_factory(node, settings, monotonic), gate,
+                allow_broadcast=sn.broadcast,
+            )
+            self.datagrams.append(shell)
+            assert shell.transport is not None
+            local = shell.transport.get_extra_info("sockname")
+            log.info("listener %s (MQTT-SN 1.2, gateway id %d) on %s",
+                     lname, sn.gateway_id, _fmt(local))
+            self.listeners[lname] = ListenerEntry(
+                "udp", name, "mqttsn", lst.bind, limits, [_fmt(local)]
+            )
+            if sn.broadcast:
+                target = (sn.broadcast_address, sn.broadcast_port or local[1])
+                advertise = mqttsn_encode(
+                    Advertise(sn.gateway_id, min(0xFFFF, int(sn.advertise_interval)))
+                )
+                self._advertise(loop, shell, advertise, target, sn.advertise_interval)
+
+    def _advertise(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        shell: DatagramShell,
+        datagram: bytes,
+        target: tuple[str, int],
+        interval: float,
+    ) -> None:
+        """Send ADVERTISE now and every ``interval`` seconds while the shell is open."""
+        if not shell.open:
+            return
+        try:
+            shell.send_to([datagram], target)
+        except OSError as exc:  # e.g. no route for the broadcast address
+            log.warning("ADVERTISE to %s:%d failed: %s", target[0], target[1], exc)
+        self.advertisers = [t for t in self.advertisers if not t.cancelled()]
+        self.advertisers.append(
+            loop.call_later(interval, self._advertise, loop, shell, datagram, target, interval)
+        )
+
     def _open_store(self, loop: asyncio.AbstractEventLoop) -> SessionStore | None:
         if not self.config.durability.enable:
             log.warning("durability disabled: sessions and retained messages are memory-only")
@@ -267,6 +378,12 @@ class Gateway:
         for server in self.servers:
             await server.wait_closed()
         self.servers.clear()
+        for timer in self.advertisers:
+            timer.cancel()
+        self.advertisers.clear()
+        for shell in self.datagrams:  # after the kicks above: their DISCONNECTs are out
+            shell.close()
+        self.datagrams.clear()
         if self.archiver is not None:  # after the disconnects above, so they are archived
             self.archiver.detach()
             await asyncio.to_thread(self.archiver.close)
@@ -309,6 +426,71 @@ def _mqtts_factory(
     def make(shell: StreamShell, peer: tuple[str, int] | None) -> MqttChannel:
         cert = peer_identity(shell.transport)
         return MqttChannel(node, settings, shell, peer=peer, monotonic=monotonic, peer_cert=cert)
+
+    return make
+
+
+def websocket_settings(lst: WsListener | WssListener) -> WebSocketSettings:
+    w = lst.websocket
+    return WebSocketSettings(
+        path=w.mqtt_path,
+        subprotocols=tuple(w.supported_subprotocols),
+        fail_if_no_subprotocol=w.fail_if_no_subprotocol,
+        check_origin=w.check_origin_enable,
+        allow_origin_absence=w.allow_origin_absence,
+        origins=tuple(w.check_origins),
+        proxy_address_header=w.proxy_address_header,
+        proxy_port_header=w.proxy_port_header,
+        trusted_proxies=tuple(str(n) for n in w.trusted_proxies),
+        max_frame_size=w.max_frame_size,
+        handshake_timeout=w.handshake_timeout,
+    )
+
+
+def _ws_factory(
+    node: Node,
+    settings: MqttSettings,
+    ws: WebSocketSettings,
+    monotonic: Callable[[], float],
+) -> Callable[[StreamShell, tuple[str, int] | None], WebSocketChannel]:
+    """A WebSocket framing channel around an unchanged MQTT channel."""
+    trusted = ws.networks()
+
+    def inner(handle: ConnectionHandle, peer: tuple[str, int] | None) -> MqttChannel:
+        return MqttChannel(node, settings, handle, peer=peer, monotonic=monotonic)
+
+    def make(shell: StreamShell, peer: tuple[str, int] | None) -> WebSocketChannel:
+        return WebSocketChannel(ws, shell, peer, inner, trusted)
+
+    return make
+
+
+def mqttsn_settings(config: GatewayConfig, listener: str) -> MqttSnSettings:
+    sn = config.gateway.mqttsn
+    assert sn is not None
+    m = config.mqtt
+    return MqttSnSettings(
+        gateway_id=sn.gateway_id,
+        predefined={p.id: p.topic for p in sn.predefined},
+        enable_qos3=sn.enable_qos3,
+        mountpoint=sn.mountpoint,
+        listener=listener,
+        idle_timeout=sn.idle_timeout,
+        keepalive_multiplier=m.keepalive_multiplier,
+        retry_interval=sn.retry_interval,
+        max_retries=sn.max_retries,
+        max_inflight=m.max_inflight,
+        session_expiry_interval=int(m.session_expiry_interval),
+        max_sleep_buffer=sn.max_sleep_buffer,
+        max_clientid_len=m.max_clientid_len,
+    )
+
+
+def _mqttsn_factory(
+    node: Node, settings: MqttSnSettings, monotonic: Callable[[], float]
+) -> Callable[[DatagramPeer, tuple[str, int]], MqttSnChannel]:
+    def make(peer: DatagramPeer, addr: tuple[str, int]) -> MqttSnChannel:
+        return MqttSnChannel(node, settings, peer, peer=addr, monotonic=monotonic)
 
     return make
 

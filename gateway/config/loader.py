@@ -81,7 +81,9 @@ def _check_ssl_listeners(config: GatewayConfig, path: str | Path | None) -> None
     gatewayd with one line naming the key, before any listener opens."""
     from gateway.net.tls import TlsError, build_context  # lazy: gateway.net imports config
 
-    for name, listener in config.listeners.ssl.items():
+    tls_listeners = [("ssl", n, lst) for n, lst in config.listeners.ssl.items()]
+    tls_listeners += [("wss", n, lst) for n, lst in config.listeners.wss.items()]
+    for kind, name, listener in tls_listeners:
         for key in ("certfile", "keyfile", "cacertfile"):
             value = getattr(listener, key)
             if value is not None and path is not None and not value.is_absolute():
@@ -90,7 +92,7 @@ def _check_ssl_listeners(config: GatewayConfig, path: str | Path | None) -> None
             try:
                 build_context(listener)
             except TlsError as exc:
-                raise ConfigError(f"listeners.ssl.{name}.{exc.key}: {exc.reason}") from None
+                raise ConfigError(f"listeners.{kind}.{name}.{exc.key}: {exc.reason}") from None
 
 
 def load_rules_file(path: str | Path) -> list[AuthzRule]:

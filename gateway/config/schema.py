@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -357,15 +358,75 @@ class SslListener(TcpListener):
 
 
 
+# ------------------------------------------------------------------ WebSocket listeners
+
+MQTT_WS_SUBPROTOCOLS = ("mqtt", "mqtt-v3.1.1", "mqtt-v3", "mqtt-v5")
+
+
+def _check_path(value: str) -> str:
+    if not value.startswith("/"):
+        raise ValueError('expected an absolute path such as "/mqtt"')
+    return value
+
+
+class WebSocketOptions(_Section):
+    """``[listeners.ws.<name>.websocket]`` (and ``wss``): EMQX's ``websocket`` options.
+
+    ``proxy_address_header``/``proxy_port_header`` ("" turns them off) are believed only
+    from peers in ``trusted_proxies``; ``max_frame_size`` 0 means no limit of its own (the
+    MQTT ``max_packet_size`` still holds); ``handshake_timeout`` bounds the HTTP upgrade.
+    """
+
+    mqtt_path: Annotated[str, AfterValidator(_check_path)] = "/mqtt"
+    supported_subprotocols: Annotated[
+        list[str], BeforeValidator(_split_commas), Field(min_length=1)
+    ] = Field(default_factory=lambda: list(MQTT_WS_SUBPROTOCOLS))
+    fail_if_no_subprotocol: bool = True
+    check_origin_enable: bool = False
+    allow_origin_absence: bool = True
+    check_origins: Annotated[list[str], BeforeValidator(_split_commas)] = Field(
+        default_factory=list
+    )
+    proxy_address_header: str = "x-forwarded-for"
+    proxy_port_header: str = "x-forwarded-port"
+    trusted_proxies: Annotated[list[Network], BeforeValidator(_split_commas)] = Field(
+        default_factory=lambda: ["127.0.0.0/8", "::1/128"]
+    )
+    max_frame_size: Size = 0
+    handshake_timeout: Annotated[Duration, Field(gt=0)] = 15.0
+
+
+class WsListener(TcpListener):
+    """``[listeners.ws.<name>]``: MQTT over WebSocket (8083)."""
+
+    bind: Bind = "0.0.0.0:8083"
+    websocket: WebSocketOptions = Field(default_factory=WebSocketOptions)
+
+
+class WssListener(SslListener):
+    """``[listeners.wss.<name>]``: MQTT over secure WebSocket (8084); the TLS keys of an
+    ssl listener plus ``websocket``."""
+
+    bind: Bind = "0.0.0.0:8084"
+    websocket: WebSocketOptions = Field(default_factory=WebSocketOptions)
+
+
 class Listeners(_Section):
     tcp: dict[str, TcpListener] = Field(default_factory=_default_tcp_listeners)
     # No ssl listener by default: there are no certificates by default.
     ssl: dict[str, SslListener] = Field(default_factory=dict)
+    # No WebSocket listener by default either (EMQX opens 8083/8084): add one with
+    # [listeners.ws.default] or GATEWAY_LISTENERS__WS__DEFAULT__ENABLE=true.
+    ws: dict[str, WsListener] = Field(default_factory=dict)
+    wss: dict[str, WssListener] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _distinct_binds_across_kinds(self) -> Listeners:
         seen: dict[str, str] = {}
-        for kind, table in (("tcp", self.tcp), ("ssl", self.ssl)):
+        tables: tuple[tuple[str, Mapping[str, TcpListener]], ...] = (
+            ("tcp", self.tcp), ("ssl", self.ssl), ("ws", self.ws), ("wss", self.wss)
+        )
+        for kind, table in tables:
             for name, listener in table.items():
                 if not listener.enable or listener.port == 0:
                     continue
@@ -391,6 +452,88 @@ class Listeners(_Section):
                 )
             seen[listener.bind] = name
         return tcp
+
+
+# ------------------------------------------------------------------ protocol gateways
+
+
+def _check_topic_name(value: str) -> str:
+    if not value or "+" in value or "#" in value:
+        raise ValueError("expected a topic name without wildcards")
+    return value
+
+
+class MqttSnPredefined(_Section):
+    """One predefined topic: the same id means the same topic on both sides."""
+
+    id: int = Field(ge=1, le=0xFFFE)
+    topic: Annotated[str, AfterValidator(_check_topic_name)]
+
+
+class UdpListener(_Section):
+    enable: bool = True
+    bind: Bind = "0.0.0.0:1884"
+    max_connections: int = Field(default=1_024_000, ge=1)  # peers (addresses) at once
+    allow: Annotated[list[Network], BeforeValidator(_split_commas)] = Field(default_factory=list)
+    deny: Annotated[list[Network], BeforeValidator(_split_commas)] = Field(default_factory=list)
+
+    @property
+    def host(self) -> str:
+        return parse_bind(self.bind)[0]
+
+    @property
+    def port(self) -> int:
+        return parse_bind(self.bind)[1]
+
+
+def _default_udp_listeners() -> dict[str, UdpListener]:
+    return {"default": UdpListener()}
+
+
+class MqttSnListeners(_Section):
+    udp: dict[str, UdpListener] = Field(default_factory=_default_udp_listeners)
+
+
+class MqttSnConfig(_Section):
+    """``[gateway.mqttsn]`` (EMQX's shape): MQTT-SN 1.2 over UDP. The table's presence
+    enables the gateway (``enable = false`` keeps it configured but off).
+
+    ``broadcast`` sends ADVERTISE to ``broadcast_address``:``broadcast_port`` every
+    ``advertise_interval``; ``enable_qos3`` accepts QoS -1 publishes without a connection;
+    ``retry_interval``/``max_retries`` govern retransmission of unacknowledged messages;
+    ``max_sleep_buffer`` bounds the QoS 0 messages kept for a sleeping client.
+    """
+
+    enable: bool = True
+    gateway_id: int = Field(default=1, ge=0, le=255)
+    broadcast: bool = False
+    broadcast_address: str = "255.255.255.255"
+    broadcast_port: int = Field(default=0, ge=0, le=65535)  # 0: the listener's port
+    advertise_interval: Annotated[Duration, Field(gt=0, le=65535)] = 900.0
+    enable_qos3: bool = True
+    mountpoint: str = ""
+    predefined: list[MqttSnPredefined] = Field(default_factory=list)
+    idle_timeout: Annotated[Duration, Field(gt=0)] = 30.0
+    retry_interval: Annotated[Duration, Field(gt=0)] = 10.0
+    max_retries: int = Field(default=4, ge=0)
+    max_sleep_buffer: int = Field(default=1000, ge=0)
+    listeners: MqttSnListeners = Field(default_factory=MqttSnListeners)
+
+    @field_validator("predefined")
+    @classmethod
+    def _unique_ids(cls, value: list[MqttSnPredefined]) -> list[MqttSnPredefined]:
+        seen: set[int] = set()
+        for p in value:
+            if p.id in seen:
+                raise ValueError(f"predefined topic id {p.id} given twice")
+            seen.add(p.id)
+        return value
+
+
+class GatewaysConfig(_Section):
+    """``[gateway.<protocol>]``: the non-MQTT front-ends; absent means off."""
+
+    mqttsn: MqttSnConfig | None = None
 
 
 class MqttConfig(_Section):
@@ -664,6 +807,7 @@ class GatewayConfig(_Section):
     authentication: AuthenticationConfig = Field(default_factory=AuthenticationConfig)
     authorization: AuthorizationConfig = Field(default_factory=AuthorizationConfig)
     fleet: FleetConfig = Field(default_factory=FleetConfig)
+    gateway: GatewaysConfig = Field(default_factory=GatewaysConfig)
     flapping_detect: FlappingDetectConfig = Field(default_factory=FlappingDetectConfig)
     api: ApiConfig = Field(default_factory=ApiConfig)
     sys_topics: SysTopicsConfig = Field(default_factory=SysTopicsConfig)

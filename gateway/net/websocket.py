@@ -49,6 +49,9 @@ from protocols.context import ConnectionHandle, Delivery
 from protocols.effects import CancelTimer, Close, Effect, SetTimer
 
 log = logging.getLogger("gateway.net.websocket")
+# the websockets library logs every opened connection at INFO: keep that at DEBUG level
+_protocol_log = logging.getLogger("gateway.net.websocket.protocol")
+_protocol_log.setLevel(logging.WARNING)
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -171,9 +174,10 @@ class WebSocketChannel:
             subprotocols=[Subprotocol(p) for p in settings.subprotocols],
             select_subprotocol=self._selector(),
             max_size=(None, max_size),
-            logger=log,
+            logger=_protocol_log,
         )
         self.closed = False
+        self._eof = False  # websockets asked for the end of the stream
 
     # -- StreamChannel -----------------------------------------------------------------
 
@@ -186,15 +190,16 @@ class WebSocketChannel:
         ws = self.ws
         ws.receive_data(data)
         out: list[Effect] = []
+        # Every data frame that came before a close frame counts, even when they share
+        # one read (websockets has already queued its answer to the close by now).
         for event in ws.events_received():
             if isinstance(event, Request):
                 self._handshake(event, out)
             elif isinstance(event, Frame):
                 self._frame_in(event, out)
             if self._done():
-                break
-        if not self._done():
-            self._flush(out)
+                return out
+        self._flush(out)
         return out
 
     def _done(self) -> bool:
@@ -240,13 +245,13 @@ class WebSocketChannel:
         out: list[Effect] = []
         for e in effects:
             if type(e) is bytes:
-                if ws.state is State.OPEN:
+                if ws.state is State.OPEN:  # else the client closed: nothing goes out
                     ws.send_binary(e)
-                    out.extend(ws.data_to_send())
+                    self._drain(out)
             elif isinstance(e, Close):
                 if ws.state is State.OPEN:
                     ws.send_close(1000)
-                    out.extend(d for d in ws.data_to_send() if d)
+                self._drain(out)
                 self.closed = True
                 out.append(e)
                 return out
@@ -254,14 +259,20 @@ class WebSocketChannel:
                 out.append(e)
         return out
 
-    def _flush(self, out: list[Effect]) -> None:
+    def _drain(self, out: list[Effect]) -> None:
+        """Bytes websockets wants written; its end-of-stream mark waits for ``_flush``."""
         for data in self.ws.data_to_send():
             if data:
                 out.append(data)
-            else:  # SEND_EOF: the WebSocket connection is over
-                self.closed = True
-                out.append(Close("websocket closed"))
-                return
+            else:
+                self._eof = True
+
+    def _flush(self, out: list[Effect]) -> None:
+        """Write what websockets queued; close when it marked the end of the stream."""
+        self._drain(out)
+        if self._eof and not self.closed:
+            self.closed = True
+            out.append(Close("websocket closed"))
 
     # -- handshake -----------------------------------------------------------------
 
@@ -326,7 +337,6 @@ class WebSocketChannel:
         inner = self.inner
         if frame.opcode is Opcode.BINARY or frame.opcode is Opcode.CONT:
             if inner is not None and frame.data:
-                self._flush(out)  # e.g. nothing, or a pong queued before this frame
                 out.extend(self.frame(inner.handle_data(bytes(frame.data))))
         elif frame.opcode is Opcode.TEXT:
             log.warning("websocket client %s sent a text frame; closing", self.peer)

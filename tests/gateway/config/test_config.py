@@ -273,7 +273,7 @@ def test_unknown_section_and_listener_key(tmp_path):
     assert error_of(write(tmp_path, "[mqt]\nx = 1\n")) == "unknown key mqt"
     path = write(tmp_path, '[listeners.tcp.default]\nbnd = "127.0.0.1:1"\n')
     assert error_of(path) == "unknown key listeners.tcp.default.bnd"
-    assert error_of(write(tmp_path, "[listeners.ws.default]\n")) == "unknown key listeners.ws"
+    assert error_of(write(tmp_path, "[listeners.quic.default]\n")) == "unknown key listeners.quic"
 
 
 def test_unknown_key_from_env_names_the_variable():

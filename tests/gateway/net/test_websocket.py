@@ -351,3 +351,25 @@ def test_keepalive_timer_reaches_inner_channel(node: Node, clock: VirtualSchedul
     w.advance(16)
     assert w.closed == "keepalive timeout"
     assert w.frames[-1].opcode is Opcode.CLOSE
+
+
+def test_frames_before_a_close_in_the_same_read_all_count(node: Node, clock: VirtualScheduler):
+    """MQTT.js writes each piece of a packet as its own frame and closes at once: the
+    PUBLISH, the DISCONNECT and the close frame may arrive in one read."""
+    from protocols.mqtt.packets import Disconnect
+
+    sub = WsWire(node, clock, subprotocols=["mqtt"])
+    sub.handshake()
+    sub.send(Connect("s"), Subscribe(1, (Subscription("t", qos=0),)))
+    sub.take()
+    w = WsWire(node, clock, subprotocols=["mqtt"])
+    w.handshake()
+    w.send(Connect("p"))
+    raw = w.mqtt.send(Publish("t", b"last words")) + w.mqtt.send(Disconnect())
+    for i in range(len(raw)):
+        w.ws.send_binary(raw[i : i + 1])
+    w.ws.send_close(1000)
+    w._run(w.channel.handle_data(b"".join(w.ws.data_to_send())))
+    assert w.closed
+    got = sub.take()
+    assert len(got) == 1 and isinstance(got[0], Publish) and got[0].payload == b"last words"
