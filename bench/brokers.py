@@ -226,6 +226,32 @@ class Gatewayd(Broker):
     src: Path = REPO
     source: str = ""
 
+    # Optional sections, each written only when the version under test knows it (an
+    # unknown key is an error): the management API moves off its fixed port 18083 so that
+    # it never collides with another gatewayd on the machine.
+    OPTIONAL_CONFIG = ('[api]\nbind = "127.0.0.1:0"\n',)
+    _supported: dict[tuple[Path, str], bool] = {}  # noqa: RUF012 - a cache shared on purpose
+
+    def _gatewayd(self, conf: Path, *extra: str) -> list[str]:
+        python = REPO / ".venv" / "bin" / "python"
+        exe = str(python if python.exists() else sys.executable)
+        return [exe, "-m", "gateway.cli.gatewayd", "--config", str(conf), *extra]
+
+    def _accepts(self, section: str) -> bool:
+        key = (self.src, section)
+        if key not in self._supported:
+            probe = self.tmp / "probe.toml"
+            probe.write_text(section)
+            check = subprocess.run(  # in self.tmp: python -m puts the cwd first on sys.path
+                self._gatewayd(probe, "--check"),
+                cwd=self.tmp,
+                env=self.env(),
+                capture_output=True,
+                check=False,
+            )
+            self._supported[key] = check.returncode == 0
+        return self._supported[key]
+
     def command(self) -> list[str]:
         conf = self.tmp / "gateway.toml"
         conf.write_text(
@@ -234,15 +260,9 @@ class Gatewayd(Broker):
             f'data_dir = "{self.tmp / "data"}"\n'
             "[listeners.tcp.default]\n"
             f'bind = "{self.host}:{self.port}"\n'
+            + "".join(section for section in self.OPTIONAL_CONFIG if self._accepts(section))
         )
-        python = REPO / ".venv" / "bin" / "python"
-        return [
-            str(python if python.exists() else sys.executable),
-            "-m",
-            "gateway.cli.gatewayd",
-            "--config",
-            str(conf),
-        ]
+        return self._gatewayd(conf)
 
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
