@@ -20,6 +20,8 @@ from gateway.admin.admin import Admin
 from gateway.admin.registry import ListenerEntry
 from gateway.admin.sdnotify import SystemdIntegration
 from gateway.auth.setup import AuthServices, install_auth
+from gateway.cluster import Cluster
+from gateway.cluster import from_config as cluster_from_config
 from gateway.config import ConfigError, GatewayConfig
 from gateway.config.schema import WsListener, WssListener
 from gateway.core.authz import Authorizer, from_config
@@ -135,6 +137,7 @@ class Gateway:
         self.datagrams: list[DatagramShell] = []  # MQTT-SN (UDP) listeners
         self.advertisers: list[asyncio.TimerHandle] = []  # ssl listener name -> its contexts
         self.stopped = asyncio.Event()
+        self.cluster: Cluster | None = None  # gateway.cluster, when [cluster] is enabled
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -150,6 +153,9 @@ class Gateway:
         if store is not None:
             node.restore(*store.load())
         self.auth = install_auth(node, config, loop)
+        self.cluster = cluster_from_config(config, node, self.committer, self.admin.version)
+        if self.cluster is not None:  # before the listeners: publishes are forwarded
+            await self.cluster.start()
         self._start_protection(node)
         if config.fleet.archiver.enable:
             self.archiver = Archiver(
@@ -388,6 +394,9 @@ class Gateway:
             self.archiver.detach()
             await asyncio.to_thread(self.archiver.close)
             self.archiver = None
+        if self.cluster is not None:  # after the sessions settled, before the last commit
+            await self.cluster.stop()
+            self.cluster = None
         if self.committer is not None:
             self.committer.close()
             self.committer = None

@@ -243,7 +243,11 @@ class Admin:
         return out
 
     def cluster_view(self) -> dict[str, Any]:
-        """The cluster; a single node until gateway.cluster exists (same shape then)."""
+        """The cluster (gateway.cluster's view), or this node alone when it is off."""
+        cluster = self.gateway.cluster
+        if cluster is not None:
+            view: dict[str, Any] = cluster.view(self.node.connections)
+            return view
         return {
             "enabled": False,
             "status": NOT_CONFIGURED,

@@ -345,6 +345,37 @@ class ManagementApi:
     async def cluster(self, request: web.Request) -> web.Response:
         return _json(self.admin.cluster_view())
 
+    # cluster membership (gateway.cluster): join, leave, force-leave
+    def _cluster(self) -> Any:
+        cluster = self.admin.gateway.cluster
+        if cluster is None:
+            from gateway.admin.errors import not_configured
+
+            raise not_configured("the cluster")
+        return cluster
+
+    async def cluster_join(self, request: web.Request) -> web.Response:
+        cluster = self._cluster()
+        body = await read_json(request)
+        node = body.get("node")
+        if not isinstance(node, str) or not node:
+            raise bad_request('"node" must be "name@host:port" or "host:port"')
+        try:
+            joined = cluster.join(node)
+        except ValueError as exc:
+            raise bad_request(str(exc)) from None
+        return _json({"joining": joined}, status=202)
+
+    async def cluster_leave(self, request: web.Request) -> web.Response:
+        told = await self._cluster().leave()
+        return _json({"left": True, "told": told})
+
+    async def cluster_forget(self, request: web.Request) -> web.Response:
+        node = request.match_info["node"]
+        if not self._cluster().forget(node, "force-leave"):
+            raise not_found(f"no member {node}")
+        return web.Response(status=204)
+
     async def bridges(self, request: web.Request) -> web.Response:
         return _json(self.admin.bridges_view())
 
@@ -429,6 +460,9 @@ ROUTES: list[tuple[str, str, str]] = [
     ("GET", f"{API}/listeners", "listeners"),
     ("GET", f"{API}/gateways", "gateways"),
     ("GET", f"{API}/cluster", "cluster"),
+    ("POST", f"{API}/cluster/join", "cluster_join"),
+    ("POST", f"{API}/cluster/leave", "cluster_leave"),
+    ("DELETE", f"{API}/cluster/nodes/{{node}}", "cluster_forget"),
     ("GET", f"{API}/bridges", "bridges"),
     ("GET", f"{API}/alarms", "alarms"),
     ("GET", f"{API}/trace", "trace"),

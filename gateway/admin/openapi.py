@@ -149,6 +149,8 @@ SCHEMAS: dict[str, Any] = {
                    "who": {"type": "string"}, "by": NULLABLE_STR, "reason": {"type": "string"},
                    "at": {"type": "number"}, "until": NULLABLE_NUM,
                    "active": {"type": "boolean"}}),
+    "ClusterJoin": obj({"node": {"type": "string", "minLength": 1,
+                                 "examples": ["b@10.0.0.2:5370"]}}),
     "NewBanned": obj({"as": {"enum": ["clientid", "username", "peerhost", "cidr", "peerhost_net"],
                              "description": "peerhost_net is EMQX's name for cidr"},
                       "who": {"type": "string", "minLength": 1},
@@ -347,6 +349,21 @@ def paths(metrics_public: bool = True) -> dict[str, Any]:
         f"{a}/cluster": {"get": _op(
             "Cluster members and their states", "cluster", {"200": _ok(ref("Cluster"))},
             op_id="cluster")},
+        f"{a}/cluster/join": {"post": _op(
+            "Join the cluster of a node (name@host:port, or host:port)", "cluster",
+            {"202": _ok(obj({"joining": {"type": "string"}})),
+             "501": _error("Clustering is off on this node")},
+            body="ClusterJoin", op_id="cluster_join")},
+        f"{a}/cluster/leave": {"post": _op(
+            "Leave the cluster: tell every member, forget them", "cluster",
+            {"200": _ok(obj({"left": {"type": "boolean"}, "told": {"type": "integer"}})),
+             "501": _error("Clustering is off on this node")},
+            op_id="cluster_leave")},
+        f"{a}/cluster/nodes/{{node}}": {"delete": _op(
+            "Remove a (dead) member from this node's view (force-leave)", "cluster",
+            {"204": {"description": "Removed"}, "404": _error("No such member"),
+             "501": _error("Clustering is off on this node")},
+            params=[_p("node", "Node name")], op_id="cluster_forget")},
         f"{a}/bridges": {"get": _op(
             "Upstream bridges and their queues", "bridges", {"200": _ok(ref("Bridges"))},
             op_id="bridges")},

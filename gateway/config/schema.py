@@ -233,9 +233,16 @@ class _Section(BaseModel):
 # ------------------------------------------------------------------ sections
 
 
+def _lower_role(value: object) -> object:
+    return value.lower() if isinstance(value, str) else value
+
+
 class NodeConfig(_Section):
     name: str = "gateway@127.0.0.1"
     data_dir: Path = Path("data")  # relative paths are relative to the working directory
+    # cluster role (EMQX 5 / Mria): core nodes own the cluster's shared tables; replicants
+    # follow one core (see docs/cluster.md)
+    role: Annotated[Literal["core", "replicant"], BeforeValidator(_lower_role)] = "core"
 
 
 def _lower(value: object) -> object:
@@ -797,8 +804,51 @@ class FlappingDetectConfig(_Section):
     ban_time: Annotated[Duration, Field(gt=0)] = 300.0
 
 
+class ClusterTlsConfig(_Section):
+    """``[cluster.tls]``: the node's certificate (issued by the cluster CA with
+    ``gatewayctl certs issue DIR <node name> --server-client``) and the CA every peer's
+    certificate must chain to."""
+
+    certfile: Path | None = None
+    keyfile: Path | None = None
+    cacertfile: Path | None = None
+    # the peer certificate's CN must be the node name the peer claims
+    verify_node_name: bool = True
+
+
+class ClusterConfig(_Section):
+    """``[cluster]``: links to other nodes over mutual TLS (docs/cluster.md).
+
+    Clustering is on when ``enable`` is true, or when it is not given and
+    ``tls.certfile`` is. ``seeds`` are ``name@host[:port]`` (port 5370 when absent).
+    """
+
+    enable: bool = False
+    name: str = "gateway"
+    bind: Bind = "0.0.0.0:5370"
+    advertise: str | None = None  # host:port peers dial; default: bind (or node host)
+    discovery: Literal["manual", "static", "dns"] = "static"
+    seeds: Annotated[list[str], BeforeValidator(_split_commas)] = Field(default_factory=list)
+    tls: ClusterTlsConfig = Field(default_factory=ClusterTlsConfig)
+    heartbeat_interval: Annotated[Duration, Field(gt=0)] = 1.0
+    heartbeat_timeout: Annotated[Duration, Field(gt=0)] = 5.0
+    connect_timeout: Annotated[Duration, Field(gt=0)] = 5.0
+    reconnect_max: Annotated[Duration, Field(gt=0)] = 5.0
+    forward_batch: int = Field(default=1000, ge=1)
+    outbox_max: int = Field(default=1_000_000, ge=0)  # per peer; 0 = unbounded
+    autoheal: bool = True
+    autoclean: Duration = 300.0  # forget nodes down this long; 0 = never
+
+    @model_validator(mode="after")
+    def _auto_enable(self) -> ClusterConfig:
+        if "enable" not in self.model_fields_set and self.tls.certfile is not None:
+            object.__setattr__(self, "enable", True)
+        return self
+
+
 class GatewayConfig(_Section):
     node: NodeConfig = Field(default_factory=NodeConfig)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     log: LogConfig = Field(default_factory=LogConfig)
     listeners: Listeners = Field(default_factory=Listeners)
     mqtt: MqttConfig = Field(default_factory=MqttConfig)

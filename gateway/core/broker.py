@@ -11,6 +11,10 @@ Invariants:
 - A shared-group message goes to the first member of the strategy's order that is
   online; failing that to one whose session persists; it is lost only when the group
   has no member with a session (counted as ``no_subscribers``).
+- ``on_route(key, added)`` (set by gateway.cluster) is called whenever a route key of
+  this node appears or disappears: a plain filter when its first subscriber arrives or
+  its last leaves, ``$share/<group>/<filter>`` (``$queue/<filter>``) when a shared group
+  gets its first member or loses its last.
 """
 
 from __future__ import annotations
@@ -52,18 +56,26 @@ class Broker:
         self.ignore_loop_deliver = ignore_loop_deliver
         self.rng = rng or random.Random()
         self.on_no_subscribers: Callable[[Message], None] | None = None
+        self.on_route: Callable[[str, bool], None] | None = None  # the cluster's router
 
     # -- subscriptions ---------------------------------------------------------------
 
     def subscribe(self, client_id: str, topic_filter: str, options: SubOptions) -> None:
         group, real = parse_shared(topic_filter)
         if group is None:
-            self.plain.setdefault(real, {})[client_id] = options
+            subs = self.plain.get(real)
+            if subs is None:
+                subs = self.plain[real] = {}
+                if self.on_route is not None:
+                    self.on_route(real, True)
+            subs[client_id] = options
         else:
             groups = self.shared.setdefault(real, {})
             g = groups.get(group)
             if g is None:
                 g = groups[group] = _Group()
+                if self.on_route is not None:
+                    self.on_route(topic_filter, True)
             if client_id not in g.options:
                 g.members.add(client_id)
             g.options[client_id] = options
@@ -77,6 +89,8 @@ class Broker:
                 return
             if not subs:
                 del self.plain[real]
+                if self.on_route is not None:
+                    self.on_route(real, False)
         else:
             groups = self.shared.get(real)
             g = groups.get(group) if groups else None
@@ -85,6 +99,8 @@ class Broker:
             g.members.remove(client_id)
             if not g.options:
                 del groups[group]
+                if self.on_route is not None:
+                    self.on_route(topic_filter, False)
                 if not groups:
                     del self.shared[real]
         if real not in self.plain and real not in self.shared:

@@ -13,6 +13,11 @@ Invariants:
   never when the session is resumed first.
 - A session with expiry 0 ends when its connection closes; its unacknowledged shared
   subscription messages go to another member of the group.
+
+Cluster hooks (gateway.cluster attaches itself with :meth:`Node.attach_cluster`):
+``publish`` routes locally, then hands the message to ``cluster.forward``, which queues it
+for the other nodes whose routes match; a message forwarded by another node enters
+through :meth:`Node.inject`, which routes it locally only (never forwarded again).
 """
 
 from __future__ import annotations
@@ -104,6 +109,7 @@ class Node:
         # MQTT 5 enhanced authentication methods ("SCRAM-SHA-256" -> exchange factory),
         # registered by gateway.auth
         self.auth_methods: dict[str, Callable[[ClientInfo], AuthExchange]] = {}
+        self.cluster: Any = None  # gateway.cluster.Cluster, when clustered
 
     # -- GatewayContext: connection life cycle -----------------------------------------
 
@@ -423,7 +429,29 @@ class Node:
                 self.metrics.dropped("hook")
                 return 0
             message = result
-        return self.broker.route(message)
+        count = self.broker.route(message)
+        cluster = self.cluster
+        if cluster is not None:
+            count += cluster.forward(message)
+            if count == 0:
+                self.metrics.dropped("no_subscribers")
+        return count
+
+    def inject(self, message: Message) -> int:
+        """A message another node forwarded: keep it if retained, route it locally only."""
+        self.metrics.incr("messages.forwarded.received")
+        if message.retain and self.settings.retainer_enable:
+            self.retainer.on_publish(message)
+        count = self.broker.route(message)
+        if count == 0:
+            self.metrics.dropped("no_subscribers")
+        return count
+
+    def attach_cluster(self, cluster: Any) -> None:
+        """Forward publishes through ``cluster`` (None: stop). While attached, local
+        routing does not count ``no_subscribers``: the cluster may have some."""
+        self.cluster = cluster
+        self.broker.on_no_subscribers = None if cluster is not None else self._no_subscribers
 
     def subscribe(self, client: ClientInfo, topic_filter: str, options: SubOptions) -> bool:
         session = self.sessions[client.client_id]

@@ -1,4 +1,5 @@
-"""``gatewayctl cluster [status] [--json]``: cluster members and their states.
+"""``gatewayctl cluster [status|join|leave|force-leave] [--json]``: cluster members, their
+states, link health and replication lag; membership by hand.
 
 A node without clustering reports ``not configured`` and itself as the only member.
 """
@@ -6,11 +7,12 @@ A node without clustering reports ``not configured`` and itself as the only memb
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
 from gateway.cli.ctl import fmt
-from gateway.cli.ctl.apiclient import config_option, connect, emit_json, json_option
+from gateway.cli.ctl.apiclient import API, config_option, connect, emit_json, json_option
 
 
 @click.group(name="cluster", invoke_without_command=True,
@@ -23,11 +25,19 @@ def cluster(ctx: click.Context, config_path: Path | None, as_json: bool) -> None
         ctx.invoke(status_cmd, config_path=config_path, as_json=as_json)
 
 
+def _links(m: dict[str, Any]) -> str | None:
+    links = m.get("links")
+    if not links:
+        return None
+    up = [k for k, v in links.items() if v == "up"]
+    return "all up" if len(up) == len(links) else (", ".join(up) + " up" if up else "down")
+
+
 @cluster.command(name="status")
 @config_option
 @json_option
 def status_cmd(config_path: Path | None = None, as_json: bool = False) -> None:
-    """Show the cluster: its state, this node's role, the members."""
+    """Show the cluster: its state, this node's role, the members, their links and lag."""
     c = connect(config_path).get("/cluster")
     if as_json:
         emit_json(c)
@@ -39,7 +49,37 @@ def status_cmd(config_path: Path | None = None, as_json: bool = False) -> None:
     ]))
     out.print()
     out.print(fmt.table(
-        ["Member", "Role", "Status", "Version", "Connections"],
+        ["Member", "Role", "Status", "Links", "RTT ms", "Routes", "Outbox", "Lag",
+         "Version", "Connections"],
         [(m["node"] + (" (self)" if m.get("self") else ""), m["role"], m["status"],
+          _links(m), m.get("rtt_ms"), m.get("routes"),
+          (m.get("outbox") or {}).get("len"),
+          (m.get("replication") or {}).get("lag"),
           m["version"], m.get("connections")) for m in c["members"]],
     ))
+
+
+@cluster.command(name="join")
+@config_option
+@click.argument("node")
+def join_cmd(node: str, config_path: Path | None = None) -> None:
+    """Join the cluster of NODE (name@host:port, or host:port)."""
+    r = connect(config_path).request("POST", API + "/cluster/join", body={"node": node})
+    click.echo(f"joining {r['joining']}")
+
+
+@cluster.command(name="leave")
+@config_option
+def leave_cmd(config_path: Path | None = None) -> None:
+    """Leave the cluster: every member is told and forgotten."""
+    r = connect(config_path).request("POST", API + "/cluster/leave")
+    click.echo(f"left the cluster ({r['told']} members told)")
+
+
+@cluster.command(name="force-leave")
+@config_option
+@click.argument("node")
+def force_leave_cmd(node: str, config_path: Path | None = None) -> None:
+    """Remove NODE (a dead member) from this node's view of the cluster."""
+    connect(config_path).delete(f"/cluster/nodes/{node}")
+    click.echo(f"{node} removed")
