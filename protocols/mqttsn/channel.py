@@ -675,17 +675,21 @@ class MqttSnChannel:
         if not self.context.authorize(info, "publish", full):
             self._send(PubAck(tid, p.msg_id, RC.NOT_SUPPORTED))
             return
+        # The acknowledgement goes before any delivery the publish causes to this very
+        # client: constrained clients (Paho's MQTT-SN samples) read one message at a time
+        # and expect the PUBACK first. With a durable node the shell still holds both
+        # until the store has committed.
+        if p.qos == 1:
+            self._send(PubAck(tid, p.msg_id, RC.ACCEPTED))
+        elif p.qos == 2:
+            session.await_rel(p.msg_id)
+            self._send(PubRec(p.msg_id))
         now = self.context.now()
         msg = Message(
             full, p.data, p.qos, p.retain, publisher=info.client_id, username=info.username,
             timestamp=now,
         )
         self.context.publish(info, msg)
-        if p.qos == 1:
-            self._send(PubAck(tid, p.msg_id, RC.ACCEPTED))
-        elif p.qos == 2:
-            session.await_rel(p.msg_id)
-            self._send(PubRec(p.msg_id))
 
     # -- REGISTER in and out ---------------------------------------------------------
 

@@ -622,3 +622,15 @@ def test_crossing_mqtt_to_mqttsn_and_back(node: Node, clock: VirtualScheduler):
             w.send(PubRel(2))
         got = [p for p in m.take() if isinstance(p, MqttPublish)]
         assert [(p.payload, p.qos) for p in got] == [(b"s%d" % qos, qos)]
+
+
+def test_puback_goes_before_the_echo_of_the_same_publish(node: Node, clock: VirtualScheduler):
+    """Paho's pub0sub1 sample subscribes to a topic, publishes QoS 1 to it and reads the
+    next datagram expecting the PUBACK."""
+    w = sn(node, clock, "echo")
+    w.send(Subscribe(1, "a long topic name", qos=2))
+    tid = w.take()[0].topic_id  # type: ignore[union-attr]
+    w.send(Publish(tid, b"mypayload", qos=1, msg_id=2))
+    got = w.take()
+    assert got[0] == PubAck(tid, 2, 0)
+    assert isinstance(got[1], Publish) and got[1].data == b"mypayload"
