@@ -47,8 +47,9 @@ from gateway.cluster.link import HandshakeError, Link, accept_tls, dial, refuse,
 from gateway.cluster.outbox import ClusterStore
 from gateway.cluster.peer import Peer
 from gateway.cluster.routes import RouteTable
+from gateway.cluster.takeover import SessionRegistry, export_session, import_session
 from gateway.cluster.tls import ClusterTls, peer_common_name
-from protocols.context import Message
+from protocols.context import ClientInfo, Message
 
 if TYPE_CHECKING:
     from gateway.core.node import Node
@@ -107,6 +108,9 @@ class Cluster:
         self.peers: dict[str, Peer] = {}
         self.local_keys: set[str] = set()
         self._route_ops: list[list[str]] = []
+        self.registry = SessionRegistry()  # client id -> other nodes holding a session
+        self.local_sessions: set[str] = set()
+        self._session_ops: list[list[str]] = []
         self._route_rev = 0
         self._routes_scheduled = False
         self.inbox: dict[str, tuple[str, int]] = store.inbox()
@@ -140,6 +144,8 @@ class Cluster:
             for group in groups:
                 self.local_keys.add(_share_key(group, real))
         broker.on_route = self._local_route
+        self.local_sessions = set(self.node.sessions)
+        self.node.hooks.add("session.created", self._session_created)
         self.node.attach_cluster(self)
         known = self.store.members()
         for name, addr in self.settings.seeds:
@@ -167,6 +173,7 @@ class Cluster:
         if self.lsock is not None:
             self.lsock.close()
         self.node.broker.on_route = None
+        self.node.hooks.remove("session.created", self._session_created)
         self.node.attach_cluster(None)
         for peer in self.peers.values():
             self._close_peer(peer, "node stopping")
@@ -350,7 +357,10 @@ class Cluster:
         data.start(self._on_out_frame, self._out_closed)
         # our routes, from scratch: the peer replaces whatever it had from us
         self._route_rev += 1
-        ctl.send(F.control(F.ROUTES, {"snapshot": sorted(self.local_keys), "rev": self._route_rev}))
+        ctl.send(F.control(F.ROUTES, {
+            "snapshot": sorted(self.local_keys), "sessions_snapshot": sorted(self.local_sessions),
+            "rev": self._route_rev,
+        }))
         self._sent_rev(peer)
         self._learn(ctl.info.get("members", []))
         # resend every unacknowledged forward the peer has not applied
@@ -407,6 +417,13 @@ class Cluster:
                 peer.unacked_since = None if rev >= peer.rev_sent else time.monotonic()
         elif kind == F.MEMBERS:
             self._learn(F.parse_control(body).get("members"))
+        elif kind == F.CAST:
+            msg = F.parse_control(body)
+            cid, export = msg.get("cid"), msg.get("export")
+            if msg.get("op") == "session" and isinstance(cid, str) and isinstance(export, dict):
+                n = import_session(self.node, cid, export)
+                log.info("cluster: session %r taken over from %s (%d subscriptions, "
+                         "%d messages)", cid, peer.name, len(export.get("subscriptions", ())), n)
 
     def _close_peer(self, peer: Peer, why: str) -> None:
         for link in (peer.ctl_out, peer.data_out, peer.ctl_in, peer.data_in):
@@ -486,6 +503,7 @@ class Cluster:
         if peer.ctl_in is link:
             peer.ctl_in = None
             removed = self.routes.drop_node(peer.name)
+            self.registry.drop_node(peer.name)
             if not self.stopping:
                 log.info("cluster: %r closed (%s): %d routes of %s removed",
                          link, link.reason, removed, peer.name)
@@ -517,11 +535,28 @@ class Cluster:
                     self.routes.add(peer.name, key)
                 else:
                     self.routes.remove(peer.name, key)
+            sessions = msg.get("sessions_snapshot")
+            if isinstance(sessions, list):
+                self.registry.replace(peer.name, [c for c in sessions if isinstance(c, str)])
+            for op, cid in msg.get("sessions", ()):
+                if op == "+":
+                    self.registry.add(peer.name, cid)
+                else:
+                    self.registry.remove(peer.name, cid)
             link.send(F.control(F.ROUTES_ACK, {"rev": msg.get("rev", 0)}))
         elif kind == F.MEMBERS:
             self._learn(F.parse_control(body).get("members"))
         elif kind == F.LEAVE:
             self.forget(peer.name, "it left the cluster")
+        elif kind == F.CAST:
+            msg = F.parse_control(body)
+            cid = msg.get("cid")
+            if msg.get("op") == "takeover" and isinstance(cid, str):
+                clean = bool(msg.get("clean"))
+                export = export_session(self.node, cid, clean_start=clean)
+                if export is not None:  # answered on this link: it reaches the new node
+                    link.send(F.control(F.CAST, {"op": "session", "cid": cid, "export": export}))
+                    log.info("cluster: session %r handed over to %s", cid, peer.name)
 
     def _on_data(self, peer: Peer, link: Link, body: bytes) -> None:
         batch = F.decode_batch(body)
@@ -548,12 +583,49 @@ class Cluster:
 
     # -- routes of this node -----------------------------------------------------------
 
+    # -- session registry and takeover -------------------------------------------------
+
+    def _session_created(self, client: ClientInfo) -> None:
+        cid = client.client_id
+        if cid not in self.local_sessions:
+            self.local_sessions.add(cid)
+            self._session_ops.append(["+", cid])
+            self._schedule_routes()
+
+    def session_ended(self, cid: str) -> None:
+        """``Node._terminate``: this node no longer holds a session for ``cid``."""
+        if cid in self.local_sessions:
+            self.local_sessions.discard(cid)
+            self._session_ops.append(["-", cid])
+            self._schedule_routes()
+
+    def takeover(self, client: ClientInfo, clean_start: bool) -> bool:
+        """``Node.open_session`` for a client id without a session here: ask every node
+        holding one to hand it over (or end it, with clean start). True when the
+        session will be present here."""
+        holders = self.registry.holders(client.client_id) - {self.name}
+        asked = 0
+        for name in holders:
+            peer = self.peers.get(name)
+            if peer is None or peer.ctl_out is None or peer.ctl_out.closed:
+                continue
+            peer.ctl_out.send(F.control(F.CAST, {
+                "op": "takeover", "cid": client.client_id, "clean": clean_start,
+            }))
+            asked += 1
+        return asked > 0 and not clean_start
+
+    # -- routes of this node -----------------------------------------------------------
+
     def _local_route(self, key: str, added: bool) -> None:
         if added:
             self.local_keys.add(key)
         else:
             self.local_keys.discard(key)
         self._route_ops.append(["+" if added else "-", key])
+        self._schedule_routes()
+
+    def _schedule_routes(self) -> None:
         if not self._routes_scheduled and self._loop is not None:
             self._routes_scheduled = True
             self._loop.call_soon(self._send_routes)
@@ -561,10 +633,11 @@ class Cluster:
     def _send_routes(self) -> None:
         self._routes_scheduled = False
         ops, self._route_ops = self._route_ops, []
-        if not ops:
+        sessions, self._session_ops = self._session_ops, []
+        if not ops and not sessions:
             return
         self._route_rev += 1
-        frame = F.control(F.ROUTES, {"ops": ops, "rev": self._route_rev})
+        frame = F.control(F.ROUTES, {"ops": ops, "sessions": sessions, "rev": self._route_rev})
         for peer in self.peers.values():
             if peer.ctl_out is not None and not peer.ctl_out.closed:
                 peer.ctl_out.send(frame)

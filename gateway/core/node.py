@@ -18,6 +18,9 @@ Cluster hooks (gateway.cluster attaches itself with :meth:`Node.attach_cluster`)
 ``publish`` routes locally, then hands the message to ``cluster.forward``, which queues it
 for the other nodes whose routes match; a message forwarded by another node enters
 through :meth:`Node.inject`, which routes it locally only (never forwarded again).
+``open_session`` asks ``cluster.takeover`` when the client id has no session here (a
+session on another node is moved here, or ended there for a clean start), and
+``_terminate`` tells ``cluster.session_ended`` (the cluster's session registry).
 """
 
 from __future__ import annotations
@@ -198,6 +201,9 @@ class Node:
         self.hooks.run("client.connect", client)
         existing = self.sessions.get(cid)
         present = False
+        if existing is None and self.cluster is not None:
+            # a session of this client id on another node moves here (or ends there)
+            present = bool(self.cluster.takeover(client, clean_start))
         if existing is not None:
             old_handle = existing.handle
             if old_handle is not None:
@@ -376,6 +382,8 @@ class Node:
         cid = session.client_id
         if self.sessions.get(cid) is session:
             del self.sessions[cid]
+            if self.cluster is not None:
+                self.cluster.session_ended(cid)
         self._set_durable(session, False, disconnected_at=None)
         for f in list(session.subscriptions):
             self.broker.unsubscribe(cid, f)
