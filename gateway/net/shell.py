@@ -56,6 +56,8 @@ class EffectLoop:
         self.loop = loop
         self.channel = None
         self.held: list[Effect] = []
+        self._held_total = 0  # effects ever held, and ever released (commit marks)
+        self._released_total = 0
         self.timers: dict[str, asyncio.TimerHandle] = {}
         self.closed = False
 
@@ -113,14 +115,24 @@ class EffectLoop:
             return
         gate = self.gate
         if gate is not None and (self.held or gate.dirty):
-            if not self.held:
-                gate.after_commit(self._release)
+            # One commit callback per hold: these effects may depend on writes added
+            # since an earlier hold registered its callback, so they wait for a callback
+            # registered now. Callbacks run in registration order; each releases what
+            # was held up to its registration.
             self.held.extend(effects)
+            self._held_total += len(effects)
+            mark = self._held_total
+            gate.after_commit(lambda: self._release(mark))
             return
         self._execute(effects)
 
-    def _release(self) -> None:
-        effects, self.held = self.held, []
+    def _release(self, mark: int) -> None:
+        n = mark - self._released_total
+        if n <= 0:
+            return
+        effects = self.held[:n]
+        del self.held[:n]
+        self._released_total = mark
         if self._writable():
             self._execute(effects)
 
