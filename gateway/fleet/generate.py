@@ -121,7 +121,7 @@ def _device(
     backlog_at: dict[int, float] = {}
     t = t0 + rng.uniform(0, spec.interval)
     while t < t1:
-        ts = t + rng.uniform(-2, 2)
+        ts = max(t0, t + rng.uniform(-2, 2))
         t += spec.interval
         if silent and silent[0] <= ts < silent[1]:
             continue
@@ -201,7 +201,7 @@ def _spoil(
             text = text[:-1] + ',"fw":"1.4.2","extra":{"a":[1,2]}}'
             stats["unknown_fields"] += 1
         out.append(text)
-        if rng.random() < spec.duplicate_line_share:
+        if text is line.text and rng.random() < spec.duplicate_line_share:
             out.append(text)
             stats["duplicate_lines"] += 1
     return out
@@ -234,8 +234,11 @@ def generate_fleet(
                     segments[(kind, line.rx // span * span)].append(line)  # type: ignore[index]
         for (kind, hour), lines in sorted(segments.items()):
             lines.sort(key=lambda x: x.rx)
+            seg_stats: dict[str, int] = defaultdict(int)
             texts = (
-                _spoil(rng, spec, lines, stats) if kind == "telemetry" else [x.text for x in lines]
+                _spoil(rng, spec, lines, seg_stats)
+                if kind == "telemetry"
+                else [x.text for x in lines]
             )
             folder = root / partition_dir(kind, utc_date(hour), site, gw)
             folder.mkdir(parents=True, exist_ok=True)
@@ -247,8 +250,13 @@ def generate_fleet(
             stats[f"{kind}_lines"] += len(texts) * copies
             stats["segments"] += copies
             stats["duplicate_segments"] += copies - 1
-            if copies == 2:
-                stats["duplicate_segment_lines"] += len(texts)
+            for k, v in seg_stats.items():
+                stats[k] += v
+            bad = seg_stats["truncated_lines"], seg_stats["null_device_lines"]
+            stats["corrupt_lines"] += bad[0] * copies
+            stats["null_key_lines"] += bad[1] * copies
+            if copies == 2:  # the second copy's messages are duplicates
+                stats["duplicate_segment_lines"] += len(texts) - sum(bad)
         if progress is not None:
             progress(f"generated {gw} ({site}): devices {first + 1}..{last}")
     manifest: dict[str, Any] = {
@@ -265,6 +273,8 @@ def generate_fleet(
                 "duplicate_lines",
                 "lost_lines",
                 "truncated_lines",
+                "corrupt_lines",
+                "null_key_lines",
                 "null_device_lines",
                 "string_values",
                 "unknown_fields",

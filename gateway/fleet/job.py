@@ -213,11 +213,10 @@ def run(spark: SparkSession, settings: JobSettings, progress: Progress | None = 
     days = _days(start, end)
     schemas: dict[str, T.StructType] = {}
 
-    def write(name: str, df: DataFrame, *order: str) -> None:
+    def write(name: str, df: DataFrame) -> None:
         path = f"{out}/{name}"
         remove_partitions(spark, path, days)
         schemas[name] = df.schema
-        df = df.repartition("event_date").sortWithinPartitions(*order)
         df.write.mode("overwrite").partitionBy("event_date").parquet(path)
         say(f"wrote {name}")
 
@@ -225,25 +224,25 @@ def run(spark: SparkSession, settings: JobSettings, progress: Progress | None = 
         df = spark.read.schema(schemas[name]).parquet(f"{out}/{name}")
         return df.where(tables.in_range(F.col("event_date"), start, end))
 
-    write("telemetry", tables.clean_telemetry(tel, s, start, end), "device", "seq")
+    write("telemetry", tables.clean_telemetry(tel, s, start, end))
     tel.unpersist()
     clean = table("telemetry")
     long = tables.values(clean).persist(StorageLevel.MEMORY_AND_DISK)
-    write("rollup_5m", tables.rollup_5m(long), "device", "metric", "window_start")
-    write("rollup_site_1h", tables.rollup_site_1h(long), "site", "metric", "hour")
-    write("anomalies", tables.anomalies(long, s), "device", "metric", "ts")
+    write("rollup_5m", tables.rollup_5m(long))
+    write("rollup_site_1h", tables.rollup_site_1h(long))
+    write("anomalies", tables.anomalies(long, s))
     long.unpersist()
 
     events = tables.clean_events(ev, end).persist(StorageLevel.MEMORY_AND_DISK)
     ev.unpersist()
-    write("device_sessions", tables.sessions(events, start, end), "device", "start")
+    write("device_sessions", tables.sessions(events, start, end))
     daily = tables.device_daily(
         clean, table("device_sessions"), tables.event_daily(events, s, start, end)
     )
-    write("device_daily", daily, "device")
+    write("device_daily", daily)
     events.unpersist()
     daily = table("device_daily")
-    write("gaps", tables.gaps(clean, daily, s), "device", "gap_start")
+    write("gaps", tables.gaps(clean, daily, s))
 
     totals = _totals(daily, table("gaps").count(), table("anomalies").count())
     report = dq.build_report(start, end, s.lookback_days, t_lines, e_lines, totals, s.dq)

@@ -140,6 +140,8 @@ def clean_telemetry(
         .withColumn("bad_values", F.size("cast") - F.size("values"))
     )
     day = ["device", "event_date"]
+    # One shuffle by device-day serves both windows below (by seq and by device-day).
+    rows = rows.repartition(*day)
     by_seq = Window.partitionBy(*day, "seq")
     first = Window.partitionBy(*day, "seq").orderBy(
         "rx_ts", "ingest_date", "gw", "site", "ts", "topic"

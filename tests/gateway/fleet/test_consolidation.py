@@ -90,8 +90,8 @@ def test_report_counts_what_the_generator_injected(fleet):
     manifest, report = fleet["manifest"], fleet["result"].report
     lines = report["lines"]["telemetry"]
     assert sum(lines.values()) == manifest["telemetry_lines"]
-    assert lines["corrupt"] == manifest["truncated_lines"] > 0
-    assert lines["null_key"] == manifest["null_device_lines"] > 0
+    assert lines["corrupt"] == manifest["corrupt_lines"] > 0
+    assert lines["null_key"] == manifest["null_key_lines"] > 0
     assert report["totals"]["bad_values"] == manifest["string_values"] > 0
     totals = report["totals"]
     assert totals["duplicates"] == manifest["duplicate_lines"] + manifest["duplicate_segment_lines"]
