@@ -299,8 +299,8 @@ class Node:
                 if d.packet_id is not None:
                     session.inflight[d.packet_id] = d
                 else:
-                    session.mqueue.append(d)
-            session.released = {pid for pid in st.released if pid in session.inflight}
+                    session.queue_restored(d)
+            session.released = {pid: None for pid in st.released if pid in session.inflight}
             for pid in st.awaiting_rel:
                 session.awaiting_rel[pid] = now
             self.sessions[st.client_id] = session

@@ -32,6 +32,21 @@ AckCallback = Callable[["Session", Delivery], None]
 NEVER_EXPIRE = 0xFFFFFFFF
 
 
+class _NoQueue(deque[Delivery]):
+    """The shared empty queue of every session that never queued anything: an idle
+    session holds no deque of its own (an empty deque costs ~600 bytes). Appending to it
+    is a bug, so it is loud."""
+
+    def append(self, x: Delivery) -> None:
+        raise RuntimeError("append to the shared empty queue; use Session.queue_restored")
+
+    def extend(self, xs: object) -> None:
+        raise RuntimeError("extend of the shared empty queue")
+
+
+_NO_QUEUE = _NoQueue()
+
+
 class Journal(Protocol):
     """Where a persistent session records its changes (gateway.store.SessionStore)."""
 
@@ -87,8 +102,9 @@ class Session:
         self.expiry_interval = 0
         self.handle: ConnectionHandle | None = None
         self.inflight: dict[int, Delivery] = {}
-        self.released: set[int] = set()
-        self.mqueue: deque[Delivery] = deque()
+        # QoS 2 packet ids whose PUBREC arrived (a dict: smaller than an empty set)
+        self.released: dict[int, None] = {}
+        self.mqueue: deque[Delivery] = _NO_QUEUE  # a real deque on first use
         self.receive_maximum = receive_maximum
         self.max_mqueue_len = max_mqueue_len
         self.store_qos0 = store_qos0
@@ -156,6 +172,8 @@ class Session:
             else:
                 self._on_drop("queue_full", delivery)
                 return
+        if self.mqueue is _NO_QUEUE:
+            self.mqueue = deque()
         self.mqueue.append(delivery)
         if journal is not None and delivery.qos > 0:
             journal.queued(self.client_id, delivery)
@@ -194,6 +212,8 @@ class Session:
                 if journal is not None:
                     journal.assigned(d)
             out.append(d)
+        if not mqueue:
+            self.mqueue = _NO_QUEUE  # give the deque back: idle sessions stay small
         if out:
             handle.deliver(out)
 
@@ -230,7 +250,7 @@ class Session:
         d = self.inflight.get(packet_id)
         if d is None or d.qos != 2:
             return False
-        self.released.add(packet_id)
+        self.released[packet_id] = None
         if self.journal is not None:
             self.journal.released(d)
         return True
@@ -238,7 +258,7 @@ class Session:
     def pubcomp(self, packet_id: int) -> bool:
         if packet_id not in self.released:
             return False
-        self.released.discard(packet_id)
+        self.released.pop(packet_id, None)
         d = self.inflight.pop(packet_id, None)
         if d is not None:
             if self.journal is not None:
@@ -250,7 +270,7 @@ class Session:
     def discard(self, packet_id: int) -> None:
         """The channel could not send this delivery; forget it (already reported)."""
         d = self.inflight.pop(packet_id, None)
-        self.released.discard(packet_id)
+        self.released.pop(packet_id, None)
         if d is not None and self.journal is not None:
             self.journal.removed(d)
         self.drain()
@@ -269,11 +289,17 @@ class Session:
 
     # -- end of life ---------------------------------------------------------------
 
+    def queue_restored(self, delivery: Delivery) -> None:
+        """Put back a delivery loaded from the store (already journaled)."""
+        if self.mqueue is _NO_QUEUE:
+            self.mqueue = deque()
+        self.mqueue.append(delivery)
+
     def take_undelivered(self) -> list[Delivery]:
         """Everything not yet acknowledged (inflight first, then queued); empties both."""
         pending = [d for pid, d in self.inflight.items() if pid not in self.released]
         pending.extend(self.mqueue)
         self.inflight.clear()
         self.released.clear()
-        self.mqueue.clear()
+        self.mqueue = _NO_QUEUE
         return pending

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 from protocols.context import Delivery
 from protocols.effects import CancelTimer, Close, Effect, Pause, SetTimer
@@ -46,6 +46,58 @@ class CommitGate(Protocol):
     def after_commit(self, callback: Callable[[], None]) -> None: ...
 
 
+class TimerWheel:
+    """Coarse timers, one second of resolution, for the long timeouts every connection
+    has (keepalive, idle, packet timeouts): one event-loop callback per second for all
+    of them instead of one ``TimerHandle`` (~650 bytes) per connection.
+
+    Invariant: an entry fires at most once, no earlier than asked and at most about a
+    second later; a cancelled entry never fires.
+    """
+
+    _wheels: ClassVar[dict[asyncio.AbstractEventLoop, TimerWheel]] = {}
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.buckets: dict[int, set[tuple[EffectLoop, str]]] = {}
+        self.handle: asyncio.TimerHandle | None = None
+
+    @classmethod
+    def of(cls, loop: asyncio.AbstractEventLoop) -> TimerWheel:
+        wheel = cls._wheels.get(loop)
+        if wheel is None or wheel.loop is not loop:
+            wheel = cls._wheels[loop] = TimerWheel(loop)
+        return wheel
+
+    def add(self, owner: EffectLoop, name: str, delay: float) -> int:
+        key = int(self.loop.time() + delay) + 1
+        bucket = self.buckets.get(key)
+        if bucket is None:
+            bucket = self.buckets[key] = set()
+        bucket.add((owner, name))
+        if self.handle is None:
+            self.handle = self.loop.call_later(1.0, self._tick)
+        return key
+
+    def cancel(self, owner: EffectLoop, name: str, key: int) -> None:
+        bucket = self.buckets.get(key)
+        if bucket is not None:
+            bucket.discard((owner, name))
+            if not bucket:
+                del self.buckets[key]
+
+    def _tick(self) -> None:
+        now = self.loop.time()
+        for key in sorted(k for k in self.buckets if k <= now):
+            for owner, name in self.buckets.pop(key, ()):
+                owner._fire_wheel(name, key)
+        self.handle = self.loop.call_later(1.0, self._tick) if self.buckets else None
+
+
+# Timers shorter than this use the event loop directly (precise); longer ones the wheel.
+WHEEL_MIN_DELAY = 2.0
+
+
 class EffectLoop:
     """Carries out one channel's effects; base class of the transport shells."""
 
@@ -58,7 +110,8 @@ class EffectLoop:
         self.held: list[Effect] = []
         self._held_total = 0  # effects ever held, and ever released (commit marks)
         self._released_total = 0
-        self.timers: dict[str, asyncio.TimerHandle] = {}
+        # name -> a loop TimerHandle, or the TimerWheel bucket (an int) it waits in
+        self.timers: dict[str, asyncio.TimerHandle | int] = {}
         self.closed = False
 
     # -- what a shell provides ---------------------------------------------------------
@@ -105,10 +158,29 @@ class EffectLoop:
         if self.channel is not None and not self.closed:
             self._run(self.channel.on_timer(name))
 
+    def _fire_wheel(self, name: str, key: int) -> None:
+        if self.timers.get(name) == key:
+            self._fire(name)
+
+    def _set_timer(self, name: str, seconds: float) -> None:
+        self._cancel_timer(name)
+        if seconds >= WHEEL_MIN_DELAY:
+            self.timers[name] = TimerWheel.of(self.loop).add(self, name, seconds)
+        else:
+            self.timers[name] = self.loop.call_later(seconds, self._fire, name)
+
+    def _cancel_timer(self, name: str) -> None:
+        old = self.timers.pop(name, None)
+        if old is None:
+            return
+        if isinstance(old, int):
+            TimerWheel.of(self.loop).cancel(self, name, old)
+        else:
+            old.cancel()
+
     def _cancel_timers(self) -> None:
-        for timer in self.timers.values():
-            timer.cancel()
-        self.timers.clear()
+        for name in list(self.timers):
+            self._cancel_timer(name)
 
     def _run(self, effects: list[Effect]) -> None:
         if not effects:
@@ -145,14 +217,9 @@ class EffectLoop:
             if type(e) is bytes:
                 writes.append(e)
             elif isinstance(e, SetTimer):
-                old = self.timers.pop(e.name, None)
-                if old is not None:
-                    old.cancel()
-                self.timers[e.name] = self.loop.call_later(e.seconds, self._fire, e.name)
+                self._set_timer(e.name, e.seconds)
             elif isinstance(e, CancelTimer):
-                old = self.timers.pop(e.name, None)
-                if old is not None:
-                    old.cancel()
+                self._cancel_timer(e.name)
             elif isinstance(e, Pause):
                 self._pause_reading(e.seconds)
             elif isinstance(e, Close):

@@ -70,6 +70,8 @@ class ListenerLimits:
         deny: Sequence[str] = (),
         max_conn_rate: float = 0.0,
         now: Callable[[], float] = time.monotonic,
+        send_timeout: float = 0.0,
+        max_send_buffer: int = 0,
     ) -> None:
         self.name = name
         self.max_connections = max_connections
@@ -86,6 +88,11 @@ class ListenerLimits:
             else None
         )
         self.refused_by: dict[str, int] = {}  # refusals by reason
+        # slow readers: how long a client may leave our writes blocked (seconds), and
+        # how many bytes may wait for it meanwhile (0 = no limit); dropped clients
+        self.send_timeout = send_timeout
+        self.max_send_buffer = max_send_buffer
+        self.slow_readers = 0
         self._logged_at = float("-inf")
         self._unlogged = 0
 
@@ -133,6 +140,9 @@ class StreamShell(EffectLoop, asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.linger: asyncio.TimerHandle | None = None
         self.resume: asyncio.TimerHandle | None = None  # reading paused (rate limit) until
+        self.write_blocked = False  # the transport is above its high-water mark
+        self.send_timer: asyncio.TimerHandle | None = None
+        self.wbuf: list[bytes] = []  # written this loop turn, flushed by _flush
 
     # -- asyncio.Protocol ------------------------------------------------------------
 
@@ -173,6 +183,43 @@ class StreamShell(EffectLoop, asyncio.Protocol):
         if transport is not None and not transport.is_closing():
             transport.resume_reading()
 
+    # -- slow readers: asyncio's write flow control ------------------------------------
+
+    def pause_writing(self) -> None:
+        """Our writes pile up (the client reads slower than it is sent to): allow it
+        ``send_timeout`` seconds to catch up, and ``max_send_buffer`` bytes meanwhile."""
+        self.write_blocked = True
+        timeout = self.limits.send_timeout
+        if timeout and self.send_timer is None and not self.closed:
+            self.send_timer = self.loop.call_later(timeout, self._send_timed_out)
+
+    def resume_writing(self) -> None:
+        self.write_blocked = False
+        if self.send_timer is not None:
+            self.send_timer.cancel()
+            self.send_timer = None
+
+    def _send_timed_out(self) -> None:
+        self.send_timer = None
+        self._drop_slow_reader(f"it read nothing for send_timeout ({self.limits.send_timeout:g}s)")
+
+    def _drop_slow_reader(self, why: str) -> None:
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        self.limits.slow_readers += 1
+        size = transport.get_write_buffer_size()
+        log.warning(
+            "listener %s dropped slow reader %s: %s (%d bytes unsent)",
+            self.limits.name,
+            transport.get_extra_info("peername"),
+            why,
+            size,
+        )
+        self.closed = True
+        self._cancel_timers()
+        transport.abort()
+
     def data_received(self, data: bytes) -> None:
         channel = self.channel
         if channel is not None and not self.closed:
@@ -187,6 +234,9 @@ class StreamShell(EffectLoop, asyncio.Protocol):
         if self.resume is not None:
             self.resume.cancel()
             self.resume = None
+        if self.send_timer is not None:
+            self.send_timer.cancel()
+            self.send_timer = None
         self._cancel_timers()
         if self.channel is not None:
             self.limits.current -= 1
@@ -195,6 +245,11 @@ class StreamShell(EffectLoop, asyncio.Protocol):
                 self.channel.connection_lost()
             except Exception:  # pragma: no cover - a bug in a channel must not kill the loop
                 log.exception("channel failed in connection_lost")
+            # The channel refers back to this shell: drop it now, so its buffers (up to
+            # max_packet_size of a half-received packet) go at once, not at the next
+            # full garbage collection.
+            self.channel = None
+            self.held = []
 
     # -- EffectLoop ------------------------------------------------------------------
 
@@ -202,10 +257,29 @@ class StreamShell(EffectLoop, asyncio.Protocol):
         return self.transport is not None and not self.transport.is_closing()
 
     def _write_all(self, writes: list[bytes]) -> None:
-        assert self.transport is not None
-        self.transport.write(writes[0] if len(writes) == 1 else b"".join(writes))
+        """Writes are gathered and handed to the transport once per event-loop turn: a
+        subscriber fed by many publishers (or a publisher answered with many acks) costs
+        one send() per turn instead of one per packet."""
+        buf = self.wbuf
+        if not buf:
+            self.loop.call_soon(self._flush)
+        buf.extend(writes)
+
+    def _flush(self) -> None:
+        buf = self.wbuf
+        transport = self.transport
+        if not buf or transport is None or transport.is_closing():
+            buf.clear()
+            return
+        transport.write(buf[0] if len(buf) == 1 else b"".join(buf))
+        buf.clear()
+        if self.write_blocked:
+            cap = self.limits.max_send_buffer
+            if cap and transport.get_write_buffer_size() > cap:
+                self._drop_slow_reader(f"more than max_send_buffer ({cap} bytes) unsent")
 
     def _shutdown(self, reason: str) -> None:
+        self._flush()
         transport = self.transport
         assert transport is not None
         log.debug("closing %s: %s", transport.get_extra_info("peername"), reason)

@@ -159,6 +159,42 @@ def _will_properties(p: Properties) -> Properties:
 
 
 class MqttChannel:
+    # One channel per connection: slots keep an idle connection small (bench/README.md).
+    __slots__ = (
+        "_aliases_in",
+        "_aliases_out",
+        "_auth_data_out",
+        "_auth_method",
+        "_buffered_before",
+        "_busy",
+        "_bytes",
+        "_core_closed",
+        "_exchange",
+        "_held",
+        "_messages",
+        "_monotonic",
+        "_out",
+        "_packet_timer",
+        "_partial_since",
+        "_paused_until",
+        "_pending_connect",
+        "_published",
+        "client_alias_max",
+        "conn",
+        "context",
+        "expiry_interval",
+        "handle",
+        "info",
+        "keepalive",
+        "last_rx",
+        "peer",
+        "peer_cert",
+        "session",
+        "settings",
+        "state",
+        "version",
+    )
+
     def __init__(
         self,
         context: GatewayContext,

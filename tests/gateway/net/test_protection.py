@@ -109,6 +109,12 @@ class FakeTransport:
 
     def write(self, data: bytes) -> None:
         self.written.append(data)
+        self.buffered += len(data)
+
+    buffered = 0
+
+    def get_write_buffer_size(self) -> int:
+        return self.buffered
 
     def abort(self) -> None:
         self.aborted = True
@@ -141,6 +147,16 @@ class FakeLoop:
     def __init__(self) -> None:
         self.now = 0.0
         self.timers: list[FakeTimer] = []
+        self.ready: list[tuple[Any, tuple[Any, ...]]] = []
+
+    def call_soon(self, callback: Any, *args: Any) -> None:
+        self.ready.append((callback, args))
+
+    def run_ready(self) -> None:
+        """One loop turn: the callbacks queued with call_soon (the shell's write flush)."""
+        ready, self.ready = self.ready, []
+        for callback, args in ready:
+            callback(*args)
 
     def time(self) -> float:
         return self.now
@@ -154,6 +170,7 @@ class FakeLoop:
         return self.call_at(self.now + delay, callback, *args)
 
     def advance(self, seconds: float) -> None:
+        self.run_ready()
         self.now += seconds
         for t in sorted(self.timers, key=lambda t: t.when()):
             if t.when() <= self.now and not t.cancelled:
@@ -191,11 +208,13 @@ class PausingChannel:
         return []
 
 
-def make_shell() -> tuple[StreamShell, FakeTransport, FakeLoop, PausingChannel]:
+def make_shell(
+    limits: ListenerLimits | None = None,
+) -> tuple[StreamShell, FakeTransport, FakeLoop, PausingChannel]:
     channel = PausingChannel()
 
     async def build() -> StreamShell:
-        return StreamShell(ListenerLimits("tcp:t"), lambda shell, peer: channel)
+        return StreamShell(limits or ListenerLimits("tcp:t"), lambda shell, peer: channel)
 
     shell = asyncio.run(build())
     loop = FakeLoop()
@@ -209,6 +228,7 @@ def test_pause_stops_reading_until_the_time_is_up() -> None:
     shell, transport, loop, channel = make_shell()
     channel.script = [[b"ack", Pause(2.0)]]
     shell.data_received(b"x")
+    loop.run_ready()
     assert transport.written == [b"ack"]
     assert not transport.reading
     loop.advance(1.9)
@@ -245,3 +265,58 @@ def test_pause_lengths(seconds: float) -> None:
     shell._run([Pause(seconds)])
     loop.advance(seconds)
     assert transport.reading
+
+
+# -- slow readers ------------------------------------------------------------------------
+
+
+def test_a_reader_blocked_for_send_timeout_is_dropped(caplog) -> None:
+    limits = ListenerLimits("tcp:t", send_timeout=15.0)
+    shell, transport, loop, _ = make_shell(limits)
+    shell.pause_writing()
+    loop.advance(14.9)
+    shell.resume_writing()  # it caught up in time
+    loop.advance(60)
+    assert not transport.aborted
+    shell.pause_writing()
+    with caplog.at_level(logging.WARNING, logger="gateway.net"):
+        loop.advance(15.0)
+    assert transport.aborted and shell.closed
+    assert limits.slow_readers == 1
+    assert "dropped slow reader" in caplog.text
+
+
+def test_more_than_max_send_buffer_unsent_is_dropped() -> None:
+    limits = ListenerLimits("tcp:t", max_send_buffer=1000)
+    shell, transport, loop, _ = make_shell(limits)
+    shell._run([b"x" * 5000])  # not blocked (below the high-water mark): fine
+    loop.run_ready()
+    assert not transport.aborted
+    transport.buffered = 0
+    shell.pause_writing()
+    shell._run([b"x" * 600])
+    loop.run_ready()
+    assert not transport.aborted
+    shell._run([b"x" * 600])
+    loop.run_ready()  # writes reach the transport once per loop turn
+    assert transport.aborted and limits.slow_readers == 1
+    shell.deliver([])  # nothing more is carried out
+    assert len(transport.written) == 3
+
+
+def test_no_limits_no_drop() -> None:
+    shell, transport, loop, _ = make_shell()
+    shell.pause_writing()
+    shell._run([b"x" * 10_000_000])
+    loop.advance(3600)
+    assert not transport.aborted
+
+
+def test_connection_lost_lets_go_of_the_channel() -> None:
+    """The channel (and its receive buffer) is not kept alive by a reference cycle
+    through the shell once the connection is gone."""
+    shell, _, _, _ = make_shell()
+    shell.held = [b"unsent"]
+    shell.connection_lost(None)
+    assert shell.channel is None and shell.held == []
+    shell.deliver([])  # a late delivery from the core is ignored

@@ -98,7 +98,7 @@ def test_persistent_session_survives_restart(tmp_path: Path) -> None:
         assert set(s2.subscriptions) == {"t/#", "$share/g/s"}
         assert s2.subscriptions["t/#"].subscription_id == 7
         assert sorted(s2.inflight) == sorted(d.packet_id for d in inflight)
-        assert s2.released == {qos2.packet_id}
+        assert list(s2.released) == [qos2.packet_id]
         assert [d.message.payload for d in s2.mqueue] == [b"2", b"3"]
         assert 42 in s2.awaiting_rel
         assert node2.retainer.get("r") is not None
