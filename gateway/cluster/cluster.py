@@ -49,6 +49,7 @@ from gateway.cluster.peer import Peer
 from gateway.cluster.routes import RouteTable
 from gateway.cluster.takeover import SessionRegistry, export_session, import_session
 from gateway.cluster.tls import ClusterTls, peer_common_name
+from gateway.core.shared import SharedGroup
 from protocols.context import ClientInfo, Message
 
 if TYPE_CHECKING:
@@ -122,6 +123,8 @@ class Cluster:
         self._tasks: set[asyncio.Task[Any]] = set()
         self.started_at = time.time()
         self.on_peer_down: list[Callable[[str], None]] = []
+        # (group, filter) -> (the nodes with members, their order for the strategy)
+        self._share_order: dict[tuple[str, str], tuple[frozenset[str], SharedGroup[str]]] = {}
 
     # -- life cycle --------------------------------------------------------------------
 
@@ -265,6 +268,7 @@ class Cluster:
         if peer.task is not None:
             peer.task.cancel()
         removed = self.routes.drop_node(name)
+        self._reroute_shared(peer)
         pending = len(peer.outbox)
         self.store.outbox_deleted(name)
         self.store.member_deleted(name)
@@ -408,6 +412,12 @@ class Cluster:
             seq = F.parse_control(body).get("seq")
             if isinstance(seq, int):
                 peer.outbox.ack(seq)
+                pending = peer.shared_pending
+                while pending:
+                    first = next(iter(pending))
+                    if first > seq:
+                        break
+                    del pending[first]
         elif kind == F.ROUTES_ACK:
             rev = F.parse_control(body).get("rev")
             if isinstance(rev, int) and rev > peer.rev_acked:
@@ -574,7 +584,10 @@ class Cluster:
                     continue
                 applied = seq
             peer.received += 1
-            inject(fwd.message)
+            if fwd.share is None:
+                inject(fwd.message)
+            elif not inject(fwd.message, fwd.share):  # its member left: another one
+                self.reshare(fwd.message, fwd.share[0], fwd.share[1], {self.name})
         if top:
             self.inbox[peer.name] = (epoch, applied)
             self.store.applied_saved(peer.name, epoch, applied)
@@ -651,7 +664,14 @@ class Cluster:
     # -- forwarding ----------------------------------------------------------------
 
     def forward(self, message: Message) -> int:
-        """Queue ``message`` for every other node with a matching route; how many."""
+        """Queue ``message`` for every other node with a matching plain route, and give it
+        to one node (this one included) per matching shared group; how many."""
+        n = self._forward_plain(message)
+        if self.routes.groups or self.node.broker.shared:
+            n += self._forward_shared(message)
+        return n
+
+    def _forward_plain(self, message: Message) -> int:
         nodes = self.routes.match(message.topic)
         if message.retain:
             nodes = nodes | set(self.peers)  # every node keeps the retained messages
@@ -678,6 +698,106 @@ class Cluster:
             else:
                 peer.outbox.append(body, lambda p=peer: self._schedule_flush(p))  # type: ignore[misc]
         return n
+
+    # -- shared subscriptions across nodes ---------------------------------------------
+
+    def _forward_shared(self, message: Message) -> int:
+        targets: dict[tuple[str, str], set[str]] = {}
+        for group, real, nodes in self.routes.match_groups(message.topic):
+            targets[(group, real)] = set(nodes)
+        for key in self.node.broker.shared_groups(message.topic):
+            targets.setdefault(key, set()).add(self.name)
+        n = 0
+        for (group, real), nodes in targets.items():
+            if self._dispatch_shared(message, group, real, nodes, ()):
+                n += 1
+        return n
+
+    def reshare(self, message: Message, group: str, real: str,
+                exclude: tuple[str, ...] | set[str] = ()) -> bool:
+        """A shared-group message whose chosen member or node is gone: give it to another
+        node with members of the group (this one included unless excluded)."""
+        nodes = set(self.routes.groups.get(real, {}).get(group, ()))
+        if self.node.broker.shared.get(real, {}).get(group) is not None:
+            nodes.add(self.name)
+        return self._dispatch_shared(message, group, real, nodes, exclude)
+
+    def _dispatch_shared(self, message: Message, group: str, real: str, nodes: set[str],
+                         exclude: tuple[str, ...] | set[str]) -> bool:
+        """One node for the group, tried in the strategy's order: this node delivers to a
+        local member itself; a reachable peer gets a record marked with the group. With
+        no reachable peer left, a QoS 1/2 message waits in the first candidate's outbox."""
+        order = [n for n in self._node_order(group, real, nodes, message) if n not in exclude]
+        broker = self.node.broker
+        for name in order:
+            if name == self.name:
+                if broker.deliver_shared(message, real, group):
+                    return True
+                continue
+            peer = self.peers.get(name)
+            if peer is not None and peer.data_out is not None and not peer.data_out.closed:
+                return self._send_shared(peer, message, group, real)
+        if message.qos:
+            for name in order:
+                peer = self.peers.get(name)
+                if peer is not None:
+                    return self._send_shared(peer, message, group, real)
+        return False
+
+    def _send_shared(self, peer: Peer, message: Message, group: str, real: str) -> bool:
+        body = F.encode_message(message, (group, real))
+        peer.forwarded += 1
+        if message.qos == 0:
+            if len(peer.qos0) >= MAX_QOS0_PENDING:
+                peer.dropped += 1
+                return False
+            peer.qos0.append(F.record(0, body))
+            self._schedule_flush(peer)
+            return True
+        seq = peer.outbox.append(body, lambda p=peer: self._schedule_flush(p))  # type: ignore[misc]
+        peer.shared_pending[seq] = (group, real, message)
+        return True
+
+    def _node_order(self, group: str, real: str, nodes: set[str], message: Message
+                    ) -> list[str]:
+        """The nodes of a group in the order to try them: the broker's strategy applied to
+        nodes (sorted by name, so hashing strategies agree on every node); ``local``
+        puts this node first when it has members."""
+        key = (group, real)
+        members = frozenset(nodes)
+        entry = self._share_order.get(key)
+        if entry is None or entry[0] != members:
+            order: SharedGroup[str] = SharedGroup()
+            for name in sorted(members):
+                order.add(name)
+            if not members:
+                self._share_order.pop(key, None)
+            else:
+                self._share_order[key] = (members, order)
+        else:
+            order = entry[1]
+        strategy = self.node.broker.shared_strategy
+        if strategy == "local":
+            if self.name in members:
+                return [self.name, *(n for n in order if n != self.name)]
+            strategy = "random"
+        return list(order.candidates(strategy, topic=message.topic,
+                                     publisher=message.publisher, rng=self.node.broker.rng))
+
+    def _reroute_shared(self, peer: Peer) -> None:
+        """``peer`` is down or removed: its unacknowledged shared-group messages go to
+        other nodes with members (at least once: it may have applied some)."""
+        pending = peer.shared_pending
+        if not pending:
+            return
+        peer.shared_pending = {}
+        taken = peer.outbox.take(set(pending))
+        moved = sum(
+            1 for seq in taken
+            if self.reshare(pending[seq][2], pending[seq][0], pending[seq][1], {peer.name})
+        )
+        log.warning("cluster: %s is gone: %d of its %d unacknowledged shared-subscription "
+                    "messages given to other members", peer.name, moved, len(taken))
 
     def _schedule_flush(self, peer: Peer) -> None:
         if not peer.flush_scheduled and self._loop is not None:
@@ -747,6 +867,7 @@ class Cluster:
             return
         log.info("cluster: node %s is %s", peer.name, new)
         if new == "down":
+            self._reroute_shared(peer)
             for cb in self.on_peer_down:
                 cb(peer.name)
 

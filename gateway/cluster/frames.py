@@ -103,6 +103,7 @@ class Forwarded:
 
     seq: int
     message: Message
+    share: tuple[str, str] | None = None  # (group, filter): for one member of that group
 
 
 _SEQ = struct.Struct(">Q")
@@ -110,19 +111,28 @@ _REC = struct.Struct(">BBHHHIIdd")
 _NONE = 0xFFFF
 
 
-def encode_message(m: Message) -> bytes:
-    """A message's record body; a DATA record is ``seq (8 bytes) | body``."""
+_SHARE_LEN = struct.Struct(">H")
+
+
+def encode_message(m: Message, share: tuple[str, str] | None = None) -> bytes:
+    """A message's record body; a DATA record is ``seq (8 bytes) | body``. With ``share``
+    (group, filter) flag bit 2 is set and ``len (2 bytes) | group NUL filter`` follows the
+    payload: the receiver gives it to one member of that shared group only."""
     topic = m.topic.encode()
     publisher = m.publisher.encode()
     username = b"" if m.username is None else m.username.encode()
     props_s = dump_props(m.properties)
     props = b"" if props_s is None else props_s.encode()
     expires = math.nan if m.expires_at is None else m.expires_at
+    trailer = b""
+    if share is not None:
+        key = f"{share[0]}\0{share[1]}".encode()
+        trailer = _SHARE_LEN.pack(len(key)) + key
     return b"".join(
         (
             _REC.pack(
                 m.qos,
-                1 if m.retain else 0,
+                (1 if m.retain else 0) | (2 if share is not None else 0),
                 len(topic),
                 len(publisher),
                 _NONE if m.username is None else len(username),
@@ -136,6 +146,7 @@ def encode_message(m: Message) -> bytes:
             username,
             props,
             m.payload,
+            trailer,
         )
     )
 
@@ -173,6 +184,14 @@ def decode_batch(body: bytes) -> list[Forwarded]:
             if len(payload) != lpl:
                 raise FrameError("truncated message")
             pos += lpl
+            share: tuple[str, str] | None = None
+            if flags & 2:
+                (ls,) = _SHARE_LEN.unpack_from(body, pos)
+                group, sep, real = body[pos + 2 : pos + 2 + ls].decode().partition("\0")
+                if not sep:
+                    raise FrameError("bad shared-group trailer")
+                share = (group, real)
+                pos += 2 + ls
             m = Message(
                 topic,
                 payload,
@@ -184,7 +203,7 @@ def decode_batch(body: bytes) -> list[Forwarded]:
                 ts,
                 None if math.isnan(exp) else exp,
             )
-            out.append(Forwarded(seq, m))
+            out.append(Forwarded(seq, m, share))
     except (struct.error, UnicodeDecodeError, ValueError, TypeError) as exc:
         raise FrameError(f"bad DATA frame: {exc}") from None
     return out

@@ -205,6 +205,21 @@ class Outbox:
         self.store.add("INSERT OR REPLACE INTO cluster_seq VALUES (?,?)", (self.peer, seq))
         return n
 
+    def take(self, seqs: set[int]) -> list[int]:
+        """Remove the unacknowledged records numbered in ``seqs`` (to send elsewhere);
+        the numbers removed. The receiver's mark skips the gaps."""
+        kept: deque[tuple[int, bytes]] = deque()
+        taken: list[int] = []
+        for seq, body in self.records:
+            if seq in seqs:
+                taken.append(seq)
+                self.store.add("DELETE FROM cluster_outbox WHERE peer=? AND seq=?",
+                               (self.peer, seq))
+            else:
+                kept.append((seq, body))
+        self.records = kept
+        return taken
+
     def unsent(self) -> list[tuple[int, bytes]]:
         """Committed records not yet written to the current link, in order."""
         out = []

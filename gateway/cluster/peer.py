@@ -49,6 +49,8 @@ class Peer:
         self.received = 0
         self.dropped = 0
         self.duplicates = 0
+        # outbox seq -> (group, filter, message) of unacknowledged shared-group forwards
+        self.shared_pending: dict[int, tuple[str, str, Any]] = {}
         self.task: asyncio.Task[None] | None = None
         self.wake = asyncio.Event()
 

@@ -112,8 +112,11 @@ class Broker:
 
     # -- routing ---------------------------------------------------------------------
 
-    def route(self, message: Message) -> int:
-        """Deliver a message to every matching local session; returns how many."""
+    def route(self, message: Message, *, shared: bool = True) -> int:
+        """Deliver a message to every matching local session; returns how many.
+
+        ``shared=False`` (clustered: the cluster picks one node per shared group and
+        calls :meth:`deliver_shared` there) skips the shared groups."""
         filters = self.index.lookup(message.topic)
         if not filters:
             if self.on_no_subscribers is not None:
@@ -123,7 +126,7 @@ class Broker:
         publisher = message.publisher
         skip_self = self.ignore_loop_deliver
         count = 0
-        if len(filters) == 1 and filters[0] not in self.shared:
+        if len(filters) == 1 and (not shared or filters[0] not in self.shared):
             # Fast path: one plain filter, no aggregation needed.
             subs = self.plain.get(filters[0])
             if subs:
@@ -148,7 +151,7 @@ class Broker:
                             merged[client_id] = [opts]
                         else:
                             lst.append(opts)
-                groups = self.shared.get(f)
+                groups = self.shared.get(f) if shared else None
                 if groups:
                     for name, g in groups.items():
                         count += self._route_shared(message, f, name, g)
@@ -209,6 +212,19 @@ class Broker:
         opts = g.options[target.client_id]
         target.enqueue(self._delivery(message, opts.qos, opts, (name, real)))
         return 1
+
+    def shared_groups(self, topic: str) -> list[tuple[str, str]]:
+        """``(group, real filter)`` of every local shared group matching ``topic``."""
+        shared = self.shared
+        if not shared:
+            return []
+        return [(name, f) for f in self.index.lookup(topic) for name in shared.get(f, ())]
+
+    def deliver_shared(self, message: Message, real: str, group: str) -> int:
+        """Give ``message`` to one member of the local group ``$share/group/real``
+        (strategy order, online first); 0 when the group has no member with a session."""
+        g = self.shared.get(real, {}).get(group)
+        return 0 if g is None else self._route_shared(message, real, group, g)
 
     def redispatch(self, delivery: Delivery, exclude: str) -> bool:
         """Give an unacknowledged shared-subscription message to another group member."""

@@ -389,7 +389,10 @@ class Node:
             self.broker.unsubscribe(cid, f)
         session.subscriptions.clear()
         for d in session.take_undelivered():
-            if d.share is not None and self.broker.redispatch(d, cid):
+            if d.share is not None and (
+                self.broker.redispatch(d, cid)
+                or (self.cluster is not None and self.cluster.reshare(d.message, *d.share))
+            ):
                 self.metrics.incr("messages.shared.redispatched")
             elif d.qos > 0 or d.share is not None:
                 self.metrics.dropped("session_ended")
@@ -437,20 +440,25 @@ class Node:
                 self.metrics.dropped("hook")
                 return 0
             message = result
-        count = self.broker.route(message)
         cluster = self.cluster
+        # clustered, the cluster picks one node per shared group (this one included)
+        count = self.broker.route(message, shared=cluster is None)
         if cluster is not None:
             count += cluster.forward(message)
             if count == 0:
                 self.metrics.dropped("no_subscribers")
         return count
 
-    def inject(self, message: Message) -> int:
-        """A message another node forwarded: keep it if retained, route it locally only."""
+    def inject(self, message: Message, share: tuple[str, str] | None = None) -> int:
+        """A message another node forwarded: keep it if retained, route it locally only
+        (to plain subscribers; with ``share=(group, filter)`` to one member of that
+        shared group only: the sending node chose this node for it)."""
         self.metrics.incr("messages.forwarded.received")
+        if share is not None:
+            return self.broker.deliver_shared(message, share[1], share[0])
         if message.retain and self.settings.retainer_enable:
             self.retainer.on_publish(message)
-        count = self.broker.route(message)
+        count = self.broker.route(message, shared=False)
         if count == 0:
             self.metrics.dropped("no_subscribers")
         return count
