@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import struct
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -55,7 +56,6 @@ from protocols.mqtt.packets import (
     Disconnect,
     Packet,
     PingReq,
-    PingResp,
     Properties,
     PubAck,
     PubComp,
@@ -74,6 +74,8 @@ from protocols.ratelimit import TokenBucket
 log = logging.getLogger("protocols.mqtt.channel")
 
 RC = ReasonCode
+_ACK = struct.Struct(">BBH")  # PUBACK/PUBREC/PUBREL/PUBCOMP: type+flags, length 2, packet id
+_PINGRESP = b"\xd0\x00"
 NO_EXPIRY = 0xFFFFFFFF
 
 
@@ -383,7 +385,7 @@ class MqttChannel:
         if self.state is not State.CONNECTED:
             return []
         outer = self._enter()
-        self._send(PubRel(packet_id))
+        self._ack(PubRel, 0x62, packet_id)
         return self._leave(outer)
 
     def kick(self, reason_code: int) -> list[Effect]:
@@ -414,6 +416,16 @@ class MqttChannel:
 
     def _send(self, packet: Packet) -> None:
         self._out.append(self.conn.send(packet))
+
+    def _ack(
+        self, kind: type[PubAck | PubRec | PubRel | PubComp], first: int, pid: int, code: int = 0
+    ) -> None:
+        """An acknowledgement; with reason 0 (or for 3.x) the same 4 bytes in every version
+        (MQTT 5 may omit a 0 reason code), so no packet object and no encoder."""
+        if code == 0 or self.version != MQTT_5:
+            self._out.append(_ACK.pack(first, 2, pid))
+        else:
+            self._send(kind(pid, code))
 
     def _close(self, reason: str) -> None:
         if self.state is State.CLOSED:
@@ -473,7 +485,7 @@ class MqttChannel:
         elif isinstance(packet, Unsubscribe):
             self._on_unsubscribe(packet)
         elif isinstance(packet, PingReq):
-            self._send(PingResp())
+            self._out.append(_PINGRESP)
         elif isinstance(packet, Disconnect):
             self._on_disconnect(packet)
         elif isinstance(packet, Auth):
@@ -794,7 +806,7 @@ class MqttChannel:
         pid = p.packet_id
         awaiting = session.awaiting_rel
         if qos == 2 and pid in awaiting:
-            self._send(PubRec(pid))  # a re-sent PUBLISH: acknowledge, do not deliver again
+            self._ack(PubRec, 0x50, pid)  # a re-sent PUBLISH: acknowledge, do not deliver again
             return
         if not self.context.authorize(info, "publish", full_topic):
             if s.deny_action_disconnect:
@@ -836,10 +848,10 @@ class MqttChannel:
         )
         n = self.context.publish(info, message)
         if qos == 1:
-            self._send(PubAck(pid, RC.NO_MATCHING_SUBSCRIBERS if n == 0 and v5 else 0))  # type: ignore[arg-type]
+            self._ack(PubAck, 0x40, pid, RC.NO_MATCHING_SUBSCRIBERS if n == 0 and v5 else 0)  # type: ignore[arg-type]
         elif qos == 2:
             session.await_rel(pid)  # type: ignore[arg-type]
-            self._send(PubRec(pid, RC.NO_MATCHING_SUBSCRIBERS if n == 0 and v5 else 0))  # type: ignore[arg-type]
+            self._ack(PubRec, 0x50, pid, RC.NO_MATCHING_SUBSCRIBERS if n == 0 and v5 else 0)  # type: ignore[arg-type]
 
     def _expire_awaiting(self, session: SessionAPI) -> None:
         deadline = self.context.now() - self.settings.await_rel_timeout
@@ -851,7 +863,7 @@ class MqttChannel:
         assert self.session is not None
         found = self.session.complete_rel(p.packet_id)
         code = 0 if found or self.version != MQTT_5 else RC.PACKET_IDENTIFIER_NOT_FOUND
-        self._send(PubComp(p.packet_id, code))
+        self._ack(PubComp, 0x70, p.packet_id, code)
 
     def _on_pubrec(self, p: PubRec) -> None:
         session = self.session
@@ -860,7 +872,7 @@ class MqttChannel:
             session.discard(p.packet_id)
             return
         if session.pubrec(p.packet_id):
-            self._send(PubRel(p.packet_id))
+            self._ack(PubRel, 0x62, p.packet_id)
         else:
             code = 0 if self.version != MQTT_5 else RC.PACKET_IDENTIFIER_NOT_FOUND
             self._send(PubRel(p.packet_id, code))
