@@ -373,3 +373,26 @@ def test_frames_before_a_close_in_the_same_read_all_count(node: Node, clock: Vir
     assert w.closed
     got = sub.take()
     assert len(got) == 1 and isinstance(got[0], Publish) and got[0].payload == b"last words"
+
+
+def test_malformed_frames_close_only_that_connection(node: Node, clock: VirtualScheduler):
+    other = WsWire(node, clock, subprotocols=["mqtt"])
+    other.handshake()
+    other.send(Connect("other"), Subscribe(1, (Subscription("t", qos=0),)))
+    other.take()
+    bad = WsWire(node, clock, subprotocols=["mqtt"])
+    bad.handshake()
+    bad.send(Connect("bad"))
+    # an unmasked frame from a client, with a reserved opcode: a protocol error (1002)
+    bad._run(bad.channel.handle_data(b"\x83\x02ab"))
+    assert bad.closed
+    # garbage MQTT inside a well-formed frame: the MQTT channel refuses it
+    bad2 = WsWire(node, clock, subprotocols=["mqtt"])
+    bad2.handshake()
+    bad2.send(Connect("bad2"))
+    bad2.send_frames(b"\xf0\x00")  # reserved MQTT packet type 15 in 3.1.1
+    assert bad2.closed
+    pub = WsWire(node, clock, subprotocols=["mqtt"])
+    pub.handshake()
+    pub.send(Connect("p"), Publish("t", b"fine"))
+    assert [p.payload for p in other.take() if isinstance(p, Publish)] == [b"fine"]
