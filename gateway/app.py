@@ -38,6 +38,7 @@ from gateway.store.banned import BannedStore
 from gateway.store.db import db_path, ensure_schema, open_db
 from gateway.store.sessions import SCHEMA, SessionStore
 from gateway.store.writer import GroupCommitter
+from protocols.coap.channel import CoapChannel, CoapSettings
 from protocols.context import ConnectionHandle
 from protocols.mqtt.channel import MqttChannel, MqttSettings
 from protocols.mqttsn.channel import MqttSnChannel, MqttSnSettings
@@ -215,6 +216,7 @@ class Gateway:
             )
         await self._start_websocket_listeners(node, gate, monotonic)
         await self._start_mqttsn(node, gate, monotonic)
+        await self._start_coap(node, gate, monotonic)
 
     def reload(self) -> None:
         """SIGHUP: re-read the ssl listeners' certificates and the authorization rules
@@ -334,6 +336,35 @@ class Gateway:
                     Advertise(sn.gateway_id, min(0xFFFF, int(sn.advertise_interval)))
                 )
                 self._advertise(loop, shell, advertise, target, sn.advertise_interval)
+
+    async def _start_coap(
+        self, node: Node, gate: GroupCommitter | None, monotonic: Callable[[], float]
+    ) -> None:
+        """``[gateway.coap]``: CoAP on the datagram shell, one per UDP listener."""
+        coap = self.config.gateway.coap
+        if coap is None or not coap.enable:
+            return
+        for name, lst in coap.listeners.udp.items():
+            if not lst.enable:
+                continue
+            lname = f"coap:udp:{name}"
+            settings = coap_settings(self.config, lname)
+            limits = ListenerLimits(
+                lname,
+                max_connections=lst.max_connections,
+                allow=[str(n) for n in lst.allow],
+                deny=[str(n) for n in lst.deny],
+            )
+            shell = await start_datagram_listener(
+                lst.bind, limits, _coap_factory(node, settings, monotonic), gate
+            )
+            self.datagrams.append(shell)
+            assert shell.transport is not None
+            local = shell.transport.get_extra_info("sockname")
+            log.info("listener %s (CoAP) on %s", lname, _fmt(local))
+            self.listeners[lname] = ListenerEntry(
+                "udp", name, "coap", lst.bind, limits, [_fmt(local)]
+            )
 
     def _advertise(
         self,
@@ -500,6 +531,33 @@ def _mqttsn_factory(
 ) -> Callable[[DatagramPeer, tuple[str, int]], MqttSnChannel]:
     def make(peer: DatagramPeer, addr: tuple[str, int]) -> MqttSnChannel:
         return MqttSnChannel(node, settings, peer, peer=addr, monotonic=monotonic)
+
+    return make
+
+
+def coap_settings(config: GatewayConfig, listener: str) -> CoapSettings:
+    c = config.gateway.coap
+    assert c is not None
+    return CoapSettings(
+        mountpoint=c.mountpoint,
+        listener=listener,
+        connection_required=c.connection_required,
+        heartbeat=c.heartbeat,
+        idle_timeout=c.idle_timeout,
+        ack_timeout=c.ack_timeout,
+        max_retransmit=c.max_retransmit,
+        block_size=c.block_size,
+        max_body=c.max_body,
+        max_inflight=config.mqtt.max_inflight,
+        max_clientid_len=config.mqtt.max_clientid_len,
+    )
+
+
+def _coap_factory(
+    node: Node, settings: CoapSettings, monotonic: Callable[[], float]
+) -> Callable[[DatagramPeer, tuple[str, int]], CoapChannel]:
+    def make(peer: DatagramPeer, addr: tuple[str, int]) -> CoapChannel:
+        return CoapChannel(node, settings, peer, peer=addr, monotonic=monotonic)
 
     return make
 

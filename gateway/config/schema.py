@@ -537,10 +537,37 @@ class MqttSnConfig(_Section):
         return value
 
 
+def _default_coap_udp() -> dict[str, UdpListener]:
+    return {"default": UdpListener(bind="0.0.0.0:5683")}
+
+
+class CoapListeners(_Section):
+    udp: dict[str, UdpListener] = Field(default_factory=_default_coap_udp)
+
+
+class CoapConfig(_Section):
+    """``[gateway.coap]`` (EMQX's shape): CoAP over UDP with the ``/ps`` publish/subscribe
+    mapping and ``/mqtt/connection``. ``connection_required`` refuses requests without a
+    connection token; ``heartbeat`` is how often a connected client must PUT; a
+    connectionless peer with nothing observed is forgotten after ``idle_timeout``."""
+
+    enable: bool = True
+    mountpoint: str = ""
+    connection_required: bool = False
+    heartbeat: Annotated[Duration, Field(gt=0)] = 30.0
+    idle_timeout: Annotated[Duration, Field(gt=0)] = 30.0
+    ack_timeout: Annotated[Duration, Field(gt=0)] = 2.0
+    max_retransmit: int = Field(default=4, ge=0, le=10)
+    block_size: Literal[16, 32, 64, 128, 256, 512, 1024] = 1024
+    max_body: int = Field(default=4 * 1024 * 1024, ge=1)
+    listeners: CoapListeners = Field(default_factory=CoapListeners)
+
+
 class GatewaysConfig(_Section):
     """``[gateway.<protocol>]``: the non-MQTT front-ends; absent means off."""
 
     mqttsn: MqttSnConfig | None = None
+    coap: CoapConfig | None = None
 
 
 class MqttConfig(_Section):

@@ -1,0 +1,269 @@
+"""CoAP interop: libcoap's ``coap-client-openssl`` (Debian ``libcoap3-bin``) and the
+aiocoap library against a real gatewayd, with paho-mqtt on the MQTT side.
+
+Every wait is on a process, a queue or a future with a timeout. An observation is known to
+be established when the retained message published before it arrives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import shutil
+import socket
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import paho.mqtt.client as mqtt
+import pytest
+from aiocoap import GET, POST, PUT, Context
+from aiocoap import Message as CoapMessage
+from aiocoap.numbers.codes import Code
+
+from protocols.coap.codec import CON, decode, encode, make
+from tests.interop.clients import PahoEnd
+from tests.interop.conftest import Gateway, free_port, start_gateway, stop
+
+TIMEOUT = 10.0
+COAP_CLIENT = shutil.which("coap-client-openssl") or shutil.which("coap-client")
+needs_libcoap = pytest.mark.skipif(COAP_CLIENT is None, reason="libcoap3-bin not installed")
+
+
+class CoapGateway:
+    def __init__(self, gw: Gateway, coap: int) -> None:
+        self.gw = gw
+        self.coap = coap
+
+    def uri(self, path: str) -> str:
+        return f"coap://127.0.0.1:{self.coap}{path}"
+
+
+def _wait_udp_ready(port: int) -> None:
+    """CoAP ping (an empty CON) until the RST comes back."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.settimeout(0.2)
+        for i in range(int(TIMEOUT / 0.2)):
+            s.sendto(encode(make(CON, Code.EMPTY, i)), ("127.0.0.1", port))
+            try:
+                s.recvfrom(64)
+                return
+            except OSError:
+                continue
+    raise RuntimeError("CoAP listener not ready")
+
+
+@pytest.fixture(scope="module")
+def cgw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CoapGateway]:
+    port = free_port(socket.SOCK_DGRAM)
+    proc, gw = start_gateway(
+        tmp_path_factory.mktemp("gatewayd-coap"),
+        GATEWAY_GATEWAY__COAP__LISTENERS__UDP__DEFAULT__BIND=f"127.0.0.1:{port}",
+    )
+    try:
+        _wait_udp_ready(port)
+        yield CoapGateway(gw, port)
+    finally:
+        stop(proc)
+
+
+def paho(cgw: CoapGateway, cid: str) -> PahoEnd:
+    return PahoEnd(cgw.gw, "tcp", cid, mqtt.MQTTv5)
+
+
+class Output:
+    """A process's stdout read by a thread into a buffer; wait for substrings."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.proc = proc
+        self.chunks: queue.Queue[bytes] = queue.Queue()
+        self.buf = b""
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        while chunk := self.proc.stdout.read1(65536):  # type: ignore[attr-defined]
+            self.chunks.put(chunk)
+        self.chunks.put(b"")
+
+    def wait_for(self, needle: bytes) -> None:
+        while needle not in self.buf:
+            chunk = self.chunks.get(timeout=TIMEOUT)
+            if not chunk:
+                raise AssertionError(f"process ended before {needle[:40]!r}: {self.buf[-200:]!r}")
+            self.buf += chunk
+
+
+def observe_with_libcoap(uri: str) -> tuple[subprocess.Popen[bytes], Output]:
+    assert COAP_CLIENT is not None
+    cmd = [COAP_CLIENT, "-m", "get", "-s", "60", "-B", "60", uri]
+    if shutil.which("stdbuf"):
+        cmd = ["stdbuf", "-o0", *cmd]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    return proc, Output(proc)
+
+
+def end(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+
+
+# ------------------------------------------------------------------ libcoap
+
+
+@needs_libcoap
+def test_libcoap_post_reaches_mqtt(cgw: CoapGateway, uid: str) -> None:
+    sub = paho(cgw, f"s-{uid}")
+    try:
+        sub.subscribe(f"lc/{uid}/#", 2)
+        assert COAP_CLIENT is not None
+        for mtype, want_qos in (([], 1), (["-N"], 0)):
+            subprocess.run(
+                [COAP_CLIENT, "-m", "post", *mtype, "-e", f"hi{want_qos}",
+                 cgw.uri(f"/ps/lc/{uid}/t?clientid=lc-{uid}")],
+                check=True, timeout=TIMEOUT, capture_output=True,
+            )
+            assert sub.next_message() == (f"lc/{uid}/t", f"hi{want_qos}".encode(), want_qos)
+        subprocess.run(
+            [COAP_CLIENT, "-m", "post", "-e", "r", cgw.uri(f"/ps/lc/{uid}/r?qos=0&retain=true")],
+            check=True, timeout=TIMEOUT, capture_output=True,
+        )
+        assert sub.next_message() == (f"lc/{uid}/r", b"r", 0)
+    finally:
+        sub.close()
+
+
+@needs_libcoap
+def test_libcoap_blockwise_post(cgw: CoapGateway, uid: str, tmp_path: Path) -> None:
+    body = bytes(range(256)) * 40  # 10240 bytes: ten 1024-byte blocks
+    f = tmp_path / "body"
+    f.write_bytes(body)
+    sub = paho(cgw, f"s-{uid}")
+    try:
+        sub.subscribe(f"blk/{uid}", 1)
+        assert COAP_CLIENT is not None
+        for size in ("1024", "64"):
+            subprocess.run(
+                [COAP_CLIENT, "-m", "post", "-b", size, "-f", str(f), cgw.uri(f"/ps/blk/{uid}")],
+                check=True, timeout=TIMEOUT, capture_output=True,
+            )
+            topic, payload, _ = sub.next_message()
+            assert topic == f"blk/{uid}" and payload == body
+    finally:
+        sub.close()
+
+
+@needs_libcoap
+def test_libcoap_observe_receives_mqtt_publishes(cgw: CoapGateway, uid: str) -> None:
+    pub = paho(cgw, f"p-{uid}")
+    topic = f"obs/{uid}"
+    pub.publish(topic, f"ready-{uid};".encode(), 1)
+    pub.client.publish(topic, f"ready-{uid};".encode(), 1, retain=True).wait_for_publish(TIMEOUT)
+    proc, out = observe_with_libcoap(cgw.uri(f"/ps/{topic}?qos=1"))
+    try:
+        out.wait_for(f"ready-{uid};".encode())
+        for i, qos in enumerate((0, 1, 2, 0)):
+            pub.publish(topic, f"m{i}-{uid};".encode(), qos)
+        out.wait_for(b"".join(f"m{i}-{uid};".encode() for i in range(4)))
+        big = b"".join(b"%05d," % i for i in range(700))  # 4200 bytes: Block2
+        pub.publish(topic, big, 1)
+        out.wait_for(big)
+    finally:
+        end(proc)
+        pub.client.publish(topic, b"", 1, retain=True).wait_for_publish(TIMEOUT)
+        pub.close()
+
+
+# ------------------------------------------------------------------ aiocoap
+
+
+async def _aiocoap(cgw: CoapGateway, uid: str, sub: PahoEnd, pub: PahoEnd) -> None:
+    ctx = await Context.create_client_context()
+    try:
+        # publish, CON -> QoS 1 (and a 4 KB body, sent by aiocoap with Block1)
+        big = b"x" * 4096
+        for payload in (b"small", big):
+            r = await asyncio.wait_for(ctx.request(CoapMessage(
+                code=POST, uri=cgw.uri(f"/ps/ac/{uid}?clientid=ac-{uid}"), payload=payload
+            )).response, TIMEOUT)
+            assert r.code == Code.CHANGED
+            assert await asyncio.to_thread(sub.next_message) == (f"ac/{uid}", payload, 1)
+        # observe: MQTT publishes arrive as notifications with increasing Observe numbers
+        topic = f"aco/{uid}"
+        await asyncio.to_thread(
+            lambda: pub.client.publish(topic, b"ready", 1, retain=True).wait_for_publish(TIMEOUT)
+        )
+        req = ctx.request(CoapMessage(code=GET, uri=cgw.uri(f"/ps/{topic}?qos=1"), observe=0))
+        it = req.observation.__aiter__()  # before the answer: the retained message follows it
+        first = await asyncio.wait_for(req.response, TIMEOUT)
+        assert first.code == Code.CONTENT and first.opt.observe is not None
+        got: list[bytes] = []
+        seqs: list[int] = [first.opt.observe]
+        want = [b"ready", b"n0", b"n1", b"y" * 3000]
+        for i, p in enumerate(want):
+            if i:  # one at a time: aiocoap's iterator may skip to the latest notification
+                await asyncio.to_thread(pub.publish, topic, p, 1)
+            note = await asyncio.wait_for(it.__anext__(), TIMEOUT)
+            got.append(note.payload)
+            seqs.append(note.opt.observe)
+        assert got == want
+        assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+        req.observation.cancel()
+        await asyncio.to_thread(
+            lambda: pub.client.publish(topic, b"", 1, retain=True).wait_for_publish(TIMEOUT)
+        )
+        # connection mode: token, wrong token 4.01, missing 4.00, heartbeat, close
+        base = "/mqtt/connection"
+        r = await ctx.request(CoapMessage(
+            code=POST, uri=cgw.uri(f"{base}?clientid=cm-{uid}&username=u&password=p"))).response
+        assert r.code == Code.CREATED and r.payload
+        token = r.payload.decode()
+        ok = f"clientid=cm-{uid}&token={token}"
+        for query, code in ((ok, Code.CHANGED), (f"clientid=cm-{uid}&token=x", Code.UNAUTHORIZED),
+                            (f"clientid=cm-{uid}", Code.BAD_REQUEST)):
+            r = await ctx.request(CoapMessage(
+                code=POST, uri=cgw.uri(f"/ps/cm/{uid}?{query}"), payload=b"c")).response
+            assert r.code == code, (query, r.code)
+        r = await ctx.request(CoapMessage(code=PUT, uri=cgw.uri(f"{base}?{ok}"))).response
+        assert r.code == Code.CHANGED
+        from aiocoap import DELETE
+
+        r = await ctx.request(CoapMessage(code=DELETE, uri=cgw.uri(f"{base}?{ok}"))).response
+        assert r.code == Code.DELETED
+    finally:
+        await ctx.shutdown()
+
+
+def test_aiocoap_publish_observe_blockwise_connection(cgw: CoapGateway, uid: str) -> None:
+    sub = paho(cgw, f"s-{uid}")
+    pub = paho(cgw, f"p-{uid}")
+    try:
+        sub.subscribe(f"ac/{uid}", 1)
+        asyncio.run(_aiocoap(cgw, uid, sub, pub))
+    finally:
+        sub.close()
+        pub.close()
+
+
+def test_malformed_gets_4_00_and_others_carry_on(cgw: CoapGateway, uid: str) -> None:
+    sub = paho(cgw, f"s-{uid}")
+    try:
+        sub.subscribe(f"mal/{uid}", 1)
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.settimeout(TIMEOUT)
+            s.sendto(b"\x41\x02\x12\x34T\xd0", ("127.0.0.1", cgw.coap))
+            reply = decode(s.recvfrom(2048)[0])
+            assert reply.code == Code.BAD_REQUEST and reply.mid == 0x1234 and reply.token == b"T"
+            good = make(CON, Code.POST, 0x1235, b"G", b"fine")
+            good.opt.uri_path = ("ps", "mal", uid)
+            s.sendto(encode(good), ("127.0.0.1", cgw.coap))
+            assert decode(s.recvfrom(2048)[0]).code == Code.CHANGED
+        assert sub.next_message() == (f"mal/{uid}", b"fine", 1)
+    finally:
+        sub.close()
