@@ -245,8 +245,13 @@ def _add_rule(permission: str) -> Callable[[str, str, str, Path | None], None]:
 for _permission in ("allow", "deny"):
     users.command(
         name=_permission,
-        help=f"Append a rule: {_permission} USERNAME to ACTION on TOPIC (a filter; "
-        "${clientid}, ${username} and 'eq ' as in the rules file).",
+        short_help={
+            "allow": "Let USERNAME do ACTION on TOPIC (appends a rule).",
+            "deny": "Forbid USERNAME to do ACTION on TOPIC (appends a rule).",
+        }[_permission],
+        help=f"Append a rule: {_permission} USERNAME to ACTION on TOPIC. TOPIC is a filter "
+        "as in the rules file (${clientid}, ${username}, 'eq <filter>'); a user's rules are "
+        "tried in order before the rules file, first match wins.",
     )(
         click.argument("username")(
             click.argument("action", type=ACTIONS)(
@@ -261,7 +266,7 @@ for _permission in ("allow", "deny"):
 @click.argument("rule_id", type=int)
 @_config_option
 def unrule_cmd(username: str, rule_id: int, config_file: Path | None) -> None:
-    """Delete rule RULE_ID (see ``users rules``) of USERNAME."""
+    """Delete USERNAME's rule RULE_ID (the ID shown by 'users rules')."""
     store = _open(config_file)
     assert store is not None
     if not store.delete_rule(username, rule_id):
