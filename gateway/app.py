@@ -20,6 +20,7 @@ from gateway.admin.admin import Admin
 from gateway.admin.registry import ListenerEntry
 from gateway.admin.sdnotify import SystemdIntegration
 from gateway.auth.setup import AuthServices, install_auth
+from gateway.bridge import Bridges
 from gateway.cluster import Cluster
 from gateway.cluster import from_config as cluster_from_config
 from gateway.config import ConfigError, GatewayConfig
@@ -29,6 +30,8 @@ from gateway.core.clock import LoopScheduler
 from gateway.core.node import CoreSettings, Node
 from gateway.fleet.archiver import Archiver, settings_from_config
 from gateway.net.datagram import DatagramPeer, DatagramShell, start_datagram_listener
+from gateway.net.dtls import DtlsChannel, DtlsError, load_psk_file
+from gateway.net.dtls import server_context as dtls_server_context
 from gateway.net.stream import ListenerLimits, StreamShell, start_stream_listener
 from gateway.net.tls import ReloadableContext, TlsError, describe, peer_identity
 from gateway.net.websocket import WebSocketChannel, WebSocketSettings
@@ -63,6 +66,10 @@ def core_settings(config: GatewayConfig) -> CoreSettings:
         retainer_enable=r.enable,
         max_retained_messages=r.max_retained_messages,
         max_retained_payload_size=r.max_payload_size,
+        authz_cache_ttl=(
+            config.authorization.cache.ttl if config.authorization.cache.enable else 0.0
+        ),
+        authz_cache_max=config.authorization.cache.max_size,
     )
 
 
@@ -126,19 +133,20 @@ class Gateway:
         self.node: Node | None = None
         self.committer: GroupCommitter | None = None
         self.archiver: Archiver | None = None
-        self.auth: AuthServices | None = None
         self.bans: BanGuard | None = None
         self.flapping: FlappingDetector | None = None
         self.admin: Admin | None = None
         # listener id ("tcp:default") -> what it is; whoever opens a listener registers
         # it here so the management API, Prometheus and systemd STATUS see it
         self.listeners: dict[str, ListenerEntry] = {}
+        self.auth: AuthServices | None = None
         self.servers: list[asyncio.Server] = []
         self.tls: dict[str, ReloadableContext] = {}
         self.datagrams: list[DatagramShell] = []  # MQTT-SN (UDP) listeners
         self.advertisers: list[asyncio.TimerHandle] = []  # ssl listener name -> its contexts
         self.stopped = asyncio.Event()
         self.cluster: Cluster | None = None  # gateway.cluster, when [cluster] is enabled
+        self.bridges: Bridges | None = None  # gateway.bridge, when [bridges.mqtt.*] exist
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -153,17 +161,20 @@ class Gateway:
         )
         if store is not None:
             node.restore(*store.load())
+        self._start_protection(node)
         self.auth = install_auth(node, config, loop)
         self.cluster = cluster_from_config(config, node, self.committer, self.admin.version)
         if self.cluster is not None:  # before the listeners: publishes are forwarded
             await self.cluster.start()
-        self._start_protection(node)
         if config.fleet.archiver.enable:
             self.archiver = Archiver(
                 settings_from_config(config), node.scheduler, metrics=node.metrics
             )
             self.archiver.attach(node.hooks)
             log.info("fleet archiver writing to %s", self.archiver.settings.root)
+        if config.bridges.mqtt:  # before the listeners: forwards see the first publishes
+            self.bridges = Bridges(node, config)
+            self.bridges.start()
         gate = self.committer
         monotonic = loop.time
         for name, lst in config.listeners.tcp.items():
@@ -174,6 +185,8 @@ class Gateway:
                 f"tcp:{name}",
                 max_connections=lst.max_connections,
                 max_conn_rate=lst.max_conn_rate,
+                send_timeout=lst.send_timeout,
+                max_send_buffer=lst.max_send_buffer,
                 allow=[str(n) for n in lst.allow],
                 deny=[str(n) for n in lst.deny],
             )
@@ -185,7 +198,6 @@ class Gateway:
             self.listeners[limits.name] = ListenerEntry(
                 "tcp", name, "mqtt", lst.bind, limits, addrs.split(", ")
             )
-        await self.admin.start()  # API, $SYS, trace: once the core and listeners exist
         for name, ssl_lst in config.listeners.ssl.items():
             if not ssl_lst.enable:
                 continue
@@ -197,6 +209,8 @@ class Gateway:
                 f"ssl:{name}",
                 max_connections=ssl_lst.max_connections,
                 max_conn_rate=ssl_lst.max_conn_rate,
+                send_timeout=ssl_lst.send_timeout,
+                max_send_buffer=ssl_lst.max_send_buffer,
                 allow=[str(n) for n in ssl_lst.allow],
                 deny=[str(n) for n in ssl_lst.deny],
             )
@@ -217,6 +231,7 @@ class Gateway:
         await self._start_websocket_listeners(node, gate, monotonic)
         await self._start_mqttsn(node, gate, monotonic)
         await self._start_coap(node, gate, monotonic)
+        await self.admin.start()  # API, $SYS, trace: once the core and listeners exist
 
     def reload(self) -> None:
         """SIGHUP: re-read the ssl listeners' certificates and the authorization rules
@@ -365,6 +380,34 @@ class Gateway:
             self.listeners[lname] = ListenerEntry(
                 "udp", name, "coap", lst.bind, limits, [_fmt(local)]
             )
+        for name, dl in coap.listeners.dtls.items():
+            if not dl.enable:
+                continue
+            lname = f"coap:dtls:{name}"
+            settings = coap_settings(self.config, lname)
+            try:
+                context = dtls_server_context(load_psk_file(dl.psk_file))
+            except (OSError, DtlsError) as exc:
+                raise ConfigError(f"gateway.coap.listeners.dtls.{name}: {exc}") from exc
+            limits = ListenerLimits(
+                lname,
+                max_connections=dl.max_connections,
+                allow=[str(n) for n in dl.allow],
+                deny=[str(n) for n in dl.deny],
+            )
+            shell = await start_datagram_listener(
+                dl.bind, limits,
+                _dtls_factory(context, dl.handshake_timeout,
+                              _coap_inner(node, settings, monotonic)),
+                gate,
+            )
+            self.datagrams.append(shell)
+            assert shell.transport is not None
+            local = shell.transport.get_extra_info("sockname")
+            log.info("listener %s (CoAP over DTLS, PSK) on %s", lname, _fmt(local))
+            self.listeners[lname] = ListenerEntry(
+                "dtls", name, "coap", dl.bind, limits, [_fmt(local)]
+            )
 
     def _advertise(
         self,
@@ -428,12 +471,12 @@ class Gateway:
         if self.cluster is not None:  # after the sessions settled, before the last commit
             await self.cluster.stop()
             self.cluster = None
+        if self.bridges is not None:  # DISCONNECT upstream; outbox deletes get committed
+            await self.bridges.stop()
+            self.bridges = None
         if self.committer is not None:
             self.committer.close()
             self.committer = None
-        if self.auth is not None:
-            await self.auth.close()
-            self.auth = None
         if self.flapping is not None:
             self.flapping.detach()
             self.flapping = None
@@ -442,6 +485,9 @@ class Gateway:
             if self.bans.store is not None:
                 self.bans.store.close()
             self.bans = None
+        if self.auth is not None:
+            await self.auth.close()
+            self.auth = None
 
 
 def _fmt(addr: tuple[str, int] | tuple[str, int, int, int]) -> str:
@@ -558,6 +604,26 @@ def _coap_factory(
 ) -> Callable[[DatagramPeer, tuple[str, int]], CoapChannel]:
     def make(peer: DatagramPeer, addr: tuple[str, int]) -> CoapChannel:
         return CoapChannel(node, settings, peer, peer=addr, monotonic=monotonic)
+
+    return make
+
+
+def _coap_inner(
+    node: Node, settings: CoapSettings, monotonic: Callable[[], float]
+) -> Callable[[ConnectionHandle, tuple[str, int]], CoapChannel]:
+    def make(handle: ConnectionHandle, addr: tuple[str, int]) -> CoapChannel:
+        return CoapChannel(node, settings, handle, peer=addr, monotonic=monotonic)
+
+    return make
+
+
+def _dtls_factory(
+    context: object,
+    handshake_timeout: float,
+    inner: Callable[[ConnectionHandle, tuple[str, int]], CoapChannel],
+) -> Callable[[DatagramPeer, tuple[str, int]], DtlsChannel]:
+    def make(peer: DatagramPeer, addr: tuple[str, int]) -> DtlsChannel:
+        return DtlsChannel(context, peer, addr, inner, handshake_timeout=handshake_timeout)
 
     return make
 

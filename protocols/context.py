@@ -37,6 +37,8 @@ class ClientInfo:
     clean_start: bool = True
     connected_at: float = 0.0
     attrs: dict[str, Any] = field(default_factory=dict)
+    # (action, topic) -> (allowed, valid until, generation); owned by the core's authorizer
+    authz_cache: dict[tuple[str, str], tuple[bool, float, int]] | None = None
 
 
 class Message:

@@ -26,6 +26,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PlainValidator,
     field_validator,
     model_validator,
 )
@@ -265,6 +266,10 @@ class TcpListener(_Section):
     max_conn_rate: Rate = 0.0
     messages_rate: Rate | None = None
     bytes_rate: ByteRate | None = None
+    # slow readers: a client that leaves our writes blocked for send_timeout (0 = never),
+    # or with more than max_send_buffer bytes unsent (0 = no limit), is disconnected
+    send_timeout: Duration = 15.0
+    max_send_buffer: Size = 64 << 20
 
     @property
     def host(self) -> str:
@@ -287,6 +292,7 @@ class TcpListener(_Section):
 
 def _default_tcp_listeners() -> dict[str, TcpListener]:
     return {"default": TcpListener()}
+
 
 # ------------------------------------------------------------------ TLS listeners
 
@@ -362,7 +368,6 @@ class SslListener(TcpListener):
     @property
     def max_version(self) -> TlsVersion:
         return max(self.versions, key=TLS_VERSIONS.index)
-
 
 
 # ------------------------------------------------------------------ WebSocket listeners
@@ -444,7 +449,6 @@ class Listeners(_Section):
                     )
                 seen.setdefault(listener.bind, where)
         return self
-
 
     @field_validator("tcp")
     @classmethod
@@ -541,8 +545,18 @@ def _default_coap_udp() -> dict[str, UdpListener]:
     return {"default": UdpListener(bind="0.0.0.0:5683")}
 
 
+class DtlsListener(UdpListener):
+    """A UDP listener with DTLS (pre-shared keys from ``psk_file``: ``identity:secret``
+    lines, EMQX's PSK file format)."""
+
+    bind: Bind = "0.0.0.0:5684"
+    psk_file: str
+    handshake_timeout: Annotated[Duration, Field(gt=0)] = 30.0
+
+
 class CoapListeners(_Section):
     udp: dict[str, UdpListener] = Field(default_factory=_default_coap_udp)
+    dtls: dict[str, DtlsListener] = Field(default_factory=dict)
 
 
 class CoapConfig(_Section):
@@ -747,12 +761,21 @@ class AuthzRule(_Section):
         return False, topic
 
 
+class AuthzCacheConfig(_Section):
+    # EMQX's authorization cache: each client remembers its last decisions for ``ttl``;
+    # replacing the rules (SIGHUP) drops every cached decision at once.
+    enable: bool = True
+    max_size: int = Field(default=32, ge=1)
+    ttl: Annotated[Duration, Field(gt=0)] = 60.0
+
+
 class AuthorizationConfig(_Section):
     no_match: Permission = "allow"
     deny_action: Literal["ignore", "disconnect"] = "ignore"
     # The SUBACK code a denied MQTT 5 subscription gets: 0x87 (not_authorized) or the
     # generic 0x80 (unspecified_error) that some 3.1.1-minded test suites expect.
     subscribe_deny_reason: Literal["not_authorized", "unspecified_error"] = "not_authorized"
+    cache: AuthzCacheConfig = Field(default_factory=AuthzCacheConfig)
     # Rules are evaluated in order, first match wins: ``rules`` (inline) first, then the
     # rules of ``rules_file``. load_config() resolves ``rules_file`` (relative to the
     # configuration file) and validates it, but does not copy its rules into ``rules``.
@@ -843,6 +866,20 @@ class ClusterTlsConfig(_Section):
     verify_node_name: bool = True
 
 
+class ClusterDnsConfig(_Section):
+    """``[cluster.dns]``: DNS discovery (``discovery = "dns"``): A/AAAA records give node
+    addresses on this node's cluster port, SRV records give host and port."""
+
+    name: str = ""
+    record_type: Literal["a", "aaaa", "srv"] = "a"
+    # host[:port] of the DNS servers to ask (comma-separated in the environment); empty:
+    # the system's resolver configuration
+    nameservers: Annotated[list[str], BeforeValidator(_split_commas)] = Field(
+        default_factory=list
+    )
+    refresh: Annotated[Duration, Field(gt=0)] = 60.0
+
+
 class ClusterConfig(_Section):
     """``[cluster]``: links to other nodes over mutual TLS (docs/cluster.md).
 
@@ -857,6 +894,7 @@ class ClusterConfig(_Section):
     discovery: Literal["manual", "static", "dns"] = "static"
     seeds: Annotated[list[str], BeforeValidator(_split_commas)] = Field(default_factory=list)
     tls: ClusterTlsConfig = Field(default_factory=ClusterTlsConfig)
+    dns: ClusterDnsConfig = Field(default_factory=ClusterDnsConfig)
     heartbeat_interval: Annotated[Duration, Field(gt=0)] = 1.0
     heartbeat_timeout: Annotated[Duration, Field(gt=0)] = 5.0
     connect_timeout: Annotated[Duration, Field(gt=0)] = 5.0
@@ -871,6 +909,171 @@ class ClusterConfig(_Section):
         if "enable" not in self.model_fields_set and self.tls.certfile is not None:
             object.__setattr__(self, "enable", True)
         return self
+
+
+# ------------------------------------------------------------------ bridges
+
+_BRIDGE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+
+
+def _check_bridge_filter(value: str) -> str:
+    """A topic filter of a bridge rule (``$share/...`` allowed upstream)."""
+    real = value
+    if value.startswith("$share/"):
+        group, slash, real = value[len("$share/"):].partition("/")
+        if not group or not slash or "+" in group or "#" in group:
+            raise ValueError('expected "$share/<group>/<filter>"')
+    elif value.startswith("$queue/"):
+        real = value[len("$queue/"):]
+    if not real:
+        raise ValueError("expected a non-empty topic filter")
+    if real.startswith("eq "):
+        raise ValueError('"eq " is for authorization rules, not bridge topics')
+    _check_topic_filter(real)
+    return value
+
+
+def _check_topic_template(value: str) -> str:
+    """A topic name in which ``${topic}`` is replaced by the message's topic."""
+    if not value:
+        raise ValueError("expected a non-empty topic")
+    if "+" in value or "#" in value:
+        raise ValueError('a topic (template) may not contain "+" or "#"')
+    if "${" in value.replace("${topic}", ""):
+        raise ValueError("the only placeholder is ${topic}")
+    return value
+
+
+def _bridge_qos(value: object) -> int | str:
+    if value == "${qos}" or (type(value) is int and 0 <= value <= 2):
+        return value
+    raise ValueError('expected 0, 1, 2 or "${qos}" (the message\'s QoS)')
+
+
+def _bridge_retain(value: object) -> bool | str:
+    if value == "${retain}" or type(value) is bool:
+        return value
+    raise ValueError('expected true, false or "${retain}" (the message\'s retain flag)')
+
+
+BridgeFilter = Annotated[str, AfterValidator(_check_bridge_filter)]
+TopicTemplate = Annotated[str, AfterValidator(_check_topic_template)]
+BridgeQos = Annotated[int | str, PlainValidator(_bridge_qos)]
+BridgeRetain = Annotated[bool | str, PlainValidator(_bridge_retain)]
+
+
+class BridgeForward(_Section):
+    """``[[bridges.mqtt.<name>.forwards]]``: local messages on ``local`` (a topic filter)
+    go upstream to ``remote`` (``${topic}`` is the local topic)."""
+
+    local: BridgeFilter
+    remote: TopicTemplate = "${topic}"
+    qos: BridgeQos = "${qos}"
+    retain: BridgeRetain = "${retain}"
+
+
+class BridgeSubscription(_Section):
+    """``[[bridges.mqtt.<name>.subscriptions]]``: subscribe upstream to ``remote`` and
+    publish what arrives locally on ``local`` (``${topic}`` is the remote topic)."""
+
+    remote: BridgeFilter
+    local: TopicTemplate = "${topic}"
+    qos: int = Field(default=1, ge=0, le=2)
+
+
+class BridgeTls(_Section):
+    """``[bridges.mqtt.<name>.tls]``: TLS (and mutual TLS) to the upstream broker."""
+
+    enable: bool = False
+    cacertfile: Path | None = None  # None: the system's CA certificates
+    certfile: Path | None = None  # our client certificate, for mutual TLS
+    keyfile: Path | None = None
+    verify: Annotated[TlsVerify, BeforeValidator(_lower)] = "verify_peer"
+    server_name_indication: str = ""  # "": the server's host; "disable": no SNI, no name check
+    versions: Annotated[
+        list[Annotated[TlsVersion, BeforeValidator(_lower)]],
+        BeforeValidator(_split_commas),
+        Field(min_length=1),
+    ] = Field(default_factory=lambda: list(DEFAULT_TLS_VERSIONS))
+    ciphers: Annotated[str, BeforeValidator(_join_ciphers)] = ""
+
+    @model_validator(mode="after")
+    def _cert_and_key(self) -> BridgeTls:
+        if (self.certfile is None) != (self.keyfile is None):
+            raise ValueError("certfile and keyfile go together")
+        return self
+
+
+class BridgeOutbox(_Section):
+    """``[bridges.mqtt.<name>.outbox]``: the durable queue in front of the upstream."""
+
+    max_messages: int = Field(default=1_000_000, ge=0)  # 0: no limit
+    max_bytes: Size = 256 << 20  # topic + payload bytes; 0: no limit
+    max_age: Duration = 0.0  # 0: no limit
+    overflow: MqueueOverflow = "drop_oldest"
+    drain_rate: float = Field(default=0.0, ge=0)  # messages per second upstream; 0: no limit
+
+
+class BridgeReconnect(_Section):
+    """``[bridges.mqtt.<name>.reconnect]``: exponential backoff with jitter."""
+
+    initial: Annotated[Duration, Field(gt=0)] = 1.0
+    max: Annotated[Duration, Field(gt=0)] = 60.0
+    jitter: float = Field(default=0.2, ge=0, le=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> BridgeReconnect:
+        if self.max < self.initial:
+            raise ValueError(f"max ({self.max}s) is below initial ({self.initial}s)")
+        return self
+
+
+def _check_server(value: str) -> str:
+    if parse_bind(value)[1] == 0:
+        raise ValueError('expected "host:port" with a port in 1..65535')
+    return value
+
+
+class MqttBridge(_Section):
+    """``[bridges.mqtt.<name>]``: an upstream MQTT broker (see docs/bridge.md)."""
+
+    enable: bool = True
+    server: Annotated[str, AfterValidator(_check_server)]
+    proto_ver: Literal["v3", "v4", "v5"] = "v4"
+    clientid: str = ""  # "": "<node.name>:bridge:<name>"
+    username: str | None = None
+    password: str | None = None
+    clean_start: bool = False
+    keepalive: Annotated[Duration, Field(le=65535)] = 60.0
+    session_expiry_interval: Annotated[Duration, Field(le=MAX_SESSION_EXPIRY)] = 7 * 86400.0
+    bridge_mode: bool = False
+    connect_timeout: Annotated[Duration, Field(gt=0)] = 10.0
+    max_inflight: int = Field(default=32, ge=1, le=65535)
+    tls: BridgeTls = Field(default_factory=BridgeTls)
+    reconnect: BridgeReconnect = Field(default_factory=BridgeReconnect)
+    outbox: BridgeOutbox = Field(default_factory=BridgeOutbox)
+    forwards: list[BridgeForward] = Field(default_factory=list)
+    subscriptions: list[BridgeSubscription] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> MqttBridge:
+        if self.bridge_mode and self.proto_ver == "v5":
+            raise ValueError('bridge_mode is for proto_ver "v3"/"v4" (MQTT 5 uses No Local)')
+        return self
+
+
+class BridgesConfig(_Section):
+    mqtt: dict[str, MqttBridge] = Field(default_factory=dict)
+
+    @field_validator("mqtt")
+    @classmethod
+    def _names(cls, mqtt: dict[str, MqttBridge]) -> dict[str, MqttBridge]:
+        for name in mqtt:
+            if not _BRIDGE_NAME_RE.fullmatch(name):
+                raise ValueError(
+                    f"bridge name {name!r}: letters, digits, '_' and '-', at most 64"
+                )
+        return mqtt
 
 
 class GatewayConfig(_Section):
@@ -888,3 +1091,4 @@ class GatewayConfig(_Section):
     flapping_detect: FlappingDetectConfig = Field(default_factory=FlappingDetectConfig)
     api: ApiConfig = Field(default_factory=ApiConfig)
     sys_topics: SysTopicsConfig = Field(default_factory=SysTopicsConfig)
+    bridges: BridgesConfig = Field(default_factory=BridgesConfig)

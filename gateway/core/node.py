@@ -72,6 +72,8 @@ class CoreSettings:
     retainer_enable: bool = True
     max_retained_messages: int = 0
     max_retained_payload_size: int = 0
+    authz_cache_ttl: float = 60.0  # 0 disables the per-client authorization cache
+    authz_cache_max: int = 32
 
 
 class Node:
@@ -98,7 +100,8 @@ class Node:
             rng=rng,
         )
         self.broker.on_no_subscribers = self._no_subscribers
-        self.authorizer = authorizer or Authorizer([], "allow")
+        self.authz_generation = 0
+        self._authorizer = authorizer or Authorizer([], "allow")
         self.retainer = Retainer(
             max_messages=settings.max_retained_messages,
             max_payload_size=settings.max_retained_payload_size,
@@ -408,7 +411,42 @@ class Node:
 
     # -- GatewayContext: messages ------------------------------------------------------
 
+    @property
+    def authorizer(self) -> Authorizer:
+        return self._authorizer
+
+    @authorizer.setter
+    def authorizer(self, value: Authorizer) -> None:
+        """Replacing the rules (a reload) invalidates every client's cached decisions."""
+        self._authorizer = value
+        self.authz_generation += 1
+
     def authorize(self, client: ClientInfo, action: str, topic: str) -> bool:
+        """The rules, then the ``client.authorize`` hooks; decisions are cached per
+        client for ``authz_cache_ttl`` seconds (EMQX's authorization cache), at most
+        ``authz_cache_max`` of them, and dropped when the rules are replaced."""
+        ttl = self.settings.authz_cache_ttl
+        if ttl <= 0:
+            return self._authorize(client, action, topic)
+        cache = client.authz_cache
+        key = (action, topic)
+        now = self.scheduler.time()
+        if cache is not None:
+            hit = cache.get(key)
+            if hit is not None and hit[1] > now and hit[2] == self.authz_generation:
+                if not hit[0]:
+                    self.metrics.incr("authorization.deny")
+                    self.metrics.incr("authorization.cache_hit")
+                return hit[0]
+        else:
+            cache = client.authz_cache = {}
+        allowed = self._authorize(client, action, topic)
+        if len(cache) >= self.settings.authz_cache_max:
+            cache.clear()
+        cache[key] = (allowed, now + ttl, self.authz_generation)
+        return allowed
+
+    def _authorize(self, client: ClientInfo, action: str, topic: str) -> bool:
         checked = parse_shared(topic)[1] if action == "subscribe" else topic
         allowed: bool = self.authorizer.check(
             action,  # type: ignore[arg-type]

@@ -934,29 +934,41 @@ class MqttChannel:
 
     @staticmethod
     def _shared_publish(d: Delivery, v5: bool) -> bytes:
+        """The PUBLISH bytes of a delivery whose encoding is the same for every
+        subscriber at this (version, QoS, retain) but for the packet id and DUP.
+
+        The first delivery is encoded directly and kept; a second one splits those
+        bytes around the packet id once, and every further one joins three pieces. A
+        message with one subscriber (point to point) thus costs one encode, no copy.
+        """
         msg = d.message
         wire = msg.wire
         if wire is None:
             wire = msg.wire = {}
-        key = (v5, d.qos, d.retain)
-        template = wire.get(key)
-        if template is None:
-            qos = d.qos
+        qos = d.qos
+        key = (v5, qos, d.retain)
+        cached = wire.get(key)
+        if cached is None:
             packet = Publish(
                 msg.topic,
                 msg.payload,
                 qos,
                 d.retain,
-                False,
-                1 if qos else None,
+                d.dup,
+                d.packet_id if qos else None,
                 msg.properties if v5 else NO_PROPERTIES,
             )
             data = encode(packet, MQTT_5 if v5 else 4)
-            template = wire[key] = (data, publish_packet_id_offset(data) if qos else 0)
-        data, offset = template
-        if d.qos:
-            return encode_publish_with_id(data, offset, d.packet_id or 0, dup=d.dup)
-        return data
+            if not d.dup:
+                wire[key] = (data, -1)
+            return data
+        data, offset = cached
+        if not qos:
+            return data
+        if offset < 0:  # second subscriber: find where the packet id sits, once
+            offset = publish_packet_id_offset(data)
+            wire[key] = (data, offset)
+        return encode_publish_with_id(data, offset, d.packet_id or 0, dup=d.dup)
 
     def _v5_publish_fields(
         self, d: Delivery, topic: str, now: float
