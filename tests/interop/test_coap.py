@@ -29,15 +29,32 @@ from tests.interop.conftest import Gateway, free_port, start_gateway, stop
 TIMEOUT = 10.0
 COAP_CLIENT = shutil.which("coap-client-openssl") or shutil.which("coap-client")
 needs_libcoap = pytest.mark.skipif(COAP_CLIENT is None, reason="libcoap3-bin not installed")
+try:
+    import mbedtls.tls  # noqa: F401
+
+    HAVE_MBEDTLS = True
+except ImportError:  # pragma: no cover
+    HAVE_MBEDTLS = False
+needs_dtls = pytest.mark.skipif(
+    not HAVE_MBEDTLS or not shutil.which("coap-client-openssl"),
+    reason="python-mbedtls or coap-client-openssl missing",
+)
+
+
+PSK_ID, PSK_KEY = "dev-psk", "s3cret-key"
 
 
 class CoapGateway:
-    def __init__(self, gw: Gateway, coap: int) -> None:
+    def __init__(self, gw: Gateway, coap: int, coaps: int) -> None:
         self.gw = gw
         self.coap = coap
+        self.coaps = coaps
 
     def uri(self, path: str) -> str:
         return f"coap://127.0.0.1:{self.coap}{path}"
+
+    def suri(self, path: str) -> str:
+        return f"coaps://127.0.0.1:{self.coaps}{path}"
 
 
 def _wait_udp_ready(port: int) -> None:
@@ -57,13 +74,19 @@ def _wait_udp_ready(port: int) -> None:
 @pytest.fixture(scope="module")
 def cgw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CoapGateway]:
     port = free_port(socket.SOCK_DGRAM)
-    proc, gw = start_gateway(
-        tmp_path_factory.mktemp("gatewayd-coap"),
-        GATEWAY_GATEWAY__COAP__LISTENERS__UDP__DEFAULT__BIND=f"127.0.0.1:{port}",
-    )
+    dport = free_port(socket.SOCK_DGRAM)
+    workdir = tmp_path_factory.mktemp("gatewayd-coap")
+    (workdir / "psk.txt").write_text(f"{PSK_ID}:{PSK_KEY}\n")
+    extra = {"GATEWAY_GATEWAY__COAP__LISTENERS__UDP__DEFAULT__BIND": f"127.0.0.1:{port}"}
+    if HAVE_MBEDTLS:
+        extra["GATEWAY_GATEWAY__COAP__LISTENERS__DTLS__DEFAULT__BIND"] = f"127.0.0.1:{dport}"
+        extra["GATEWAY_GATEWAY__COAP__LISTENERS__DTLS__DEFAULT__PSK_FILE"] = str(
+            workdir / "psk.txt"
+        )
+    proc, gw = start_gateway(workdir, **extra)
     try:
         _wait_udp_ready(port)
-        yield CoapGateway(gw, port)
+        yield CoapGateway(gw, port, dport)
     finally:
         stop(proc)
 
@@ -95,9 +118,12 @@ class Output:
             self.buf += chunk
 
 
-def observe_with_libcoap(uri: str) -> tuple[subprocess.Popen[bytes], Output]:
+def observe_with_libcoap(
+    uri: str, args: tuple[str, ...] = ()
+) -> tuple[subprocess.Popen[bytes], Output]:
     assert COAP_CLIENT is not None
-    cmd = [COAP_CLIENT, "-m", "get", "-s", "60", "-B", "60", uri]
+    client = "coap-client-openssl" if args else COAP_CLIENT
+    cmd = [client, "-m", "get", "-s", "60", "-B", "60", *args, uri]
     if shutil.which("stdbuf"):
         cmd = ["stdbuf", "-o0", *cmd]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -267,3 +293,47 @@ def test_malformed_gets_4_00_and_others_carry_on(cgw: CoapGateway, uid: str) -> 
         assert sub.next_message() == (f"mal/{uid}", b"fine", 1)
     finally:
         sub.close()
+
+
+# ------------------------------------------------------------------ DTLS (PSK)
+
+
+@needs_dtls
+def test_libcoap_dtls_psk_both_directions(cgw: CoapGateway, uid: str) -> None:
+    psk = ("-u", PSK_ID, "-k", PSK_KEY)
+    sub = paho(cgw, f"s-{uid}")
+    pub = paho(cgw, f"p-{uid}")
+    topic = f"dtls/{uid}"
+    try:
+        sub.subscribe(f"{topic}/up", 1)
+        subprocess.run(
+            ["coap-client-openssl", "-m", "post", *psk, "-e", "over dtls",
+             cgw.suri(f"/ps/{topic}/up?clientid=d-{uid}")],
+            check=True, timeout=TIMEOUT, capture_output=True,
+        )
+        assert sub.next_message() == (f"{topic}/up", b"over dtls", 1)
+        pub.client.publish(f"{topic}/down", b"ready;", 1, retain=True).wait_for_publish(TIMEOUT)
+        proc, out = observe_with_libcoap(cgw.suri(f"/ps/{topic}/down?qos=1"), psk)
+        try:
+            out.wait_for(b"ready;")
+            pub.publish(f"{topic}/down", b"sealed notification;", 1)
+            out.wait_for(b"sealed notification;")
+        finally:
+            end(proc)
+        # a wrong key gets no answer, and the listener carries on
+        bad = subprocess.run(
+            ["coap-client-openssl", "-m", "post", "-u", PSK_ID, "-k", "wrong", "-B", "3",
+             "-e", "x", cgw.suri(f"/ps/{topic}/up")],
+            timeout=TIMEOUT, capture_output=True,
+        )
+        assert b"2.04" not in bad.stdout
+        subprocess.run(
+            ["coap-client-openssl", "-m", "post", *psk, "-e", "again",
+             cgw.suri(f"/ps/{topic}/up")],
+            check=True, timeout=TIMEOUT, capture_output=True,
+        )
+        assert sub.next_message() == (f"{topic}/up", b"again", 1)
+    finally:
+        pub.client.publish(f"{topic}/down", b"", 1, retain=True).wait_for_publish(TIMEOUT)
+        sub.close()
+        pub.close()
