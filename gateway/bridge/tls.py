@@ -1,0 +1,111 @@
+"""TLS towards the upstream broker: a client-side ``ssl.SSLContext`` from a bridge's
+``tls`` table.
+
+- ``verify = "verify_peer"`` (the default) checks the server's certificate against
+  ``cacertfile`` (the system's CA store when none is given) and its name against
+  ``server_name_indication`` (the ``server`` host when empty); ``"disable"`` sends no SNI
+  and checks no name, only the chain.
+- ``certfile`` + ``keyfile``: our client certificate, for upstream brokers that require
+  mutual TLS (``gatewayctl certs issue DIR NAME --client`` makes one).
+- Every file is checked on its own before OpenSSL sees it, so a problem names the key at
+  fault (:class:`~gateway.net.tls.TlsError`).
+"""
+
+from __future__ import annotations
+
+import ssl
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+
+from gateway.net.tls import TlsError
+
+if TYPE_CHECKING:
+    from gateway.config.schema import BridgeTls
+
+_VERSIONS = {
+    "tlsv1": ssl.TLSVersion.TLSv1,
+    "tlsv1.1": ssl.TLSVersion.TLSv1_1,
+    "tlsv1.2": ssl.TLSVersion.TLSv1_2,
+    "tlsv1.3": ssl.TLSVersion.TLSv1_3,
+}
+_ORDER = ("tlsv1", "tlsv1.1", "tlsv1.2", "tlsv1.3")
+
+
+def client_context(tls: BridgeTls) -> ssl.SSLContext:
+    """The context for connecting upstream; :class:`TlsError` names the bad key."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    versions = sorted(tls.versions, key=_ORDER.index)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        ctx.minimum_version = _VERSIONS[versions[0]]
+        ctx.maximum_version = _VERSIONS[versions[-1]]
+    if tls.ciphers:
+        try:
+            ctx.set_ciphers(tls.ciphers)
+        except ssl.SSLError:
+            raise TlsError("ciphers", f'no cipher matches "{tls.ciphers}"') from None
+    if tls.verify == "verify_peer":
+        ctx.verify_mode = ssl.CERT_REQUIRED
+        ctx.check_hostname = tls.server_name_indication != "disable"
+        if tls.cacertfile is not None:
+            _certificates("cacertfile", tls.cacertfile)
+            try:
+                ctx.load_verify_locations(cafile=tls.cacertfile)
+            except ssl.SSLError as exc:
+                raise TlsError("cacertfile", f"OpenSSL refused it: {exc.reason}") from None
+        else:
+            ctx.load_default_certs(ssl.Purpose.SERVER_AUTH)
+    else:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    if tls.certfile is not None and tls.keyfile is not None:
+        cert = _certificates("certfile", tls.certfile)[0]
+        key_pem = _read("keyfile", tls.keyfile)
+        try:
+            key = serialization.load_pem_private_key(key_pem, password=None)
+        except TypeError:
+            raise TlsError("keyfile", "encrypted private keys are not supported") from None
+        except (ValueError, NotImplementedError):
+            raise TlsError("keyfile", f'not a PEM private key "{tls.keyfile}"') from None
+        if _spki(key.public_key()) != _spki(cert.public_key()):
+            raise TlsError("keyfile", f'"{tls.keyfile}" does not match certfile')
+        try:
+            ctx.load_cert_chain(tls.certfile, tls.keyfile)
+        except ssl.SSLError as exc:
+            raise TlsError("certfile", f"OpenSSL refused the certificate: {exc.reason}") from None
+    return ctx
+
+
+def server_hostname(tls: BridgeTls, host: str) -> str | None:
+    """The name sent as SNI and checked against the certificate (None: no SNI)."""
+    sni = tls.server_name_indication
+    if sni == "disable":
+        return None
+    return sni or host
+
+
+def _read(key: str, path: Path) -> bytes:
+    if not path.is_file():
+        raise TlsError(key, f'no such file "{path}"')
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise TlsError(key, f'cannot read "{path}": {exc.strerror or exc}') from None
+
+
+def _certificates(key: str, path: Path) -> list[x509.Certificate]:
+    try:
+        return x509.load_pem_x509_certificates(_read(key, path))
+    except ValueError:
+        raise TlsError(key, f'no PEM certificate in "{path}"') from None
+
+
+def _spki(public_key: object) -> bytes:
+    data: bytes = public_key.public_bytes(  # type: ignore[attr-defined]
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    return data
