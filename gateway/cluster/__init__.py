@@ -11,6 +11,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from gateway.cluster.cluster import Cluster, ClusterSettings, parse_seed
+from gateway.cluster.discovery import DnsSettings
 from gateway.cluster.outbox import ClusterStore
 from gateway.cluster.tls import build as build_tls
 
@@ -59,5 +60,9 @@ def from_config(
         outbox_max=c.outbox_max,
         autoclean=c.autoclean,
         version=version,
+        dns=DnsSettings(
+            name=c.dns.name, record_type=c.dns.record_type, nameservers=list(c.dns.nameservers),
+            refresh=c.dns.refresh,
+        ) if c.discovery == "dns" and c.dns.name else None,
     )
     return Cluster(settings, node, tls, ClusterStore(conn, committer))

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gateway.cluster import frames as F
+from gateway.cluster.discovery import DnsSettings, discover
 from gateway.cluster.link import HandshakeError, Link, accept_tls, dial, refuse, split_addr
 from gateway.cluster.outbox import ClusterStore
 from gateway.cluster.peer import Peer
@@ -58,6 +59,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("gateway.cluster")
 
 HIGH_WATER = 8 << 20  # bytes buffered on a data link before forwarding waits for it
+_SHARED_PREFIXES = ("$share/", "$queue/")
 MAX_QOS0_PENDING = 100_000  # QoS 0 records waiting per peer before the oldest are dropped
 
 
@@ -77,6 +79,7 @@ class ClusterSettings:
     outbox_max: int = 1_000_000
     autoclean: float = 300.0
     version: str = ""
+    dns: DnsSettings | None = None  # discovery = "dns"
 
 
 def parse_seed(seed: str, default_port: int = 5370) -> tuple[str, str]:
@@ -106,6 +109,10 @@ class Cluster:
         self.tls = tls
         self.store = store
         self.routes = RouteTable()
+        # plain routes of peers whose control link went without a LEAVE (dead or cut
+        # off): QoS 1/2 messages still queue durably for them until they return (their
+        # snapshot replaces this) or are removed (autoclean, force-leave)
+        self.parked = RouteTable()
         self.peers: dict[str, Peer] = {}
         self.local_keys: set[str] = set()
         self._route_ops: list[list[str]] = []
@@ -162,6 +169,8 @@ class Cluster:
         for name, addr in known.items():
             if name and name != self.name:
                 self._member(name, addr, persist=False)
+        if self.settings.dns is not None:
+            self._spawn(self._dns_loop(self.settings.dns))
         self._tick = loop.call_later(self.settings.heartbeat_interval, self._heartbeat)
         log.info(
             "cluster %s: node %s (%s) on %s, advertised as %s, %d known members",
@@ -231,6 +240,23 @@ class Cluster:
             self._member(link.peer, addr)
             return
 
+    async def _dns_loop(self, dns: DnsSettings) -> None:
+        """Dial every address DNS gives that is not this node or a known member."""
+        assert self.bound is not None
+        tried: set[str] = set()
+        while not self.stopping:
+            addrs = await discover(dns, self.bound[1])
+            own = {self.settings.advertise, f"{self.bound[0]}:{self.bound[1]}"}
+            known = {p.addr for p in self.peers.values()}
+            new = [a for a in addrs if a not in own and a not in known and a not in tried]
+            if new:
+                log.info("cluster: DNS %s gives %d new addresses: %s", dns.name, len(new),
+                         ", ".join(new))
+            for addr in new:
+                tried.add(addr)
+                self._dial_address(addr)
+            await asyncio.sleep(dns.refresh)
+
     def join(self, target: str) -> str:
         """``gatewayctl cluster join``: ``name@host:port`` or ``host:port``."""
         name, addr = parse_seed(target)
@@ -268,6 +294,7 @@ class Cluster:
         if peer.task is not None:
             peer.task.cancel()
         removed = self.routes.drop_node(name)
+        self.parked.drop_node(name)
         self._reroute_shared(peer)
         pending = len(peer.outbox)
         self.store.outbox_deleted(name)
@@ -512,6 +539,9 @@ class Cluster:
             return
         if peer.ctl_in is link:
             peer.ctl_in = None
+            self.parked.replace(peer.name, [
+                k for k in self.routes.keys_of(peer.name) if not k.startswith(_SHARED_PREFIXES)
+            ])
             removed = self.routes.drop_node(peer.name)
             self.registry.drop_node(peer.name)
             if not self.stopping:
@@ -539,6 +569,7 @@ class Cluster:
             msg = F.parse_control(body)
             snapshot = msg.get("snapshot")
             if isinstance(snapshot, list):
+                self.parked.drop_node(peer.name)
                 self.routes.replace(peer.name, [k for k in snapshot if isinstance(k, str)])
             for op, key in msg.get("ops", ()):
                 if op == "+":
@@ -673,6 +704,8 @@ class Cluster:
 
     def _forward_plain(self, message: Message) -> int:
         nodes = self.routes.match(message.topic)
+        if message.qos and self.parked.by_node:
+            nodes = nodes | self.parked.match(message.topic)
         if message.retain:
             nodes = nodes | set(self.peers)  # every node keeps the retained messages
         if not nodes:
@@ -888,6 +921,7 @@ class Cluster:
         for peer in sorted(self.peers.values(), key=lambda p: p.name):
             v = peer.view()
             v["routes"] = self.routes.count(peer.name)
+            v["parked_routes"] = self.parked.count(peer.name)
             members.append(v)
         up = sum(1 for p in self.peers.values() if p.state == "up")
         return {

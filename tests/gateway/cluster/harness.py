@@ -81,14 +81,16 @@ class Node:
 
     def __init__(self, workdir: Path, short: str, pki: Path, *, seeds: list[Node] | None = None,
                  role: str = "core", extra: dict[str, str] | None = None,
-                 cert_dir: Path | None = None, cert_name: str | None = None) -> None:
+                 cert_dir: Path | None = None, cert_name: str | None = None,
+                 host: str = "127.0.0.1", cluster_port: int | None = None) -> None:
         self.short = short
-        self.name = f"{short}@127.0.0.1"
+        self.host = host
+        self.name = f"{short}@{host}"
         self.workdir = workdir / short
         self.pki = pki
         self.mqtt_port = free_port()
         self.api_port = free_port()
-        self.cluster_port = free_port()
+        self.cluster_port = cluster_port or free_port()
         self.role = role
         self.seeds = seeds or []
         self.extra = dict(extra or {})
@@ -108,7 +110,7 @@ class Node:
             "GATEWAY_NODE__DATA_DIR": str(self.workdir / "data"),
             "GATEWAY_LISTENERS__TCP__DEFAULT__BIND": f"127.0.0.1:{self.mqtt_port}",
             "GATEWAY_API__BIND": f"127.0.0.1:{self.api_port}",
-            "GATEWAY_CLUSTER__BIND": f"127.0.0.1:{self.cluster_port}",
+            "GATEWAY_CLUSTER__BIND": f"{self.host}:{self.cluster_port}",
             "GATEWAY_CLUSTER__SEEDS": ",".join(s.addr for s in self.seeds),
             "GATEWAY_CLUSTER__TLS__CERTFILE": str(self.cert_dir / f"{self.cert_name}.crt"),
             "GATEWAY_CLUSTER__TLS__KEYFILE": str(self.cert_dir / f"{self.cert_name}.key"),
@@ -275,7 +277,7 @@ class Client:
 
     def collect(self, n: int, timeout: float = WAIT) -> list[mqtt.MQTTMessage]:
         deadline = time.monotonic() + timeout
-        out = []
+        out: list[mqtt.MQTTMessage] = []
         while len(out) < n:
             left = deadline - time.monotonic()
             if left <= 0:

@@ -1,0 +1,96 @@
+"""Partitions (through a fault-injecting proxy between the nodes) heal by themselves and
+lose nothing acknowledged; autoclean forgets a node down too long.
+
+Each node advertises the address of its own :class:`FaultProxy`, so every link another
+node dials to it crosses that proxy: cutting a proxy cuts the links towards that node
+(one direction of the mesh), cutting both is a full partition.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.gateway.cluster.faultproxy import FaultProxy
+from tests.gateway.cluster.harness import Client, free_port, wait_mesh, wait_routes, wait_until
+
+pytestmark = pytest.mark.slow
+
+
+def proxied(nodes, short: str, seed=None):  # type: ignore[no-untyped-def]
+    port = free_port()
+    proxy = FaultProxy(("127.0.0.1", port))
+    extra = {"GATEWAY_CLUSTER__BIND": f"127.0.0.1:{port}",
+             "GATEWAY_CLUSTER__ADVERTISE": proxy.addr}
+    if seed is not None:
+        extra["GATEWAY_CLUSTER__SEEDS"] = f"{seed[0].name}:{seed[1].port}"
+    return nodes(short, extra=extra), proxy
+
+
+def test_partition_heals_without_losing_acknowledged_messages(nodes) -> None:
+    a, pa = proxied(nodes, "a")
+    b, pb = proxied(nodes, "b", seed=(a, pa))
+    clients: list[Client] = []
+    try:
+        wait_mesh([a, b])
+        sub_b = Client(b, "sub-b", clean=False, session_expiry=600).subscribe("p/#", 1)
+        sub_a = Client(a, "sub-a", clean=False, session_expiry=600).subscribe("q/#", 1)
+        pub_a, pub_b = Client(a, "pub-a"), Client(b, "pub-b")
+        clients += [sub_a, sub_b, pub_a, pub_b]
+        wait_routes(a, b, 1)
+        wait_routes(b, a, 1)
+        sent_p: list[str] = []
+        sent_q: list[str] = []
+
+        def publish(tag: str, n: int) -> None:
+            for i in range(n):
+                pub_a.publish("p/x", f"{tag}{i}", qos=1)
+                sent_p.append(f"{tag}{i}")
+                pub_b.publish("q/x", f"{tag}{i}", qos=1)
+                sent_q.append(f"{tag}{i}")
+
+        publish("before", 5)
+        # 1. full partition: both directions black-holed
+        pa.cut()
+        pb.cut()
+        publish("cut", 10)  # acknowledged before either side noticed
+        wait_until(lambda: a.state_of(b) == "down" and b.state_of(a) == "down",
+                   what="both sides see the other down")
+        # routes converge: the other side's routes are gone (parked for QoS >= 1)
+        assert a.remote_routes(b) == 0 and b.remote_routes(a) == 0
+        assert a.member(b.name)["parked_routes"] == 1
+        publish("down", 10)  # acknowledged while each side thinks the other is dead
+        pa.restore()
+        pb.restore()
+        wait_mesh([a, b])
+        wait_routes(a, b, 1)  # each node re-asserted its own routes
+        wait_routes(b, a, 1)
+        wait_until(lambda: a.member(b.name)["outbox"]["len"] == 0
+                   and b.member(a.name)["outbox"]["len"] == 0, what="outboxes drained")
+        # 2. one direction only: the links a dials to b are cut, b's to a stay
+        pb.cut()
+        wait_until(lambda: a.state_of(b) != "up", what="a's links to b down")
+        publish("half", 10)
+        pb.restore()
+        wait_mesh([a, b])
+        wait_until(lambda: a.member(b.name)["outbox"]["len"] == 0
+                   and b.member(a.name)["outbox"]["len"] == 0, what="outboxes drained")
+        got_b = [m.payload.decode() for m in sub_b.collect(len(sent_p))]
+        got_a = [m.payload.decode() for m in sub_a.collect(len(sent_q))]
+        assert sorted(got_b) == sorted(sent_p)  # every acknowledged message, once
+        assert sorted(got_a) == sorted(sent_q)
+        assert sub_b.drain() == [] and sub_a.drain() == []
+    finally:
+        for cl in clients:
+            cl.close()
+        pa.close()
+        pb.close()
+
+
+def test_autoclean_forgets_a_node_down_too_long(nodes) -> None:
+    a = nodes("a", extra={"GATEWAY_CLUSTER__AUTOCLEAN": "2s"})
+    b = nodes("b", seeds=[a])
+    wait_mesh([a, b])
+    b.kill()
+    wait_until(lambda: a.state_of(b) == "down", what="b down")
+    wait_until(lambda: a.member(b.name) is None, what="b forgotten by autoclean")
+    assert "autoclean" in a.log()
