@@ -383,7 +383,17 @@ class Amqtt(Broker):
         return out or "?"
 
 
-BROKERS: dict[str, type[Broker]] = {b.name: b for b in (Gatewayd, Mosquitto, Amqtt)}
+class GatewaydMemory(Gatewayd):
+    """gatewayd with ``[durability] enable = false``: the same broker, memory only, to
+    measure what durability costs (bench.scenarios.DURABILITY_SCENARIOS)."""
+
+    name = "gatewayd-memory"
+    OPTIONAL_CONFIG = (*Gatewayd.OPTIONAL_CONFIG, "[durability]\nenable = false\n")
+
+
+BROKERS: dict[str, type[Broker]] = {
+    b.name: b for b in (Gatewayd, GatewaydMemory, Mosquitto, Amqtt)
+}
 
 
 def setup(names: list[str]) -> None:

@@ -68,6 +68,7 @@ class SubSpec:
     topic_filter: str
     qos: int
     latency: bool = False
+    clean: bool = True  # False: a persistent session (durable on a durable broker)
 
 
 @dataclass
@@ -258,6 +259,7 @@ async def open_client(
     loop: asyncio.AbstractEventLoop,
     spec: WorkerSpec,
     client_id: str,
+    clean: bool = True,
     **kwargs: Any,
 ) -> Client:
     _, client = await asyncio.wait_for(
@@ -270,7 +272,7 @@ async def open_client(
         CONNECT_TIMEOUT,
     )
     assert client.transport is not None
-    client.transport.write(wire.connect(client_id, spec.keepalive))
+    client.transport.write(wire.connect(client_id, spec.keepalive, clean))
     rc = await asyncio.wait_for(client.connack, CONNECT_TIMEOUT)
     if rc != 0:
         client.close()
@@ -424,6 +426,7 @@ async def _traffic(pipe: Connection, ws: WorkerSpec, shared: Shared) -> dict[str
                 loop,
                 ws,
                 s.client_id,
+                clean=s.clean,
                 recv_arr=shared.recv,
                 recv_slot=s.index,
                 latencies=latencies if s.latency else None,

@@ -26,7 +26,7 @@ from dataclasses import asdict
 from typing import Any
 
 from bench.brokers import BROKERS, machine_busy_seconds, setup, use_gatewayd_commit
-from bench.scenarios import SCENARIOS, Params, Result, run_scenario
+from bench.scenarios import DURABILITY_SCENARIOS, SCENARIOS, Params, Result, run_scenario
 
 OURS = "gatewayd"
 # broker log lines that are expected and say nothing about the run
@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--scenarios",
         default=",".join(SCENARIOS),
-        help=f"comma-separated subset of: {', '.join(SCENARIOS)}",
+        help=f"comma-separated subset of: {', '.join(SCENARIOS + DURABILITY_SCENARIOS)}",
     )
     ap.add_argument("--workers", type=int, help="load-generator processes")
     ap.add_argument("--clients", type=int, help="N of fan-in/fan-out/p2p")
@@ -259,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         if b not in BROKERS:
             ap.error(f"unknown broker {b!r}")
     for s in scenarios:
-        if s not in SCENARIOS:
+        if s not in SCENARIOS and s not in DURABILITY_SCENARIOS:
             ap.error(f"unknown scenario {s!r}")
 
     if args.gatewayd_commit:

@@ -116,6 +116,10 @@ SCENARIOS = [
     "latency-qos1",
 ]
 
+# Not in the default run: QoS 1 to persistent sessions (clean session 0), whose every
+# message is journaled by a durable broker; compare brokers gatewayd and gatewayd-memory.
+DURABILITY_SCENARIOS = ["fanin-qos1-persistent", "fanout-qos1-persistent", "p2p-qos1-persistent"]
+
 _run_counter = random.randrange(250)
 
 
@@ -254,7 +258,13 @@ def _assign(
 
 
 def run_traffic(
-    broker: Broker, params: Params, kind: str, qos: int, *, rate: float | None = None
+    broker: Broker,
+    params: Params,
+    kind: str,
+    qos: int,
+    *,
+    rate: float | None = None,
+    persistent: bool = False,
 ) -> Result:
     """Closed-loop throughput (rate None) or open-loop latency (rate = total msg/s)."""
     global _run_counter
@@ -264,13 +274,15 @@ def run_traffic(
     duration = params.latency_duration if latency else params.duration
     prefix = f"b{_run_counter}{kind}{qos}"
     pubs, subs = _topology(kind, n, qos, prefix, latency)
+    for s in subs:
+        s.clean = not persistent
     cap = params.max_publishes // len(pubs)
     for p in pubs:
         p.cap = cap
         if rate is not None:
             p.rate = rate / len(pubs)
     feeders = {s: f for p in pubs for s, f in p.targets}
-    name = f"{'latency' if latency else kind}-qos{qos}"
+    name = f"{'latency' if latency else kind}-qos{qos}" + ("-persistent" if persistent else "")
     metric = "p99 latency" if latency else "delivered"
     unit = "ms" if latency else "msg/s"
 
@@ -479,7 +491,10 @@ def run_scenario(name: str, broker: Broker, params: Params) -> Result:
     if name == "idle-memory":
         return run_idle_memory(broker, params)
     kind, _, q = name.partition("-qos")
+    q, _, variant = q.partition("-")
     qos = int(q)
+    if variant == "persistent":
+        return run_traffic(broker, params, kind, qos, persistent=True)
     if kind == "latency":
         return run_traffic(broker, params, "p2p", qos, rate=params.latency_rate)
     return run_traffic(broker, params, kind, qos)
