@@ -15,6 +15,7 @@ import logging
 import signal
 import sqlite3
 from collections.abc import Callable
+from typing import Any
 
 from gateway.admin.admin import Admin
 from gateway.admin.registry import ListenerEntry
@@ -24,7 +25,7 @@ from gateway.bridge import Bridges
 from gateway.cluster import Cluster
 from gateway.cluster import from_config as cluster_from_config
 from gateway.config import ConfigError, GatewayConfig
-from gateway.config.schema import WsListener, WssListener
+from gateway.config.schema import DtlsListener, UdpListener, WsListener, WssListener
 from gateway.core.authz import Authorizer, from_config
 from gateway.core.clock import LoopScheduler
 from gateway.core.node import CoreSettings, Node
@@ -43,6 +44,8 @@ from gateway.store.sessions import SCHEMA, SessionStore
 from gateway.store.writer import GroupCommitter
 from protocols.coap.channel import CoapChannel, CoapSettings
 from protocols.context import ConnectionHandle
+from protocols.lwm2m.channel import Lwm2mChannel, Lwm2mSettings
+from protocols.lwm2m.objects import ObjectModel
 from protocols.mqtt.channel import MqttChannel, MqttSettings
 from protocols.mqttsn.channel import MqttSnChannel, MqttSnSettings
 from protocols.mqttsn.codec import encode as mqttsn_encode
@@ -231,6 +234,7 @@ class Gateway:
         await self._start_websocket_listeners(node, gate, monotonic)
         await self._start_mqttsn(node, gate, monotonic)
         await self._start_coap(node, gate, monotonic)
+        await self._start_lwm2m(node, gate, monotonic)
         await self.admin.start()  # API, $SYS, trace: once the core and listeners exist
 
     def reload(self) -> None:
@@ -407,6 +411,58 @@ class Gateway:
             log.info("listener %s (CoAP over DTLS, PSK) on %s", lname, _fmt(local))
             self.listeners[lname] = ListenerEntry(
                 "dtls", name, "coap", dl.bind, limits, [_fmt(local)]
+            )
+
+    async def _start_lwm2m(
+        self, node: Node, gate: GroupCommitter | None, monotonic: Callable[[], float]
+    ) -> None:
+        """``[gateway.lwm2m]``: LwM2M on the datagram shell (UDP, and DTLS with PSK)."""
+        cfg = self.config.gateway.lwm2m
+        if cfg is None or not cfg.enable:
+            return
+        model = ObjectModel.shipped()
+        if cfg.xml_dir:
+            try:
+                model.load_dir(cfg.xml_dir)
+            except (OSError, ValueError) as exc:
+                raise ConfigError(f"gateway.lwm2m.xml_dir: {exc}") from exc
+        listeners: list[tuple[str, str, UdpListener, DtlsListener | None]] = [
+            ("udp", n, lst, None) for n, lst in cfg.listeners.udp.items()
+        ] + [("dtls", n, dl, dl) for n, dl in cfg.listeners.dtls.items()]
+        for kind, name, lst, dl in listeners:
+            if not lst.enable:
+                continue
+            lname = f"lwm2m:{kind}:{name}"
+            settings = lwm2m_settings(self.config, lname, model)
+
+            def inner(
+                handle: ConnectionHandle, addr: tuple[str, int], settings: Lwm2mSettings = settings
+            ) -> Lwm2mChannel:
+                return Lwm2mChannel(node, settings, handle, peer=addr, monotonic=monotonic)
+
+            factory: Callable[[DatagramPeer, tuple[str, int]], Any]
+            if dl is None:
+                factory = inner
+            else:
+                try:
+                    context = dtls_server_context(load_psk_file(dl.psk_file))
+                except (OSError, DtlsError) as exc:
+                    raise ConfigError(f"gateway.lwm2m.listeners.dtls.{name}: {exc}") from exc
+                factory = _dtls_factory(context, dl.handshake_timeout, inner)  # type: ignore[arg-type]
+            limits = ListenerLimits(
+                lname,
+                max_connections=lst.max_connections,
+                allow=[str(n) for n in lst.allow],
+                deny=[str(n) for n in lst.deny],
+            )
+            shell = await start_datagram_listener(lst.bind, limits, factory, gate)
+            self.datagrams.append(shell)
+            assert shell.transport is not None
+            local = shell.transport.get_extra_info("sockname")
+            log.info("listener %s (LwM2M%s) on %s", lname,
+                     " over DTLS" if dl is not None else "", _fmt(local))
+            self.listeners[lname] = ListenerEntry(
+                kind, name, "lwm2m", lst.bind, limits, [_fmt(local)]
             )
 
     def _advertise(
@@ -626,6 +682,22 @@ def _dtls_factory(
         return DtlsChannel(context, peer, addr, inner, handshake_timeout=handshake_timeout)
 
     return make
+
+
+def lwm2m_settings(config: GatewayConfig, listener: str, model: ObjectModel) -> Lwm2mSettings:
+    c = config.gateway.lwm2m
+    assert c is not None
+    return Lwm2mSettings(
+        mountpoint=c.mountpoint,
+        listener=listener,
+        lifetime_min=c.lifetime_min,
+        lifetime_max=c.lifetime_max,
+        qmode_time_window=c.qmode_time_window,
+        response_timeout=c.response_timeout,
+        idle_timeout=c.idle_timeout,
+        publish_qos=c.publish_qos,
+        model=model,
+    )
 
 
 async def serve(config: GatewayConfig) -> int:

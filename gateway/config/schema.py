@@ -577,11 +577,39 @@ class CoapConfig(_Section):
     listeners: CoapListeners = Field(default_factory=CoapListeners)
 
 
+def _default_lwm2m_udp() -> dict[str, UdpListener]:
+    return {"default": UdpListener(bind="0.0.0.0:5783")}
+
+
+class Lwm2mListeners(_Section):
+    udp: dict[str, UdpListener] = Field(default_factory=_default_lwm2m_udp)
+    dtls: dict[str, DtlsListener] = Field(default_factory=dict)
+
+
+class Lwm2mConfig(_Section):
+    """``[gateway.lwm2m]`` (EMQX's shape): LwM2M 1.0/1.1 over CoAP. ``mountpoint`` may use
+    ``{ep}`` (the endpoint name); ``xml_dir`` adds object definitions (OMA XML) to the
+    shipped core objects 0-7; ``qmode_time_window`` is how long a queue-mode device
+    listens after each message it sends."""
+
+    enable: bool = True
+    mountpoint: str = "lwm2m/{ep}/"
+    lifetime_min: Annotated[Duration, Field(gt=0)] = 1.0
+    lifetime_max: Annotated[Duration, Field(gt=0)] = 86400.0
+    qmode_time_window: Annotated[Duration, Field(gt=0)] = 22.0
+    response_timeout: Annotated[Duration, Field(gt=0)] = 60.0
+    idle_timeout: Annotated[Duration, Field(gt=0)] = 30.0
+    publish_qos: int = Field(default=0, ge=0, le=2)
+    xml_dir: str = ""
+    listeners: Lwm2mListeners = Field(default_factory=Lwm2mListeners)
+
+
 class GatewaysConfig(_Section):
     """``[gateway.<protocol>]``: the non-MQTT front-ends; absent means off."""
 
     mqttsn: MqttSnConfig | None = None
     coap: CoapConfig | None = None
+    lwm2m: Lwm2mConfig | None = None
 
 
 class MqttConfig(_Section):

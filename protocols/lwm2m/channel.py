@@ -1,0 +1,665 @@
+"""The LwM2M server channel (EMQX-compatible MQTT mapping), sans-IO.
+
+One channel per peer address, on the datagram shell, speaking CoAP through
+:mod:`protocols.coap.codec`. The device is a session of the broker with client id = its
+endpoint name, subscribed to ``{mp}dn/#`` (``mountpoint``, default ``lwm2m/{ep}/``).
+
+Registration interface (device -> us):
+
+- ``POST /rd?ep=&lt=&lwm2m=&b=[&Q]`` with the object links -> 2.01, Location-Path
+  ``rd/{ep}``; the register event goes to ``{mp}up/resp``.
+- ``POST /rd/{ep}?lt=&b=`` (update) -> 2.04; the update event goes to ``{mp}up/update``.
+- ``DELETE /rd/{ep}`` -> 2.02; the session ends. No update within the lifetime: it ends too.
+
+Device management (MQTT -> us -> device): a JSON command on ``{mp}dn`` (``reqID``,
+``msgType`` read | discover | write | write-attr | execute | create | delete | observe |
+cancel-observe, ``data``) becomes one CoAP request; its answer is published on
+``{mp}up/resp`` as ``{"reqID", "msgType", "data": {"reqPath", "code", "codeMsg",
+"content"}}`` (keys of the command other than those are echoed); notifications of an
+observation go to ``{mp}up/notify`` with ``seqNum``. No answer: ``"code":
+"coap_timeout"``. Requests go one at a time (CoAP NSTART = 1), the rest wait in order.
+
+Queue mode (binding with ``Q``): the device listens only for ``qmode_time_window`` after
+each message it sends; commands arriving later wait for its next update (or register).
+
+Invariants:
+- A malformed datagram is counted and answered 4.00 when its header is readable; it
+  changes nothing else.
+- Every command gets exactly one answer on ``up/resp`` (a response, a CoAP error code,
+  ``coap_timeout``, or ``bad_request`` for a command we cannot turn into a request).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from protocols.coap.codec import (
+    ACK,
+    CON,
+    NON,
+    RST,
+    Code,
+    Message,
+    RemoteProtocolError,
+    decode,
+    encode,
+    make,
+)
+from protocols.context import (
+    AUTH_PENDING,
+    ClientInfo,
+    ConnectionHandle,
+    Delivery,
+    GatewayContext,
+    SessionAPI,
+    SubOptions,
+)
+from protocols.context import Message as BrokerMessage
+from protocols.effects import CancelTimer, Close, Effect, SetTimer
+from protocols.lwm2m import content
+from protocols.lwm2m.objects import ObjectModel
+
+log = logging.getLogger("protocols.lwm2m.channel")
+
+COMMANDS = ("read", "discover", "write", "write-attr", "execute", "create", "delete",
+            "observe", "cancel-observe")
+_CODE_MSG = {
+    "2.01": "created", "2.02": "deleted", "2.03": "valid", "2.04": "changed",
+    "2.05": "content", "2.31": "continue", "4.00": "bad_request", "4.01": "unauthorized",
+    "4.02": "bad_option", "4.03": "forbidden", "4.04": "not_found",
+    "4.05": "method_not_allowed", "4.06": "not_acceptable", "4.08": "request_entity_incomplete",
+    "4.12": "precondition_failed", "4.13": "request_entity_too_large",
+    "4.15": "unsupported_content_format", "5.00": "internal_server_error",
+    "5.01": "not_implemented", "5.03": "service_unavailable",
+}
+
+
+@dataclass(slots=True)
+class Lwm2mSettings:
+    """One LwM2M gateway's behaviour (``[gateway.lwm2m]``)."""
+
+    mountpoint: str = "lwm2m/{ep}/"
+    listener: str = "lwm2m:udp:default"
+    lifetime_min: float = 1.0
+    lifetime_max: float = 86400.0
+    qmode_time_window: float = 22.0
+    ack_timeout: float = 2.0
+    max_retransmit: int = 4
+    response_timeout: float = 60.0  # after an empty ACK, for the separate response
+    idle_timeout: float = 30.0  # a peer that does not register
+    max_queue: int = 1000
+    publish_qos: int = 0
+    model: ObjectModel = field(default_factory=ObjectModel.shipped)
+
+
+class State(Enum):
+    NEW = "new"
+    AUTHENTICATING = "authenticating"
+    REGISTERED = "registered"
+    CLOSED = "closed"
+
+
+@dataclass(slots=True)
+class Command:
+    req_id: Any
+    msg_type: str
+    path: str
+    echo: dict[str, Any]
+    request: Message | None = None  # the CoAP request, once built
+
+
+@dataclass(slots=True)
+class _Outstanding:
+    command: Command
+    data: bytes
+    mid: int
+    token: bytes
+    attempts: int = 0
+    timeout: float = 2.0
+    acked: bool = False
+
+
+def _code(code: Any) -> str:
+    c = int(code)
+    return f"{c >> 5}.{c & 0x1F:02d}"
+
+
+def _query(msg: Message) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in msg.opt.uri_query:
+        k, _, v = item.partition("=")
+        out.setdefault(k, v)
+    return out
+
+
+class Lwm2mChannel:
+    def __init__(
+        self,
+        context: GatewayContext,
+        settings: Lwm2mSettings,
+        handle: ConnectionHandle,
+        *,
+        peer: tuple[str, int] | None = None,
+        monotonic: Callable[[], float],
+    ) -> None:
+        self.context = context
+        self.settings = settings
+        self.handle = handle
+        self.peer = peer
+        self._monotonic = monotonic
+        self.state = State.NEW
+        self.info: ClientInfo | None = None
+        self.session: SessionAPI | None = None
+        self.ep = ""
+        self.mount = ""
+        self.lifetime = 86400.0
+        self.binding = "U"
+        self.version = "1.0"
+        self.objects: list[str] = []
+        self.alternate = "/"
+        self.queue_mode = False
+        self.last_rx = 0.0
+        self.pending: deque[Command] = deque()
+        self.current: _Outstanding | None = None
+        self.observations: dict[bytes, Command] = {}  # token -> the observe command
+        self._next_mid = secrets.randbelow(0x10000)
+        self._responses: OrderedDict[int, bytes | None] = OrderedDict()
+        self._waiting: Message | None = None
+        self._out: list[Effect] = []
+        self._busy = False
+        self._core_closed = False
+
+    # -- entry points from the shell ---------------------------------------------------
+
+    def connection_made(self) -> list[Effect]:
+        self.last_rx = self._monotonic()
+        return [SetTimer("idle", self.settings.idle_timeout)]
+
+    def handle_datagram(self, data: bytes) -> list[Effect]:
+        if self.state is State.CLOSED:
+            return []
+        outer = self._enter()
+        try:
+            msg = decode(data)
+        except RemoteProtocolError as exc:
+            self._malformed(exc)
+            return self._leave(outer)
+        self.last_rx = self._monotonic()
+        self._dispatch(msg)
+        return self._leave(outer)
+
+    def on_timer(self, name: str) -> list[Effect]:
+        if self.state is State.CLOSED:
+            return []
+        outer = self._enter()
+        if name == "idle" and self.state is not State.REGISTERED:
+            self._close("did not register")
+        elif name == "lifetime" and self.state is State.REGISTERED:
+            log.info("%s: lifetime expired", self._who())
+            self._close("lifetime expired")
+        elif name == "retry":
+            self._retransmit()
+        elif name == "response":
+            cur = self.current
+            if cur is not None and cur.acked:
+                self.current = None
+                self._answer(cur.command, {"code": "coap_timeout", "codeMsg": "coap_timeout"})
+                self._pump()
+        return self._leave(outer)
+
+    def connection_lost(self) -> None:
+        self.state = State.CLOSED
+        self._notify_core_closed()
+
+    def deliver(self, deliveries: list[Delivery]) -> list[Effect]:
+        outer = self._enter()
+        for d in deliveries:
+            if d.packet_id is not None and self.session is not None:
+                self.session.puback(d.packet_id)  # taken over by the channel's queue
+            if self.state is State.REGISTERED:
+                self._command(d.message.payload)
+        if self.state is State.REGISTERED:
+            self._pump()
+        return self._leave(outer)
+
+    def release(self, packet_id: int) -> list[Effect]:
+        if self.session is not None:
+            self.session.pubcomp(packet_id)
+        return []
+
+    def kick(self, reason_code: int) -> list[Effect]:
+        if self.state is State.CLOSED:
+            return []
+        outer = self._enter()
+        self._core_closed = True
+        self._close(f"kicked (0x{reason_code:02X})")
+        return self._leave(outer)
+
+    # -- plumbing ------------------------------------------------------------------
+
+    def _enter(self) -> bool:
+        if self._busy:
+            return False
+        self._busy = True
+        return True
+
+    def _leave(self, outer: bool) -> list[Effect]:
+        if not outer:
+            return []
+        self._busy = False
+        out, self._out = self._out, []
+        return out
+
+    def _who(self) -> str:
+        if self.ep:
+            return f"lwm2m endpoint {self.ep!r}"
+        return f"lwm2m peer {self.peer[0]}:{self.peer[1]}" if self.peer else "lwm2m peer"
+
+    def _mid(self) -> int:
+        mid = self._next_mid
+        self._next_mid = (mid + 1) & 0xFFFF
+        return mid
+
+    def _close(self, reason: str) -> None:
+        if self.state is State.CLOSED:
+            return
+        self.state = State.CLOSED
+        while self.pending:
+            self._answer(self.pending.popleft(), {"code": "coap_timeout",
+                                                  "codeMsg": "device gone"})
+        self._notify_core_closed()
+        self._out.append(Close(reason))
+        log.info("%s: closed: %s", self._who(), reason)
+
+    def _notify_core_closed(self) -> None:
+        if self._core_closed or self.info is None or self.session is None:
+            return
+        self._core_closed = True
+        self.context.close(self.info, self.handle, send_will=False)
+
+    def _malformed(self, exc: RemoteProtocolError) -> None:
+        self.context.incr("packets.malformed")
+        log.warning("%s: malformed CoAP message: %s", self._who(), exc.reason)
+        if exc.mid is None or exc.mtype not in (CON, NON):
+            return
+        reply = make(ACK if exc.mtype == CON else NON, Code.BAD_REQUEST,
+                     exc.mid if exc.mtype == CON else self._mid(), exc.token or b"")
+        self._out.append(encode(reply))
+
+    def _respond(self, req: Message, code: int, *, location: tuple[str, ...] = ()) -> None:
+        con = req.mtype == CON
+        resp = make(ACK if con else NON, code, req.mid if con else self._mid(), req.token)
+        if location:
+            resp.opt.location_path = location
+        data = encode(resp)
+        if req.mid in self._responses:
+            self._responses[req.mid] = data
+        self._out.append(data)
+
+    def _publish(self, suffix: str, body: dict[str, Any]) -> None:
+        info = self.info
+        if info is None:
+            return
+        topic = self.mount + suffix
+        if not self.context.authorize(info, "publish", topic):
+            log.info("%s: not authorized to publish %s", self._who(), topic)
+            return
+        msg = BrokerMessage(topic, json.dumps(body).encode(), self.settings.publish_qos,
+                            publisher=info.client_id, username=info.username,
+                            timestamp=self.context.now())
+        self.context.publish(info, msg)
+
+    # -- device -> us --------------------------------------------------------------
+
+    def _dispatch(self, msg: Message) -> None:
+        if msg.mtype in (ACK, RST) and msg.code == Code.EMPTY:
+            self._on_empty_ack(msg.mid, reset=msg.mtype == RST)
+            return
+        if msg.code == Code.EMPTY:
+            if msg.mtype == CON:
+                self._out.append(encode(make(RST, Code.EMPTY, msg.mid)))
+            return
+        if msg.code.is_response():
+            self._on_response(msg)
+            return
+        if not msg.code.is_request():
+            return
+        seen = self._responses.get(msg.mid, b"")
+        if seen != b"":
+            if seen is not None:
+                self._out.append(seen)
+            return
+        self._responses[msg.mid] = None
+        if len(self._responses) > 64:
+            self._responses.popitem(last=False)
+        path = tuple(msg.opt.uri_path)
+        if not path or path[0] != "rd":
+            self._respond(msg, Code.NOT_FOUND)
+            return
+        if msg.code == Code.POST and len(path) == 1:
+            self._register(msg)
+        elif len(path) == 2 and self.state is State.REGISTERED and path[1] == self.ep:
+            if msg.code == Code.POST:
+                self._update(msg)
+            elif msg.code == Code.DELETE:
+                self._respond(msg, Code.DELETED)
+                self._close("deregistered")
+            else:
+                self._respond(msg, Code.METHOD_NOT_ALLOWED)
+        else:
+            self._respond(msg, Code.NOT_FOUND)
+
+    def _links(self, msg: Message) -> bool:
+        try:
+            links = content.parse_links(bytes(msg.payload)) if msg.payload else []
+        except (content.ContentError, UnicodeDecodeError):
+            return False
+        objects, alternate = [], "/"
+        for target, attrs in links:
+            if attrs.get("rt") == "oma.lwm2m":
+                alternate = target
+                continue
+            objects.append(target)
+        if msg.payload:
+            self.objects, self.alternate = objects, alternate
+        return True
+
+    def _register(self, msg: Message) -> None:
+        q = _query(msg)
+        ep = q.get("ep")
+        s = self.settings
+        try:
+            lt = float(q.get("lt") or 86400)
+        except ValueError:
+            lt = -1
+        if not ep or not (s.lifetime_min <= lt <= s.lifetime_max) or not self._links(msg):
+            self._respond(msg, Code.BAD_REQUEST)
+            return
+        if self.state is State.AUTHENTICATING:
+            return  # the first REGISTER is being decided
+        if self.state is State.REGISTERED:  # registering again: a new session
+            self._notify_core_closed()
+            self._core_closed = False
+            self.session = None
+        self.ep = ep
+        self.lifetime = lt
+        self.version = q.get("lwm2m", "1.0")
+        self.binding = q.get("b", "U")
+        self.queue_mode = "Q" in self.binding or "Q" in q
+        self.mount = s.mountpoint.replace("{ep}", ep).replace("%e", ep)
+        host, port = self.peer if self.peer else (None, None)
+        info = ClientInfo(
+            client_id=ep, protocol="lwm2m", proto_ver=1, peer_host=host, peer_port=port,
+            listener=s.listener, mountpoint=self.mount, keepalive=int(lt),
+            connected_at=self.context.now(),
+        )
+        self.info = info
+        self.state = State.AUTHENTICATING
+        self._waiting = msg
+        handle = self.handle
+
+        def later(code: int) -> None:
+            handle.call_channel(lambda: self.auth_result(info, code))
+
+        code = self.context.authenticate(info, None, later)
+        if code != AUTH_PENDING:
+            self._registered(info, code)
+
+    def auth_result(self, info: ClientInfo, code: int) -> list[Effect]:
+        if self.state is not State.AUTHENTICATING or self.info is not info:
+            return []
+        outer = self._enter()
+        self._registered(info, code)
+        return self._leave(outer)
+
+    def _registered(self, info: ClientInfo, code: int) -> None:
+        msg, self._waiting = self._waiting, None
+        assert msg is not None
+        if code == 0:
+            result = self.context.open_session(
+                info, self.handle, clean_start=True, expiry_interval=0, receive_maximum=32,
+                will=None, will_delay=0,
+            )
+            if result.reason_code or result.session is None:
+                code = result.reason_code or 0x80
+            else:
+                self.session = result.session
+        self.context.connack(info, code)
+        if code:
+            log.info("%s refused (0x%02X)", self._who(), code)
+            self.state = State.NEW
+            self.info = None
+            self._respond(msg, Code.FORBIDDEN)
+            return
+        self.state = State.REGISTERED
+        dn = self.mount + "dn/#"
+        if self.context.authorize(info, "subscribe", dn):
+            self.context.subscribe(info, dn, SubOptions(0))
+        self._respond(msg, Code.CREATED, location=("rd", self.ep))
+        self._out.append(CancelTimer("idle"))
+        self._out.append(SetTimer("lifetime", self.lifetime))
+        self._publish("up/resp", {"msgType": "register", "data": self._reg_data()})
+        assert self.session is not None
+        self.session.resume()
+        self._pump()
+
+    def _reg_data(self) -> dict[str, Any]:
+        return {"ep": self.ep, "lt": int(self.lifetime), "lwm2m": self.version,
+                "b": self.binding, "objectList": self.objects,
+                "alternatePath": self.alternate}
+
+    def _update(self, msg: Message) -> None:
+        q = _query(msg)
+        if "lt" in q:
+            try:
+                lt = float(q["lt"])
+            except ValueError:
+                self._respond(msg, Code.BAD_REQUEST)
+                return
+            if not (self.settings.lifetime_min <= lt <= self.settings.lifetime_max):
+                self._respond(msg, Code.BAD_REQUEST)
+                return
+            self.lifetime = lt
+        if "b" in q:
+            self.binding = q["b"]
+            self.queue_mode = "Q" in self.binding
+        if not self._links(msg):
+            self._respond(msg, Code.BAD_REQUEST)
+            return
+        self._respond(msg, Code.CHANGED)
+        self._out.append(SetTimer("lifetime", self.lifetime))
+        self._publish("up/update", {"msgType": "update", "data": self._reg_data()})
+        self._pump()
+
+    # -- commands (MQTT -> device) -------------------------------------------------
+
+    def _command(self, payload: bytes) -> None:
+        try:
+            cmd = json.loads(payload)
+            if not isinstance(cmd, dict):
+                raise ValueError
+        except ValueError:
+            self.context.incr("lwm2m.command.malformed")
+            log.info("%s: a command that is not a JSON object", self._who())
+            return
+        raw_data = cmd.get("data")
+        data: dict[str, Any] = raw_data if isinstance(raw_data, dict) else {}
+        msg_type = str(cmd.get("msgType", ""))
+        path = str(data.get("path") or data.get("basePath") or "")
+        echo = {k: v for k, v in cmd.items() if k not in ("reqID", "msgType", "data")}
+        c = Command(cmd.get("reqID"), msg_type, path, echo)
+        try:
+            c.request = self._build(msg_type, path, data)
+        except (content.ContentError, ValueError, TypeError, KeyError) as exc:
+            self._answer(c, {"code": "4.00", "codeMsg": f"bad_request: {exc}"})
+            return
+        if len(self.pending) >= self.settings.max_queue:
+            dropped = self.pending.popleft()
+            self._answer(dropped, {"code": "coap_timeout", "codeMsg": "queue full"})
+        self.pending.append(c)
+
+    def _build(self, msg_type: str, path: str, data: dict[str, Any]) -> Message:
+        if msg_type not in COMMANDS:
+            raise ValueError(f"unknown msgType {msg_type!r}")
+        parts = [p for p in path.split("/") if p]
+        if not parts or not all(p.isdigit() for p in parts):
+            raise ValueError(f"bad path {path!r}")
+        alt = [p for p in self.alternate.split("/") if p]
+        model = self.settings.model
+        code = Code.GET
+        payload = b""
+        fmt: int | None = None
+        observe: int | None = None
+        query: list[str] = []
+        accept: int | None = None
+        if msg_type == "discover":
+            accept = content.LINK_FORMAT
+        elif msg_type == "observe":
+            observe = 0
+        elif msg_type == "cancel-observe":
+            observe = 1
+        elif msg_type == "write":
+            if "content" in data:  # several resources of an instance: partial update
+                code = Code.POST
+                payload = content.encode_tlv(list(data["content"]), path, model.type_of)
+                fmt = content.TLV
+            else:
+                code = Code.PUT
+                typ = data.get("type") or model.type_of(path)
+                if str(typ).lower() == "opaque":
+                    payload, fmt = content.value_to_bytes(data.get("value"), "opaque"), 42
+                else:
+                    payload, fmt = content.text_of(data.get("value"), typ), content.TEXT
+        elif msg_type == "write-attr":
+            code = Code.PUT
+            for k in ("pmin", "pmax", "gt", "lt", "st"):
+                if data.get(k) not in (None, ""):
+                    query.append(f"{k}={data[k]}")
+        elif msg_type == "execute":
+            code = Code.POST
+            payload = str(data.get("args") or "").encode()
+        elif msg_type == "create":
+            code = Code.POST
+            payload = content.encode_tlv(list(data.get("content") or []), path, model.type_of)
+            fmt = content.TLV
+        elif msg_type == "delete":
+            code = Code.DELETE
+        req = make(CON, code, 0, secrets.token_bytes(4), payload)
+        req.opt.uri_path = tuple(alt + parts)
+        if query:
+            req.opt.uri_query = tuple(query)
+        if fmt is not None:
+            req.opt.content_format = fmt
+        if accept is not None:
+            req.opt.accept = accept
+        if observe is not None:
+            req.opt.observe = observe
+        if msg_type == "cancel-observe":
+            for token, c in list(self.observations.items()):
+                if c.path == path:
+                    req.token = token  # the observation's own token
+                    del self.observations[token]
+        return req
+
+    def _awake(self) -> bool:
+        if not self.queue_mode:
+            return True
+        return self._monotonic() - self.last_rx < self.settings.qmode_time_window
+
+    def _pump(self) -> None:
+        """Send the next command when none is outstanding and the device listens."""
+        if self.current is not None or self.state is not State.REGISTERED:
+            return
+        if not self.pending or not self._awake():
+            return
+        c = self.pending.popleft()
+        req = c.request
+        assert req is not None
+        req.mid = self._mid()
+        data = encode(req)
+        t = self.settings.ack_timeout
+        self.current = _Outstanding(c, data, req.mid, req.token, 0, t)
+        self._out.append(data)
+        self._out.append(SetTimer("retry", t))
+
+    def _retransmit(self) -> None:
+        cur = self.current
+        if cur is None or cur.acked:
+            return
+        if cur.attempts >= self.settings.max_retransmit:
+            self.current = None
+            self._answer(cur.command, {"code": "coap_timeout", "codeMsg": "coap_timeout"})
+            self._pump()
+            return
+        cur.attempts += 1
+        cur.timeout *= 2
+        self._out.append(cur.data)
+        self._out.append(SetTimer("retry", cur.timeout))
+
+    def _on_empty_ack(self, mid: int, *, reset: bool) -> None:
+        cur = self.current
+        if cur is None or cur.mid != mid:
+            return
+        self._out.append(CancelTimer("retry"))
+        if reset:
+            self.current = None
+            self._answer(cur.command, {"code": "coap_reset", "codeMsg": "reset"})
+            self._pump()
+            return
+        cur.acked = True  # a separate response will follow
+        self._out.append(SetTimer("response", self.settings.response_timeout))
+
+    def _on_response(self, msg: Message) -> None:
+        if msg.mtype == CON:
+            self._out.append(encode(make(ACK, Code.EMPTY, msg.mid)))
+        cur = self.current
+        if cur is not None and msg.token == cur.token and (
+            msg.mtype != ACK or msg.mid == cur.mid
+        ):
+            self.current = None
+            self._out.append(CancelTimer("retry"))
+            self._out.append(CancelTimer("response"))
+            c = cur.command
+            if c.msg_type == "observe" and msg.opt.observe is not None and msg.code.is_successful():
+                self.observations[msg.token] = c
+            self._answer(c, self._result(c, msg))
+            self._pump()
+            return
+        obs = self.observations.get(msg.token)
+        if obs is not None:
+            body = {"reqID": obs.req_id, "msgType": "notify", "seqNum": msg.opt.observe,
+                    "data": self._result(obs, msg)}
+            body.update(obs.echo)
+            self._publish("up/notify", body)
+            return
+        if msg.mtype == CON:
+            return  # acknowledged; nobody asked for it
+        if msg.mtype == NON:
+            self._out.append(encode(make(RST, Code.EMPTY, msg.mid)))
+
+    def _result(self, c: Command, msg: Message) -> dict[str, Any]:
+        code = _code(msg.code)
+        out: dict[str, Any] = {"code": code, "codeMsg": _CODE_MSG.get(code, "")}
+        if msg.code.is_successful() and c.msg_type in ("read", "discover", "observe"):
+            try:
+                out["content"] = content.decode(
+                    msg.opt.content_format, bytes(msg.payload), c.path,
+                    self.settings.model.type_of,
+                )
+            except content.ContentError as exc:
+                out["codeMsg"] = f"undecodable content: {exc}"
+                out["content"] = []
+        return out
+
+    def _answer(self, c: Command, result: dict[str, Any]) -> None:
+        data = {"reqPath": c.path, **result}
+        body: dict[str, Any] = {"reqID": c.req_id, "msgType": c.msg_type, "data": data}
+        body.update(c.echo)
+        self._publish("up/resp", body)

@@ -1,0 +1,221 @@
+"""A small LwM2M client (device simulator) on aiocoap, for tests and the HIL rig.
+
+One aiocoap server context on one UDP socket is both the device's CoAP server (the
+gateway reads, writes, executes and observes its resources) and its client (register,
+update, deregister go out from the same address, as LwM2M requires).
+
+The device holds resource values in a dict (``"/3/0/0" -> value``) typed by the object
+model; it answers Read with text/plain for a resource and TLV (or SenML JSON, with
+``senml=True``, as 1.1 devices do) for an instance or object, Discover with link format,
+Write (text, opaque, TLV), Execute (recorded in ``executed``), Create and Delete of
+instances, and Observe with notifications when :meth:`set` changes a value.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from typing import Any
+
+from aiocoap import (
+    CHANGED,
+    CONTENT,
+    CREATED,
+    DELETE,
+    DELETED,
+    GET,
+    METHOD_NOT_ALLOWED,
+    NOT_FOUND,
+    POST,
+    PUT,
+    Context,
+    Message,
+)
+from aiocoap.interfaces import ObservableResource
+from aiocoap.numbers.codes import Code
+
+from protocols.lwm2m import content
+from protocols.lwm2m.objects import ObjectModel
+
+
+class Lwm2mClient:
+    def __init__(
+        self,
+        server: tuple[str, int],
+        endpoint: str,
+        *,
+        lifetime: int = 300,
+        binding: str = "U",
+        version: str = "1.0",
+        senml: bool = False,
+        values: dict[str, Any] | None = None,
+        model: ObjectModel | None = None,
+    ) -> None:
+        self.server = server
+        self.endpoint = endpoint
+        self.lifetime = lifetime
+        self.binding = binding
+        self.version = version
+        self.senml = senml
+        self.model = model or ObjectModel.shipped()
+        self.values: dict[str, Any] = dict(values or {
+            "/1/0/0": 1, "/1/0/1": lifetime, "/1/0/7": binding,
+            "/3/0/0": "gatewayd simulator", "/3/0/1": "sim-1", "/3/0/9": 100,
+            "/3/0/7/0": 3300, "/3/0/7/1": 5000,
+        })
+        self.executed: list[tuple[str, bytes]] = []
+        self.location: tuple[str, ...] = ()
+        self.ctx: Any = None
+        self._observers: dict[str, list[Callable[[], None]]] = {}
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    async def start(self, bind: tuple[str, int] = ("127.0.0.1", 0)) -> None:
+        self.ctx = await Context.create_server_context(_Site(self), bind=bind)
+
+    async def close(self) -> None:
+        if self.ctx is not None:
+            await self.ctx.shutdown()
+
+    def _uri(self, path: str) -> str:
+        return f"coap://{self.server[0]}:{self.server[1]}{path}"
+
+    def links(self) -> str:
+        instances = sorted({"/".join(p.split("/")[:3]) for p in self.values},
+                           key=lambda p: [int(x) for x in p.split("/")[1:]])
+        return ",".join(['</>;rt="oma.lwm2m"'] + [f"<{p}>" for p in instances])
+
+    async def register(self, timeout: float = 10.0) -> Any:
+        q = f"ep={self.endpoint}&lt={self.lifetime}&lwm2m={self.version}&b={self.binding}"
+        req = Message(code=POST, uri=self._uri(f"/rd?{q}"), payload=self.links().encode())
+        req.opt.content_format = content.LINK_FORMAT
+        resp = await asyncio.wait_for(self.ctx.request(req).response, timeout)
+        if resp.code == CREATED:
+            self.location = tuple(resp.opt.location_path)
+        return resp
+
+    async def update(self, timeout: float = 10.0) -> Any:
+        path = "/" + "/".join(self.location)
+        req = Message(code=POST, uri=self._uri(f"{path}?lt={self.lifetime}"))
+        return await asyncio.wait_for(self.ctx.request(req).response, timeout)
+
+    async def deregister(self, timeout: float = 10.0) -> Any:
+        path = "/" + "/".join(self.location)
+        req = Message(code=DELETE, uri=self._uri(path))
+        return await asyncio.wait_for(self.ctx.request(req).response, timeout)
+
+    def set(self, path: str, value: Any) -> None:
+        """Change a value; observers of it (or of its instance/object) are notified."""
+        self.values[path] = value
+        for key, callbacks in list(self._observers.items()):
+            if path == key or path.startswith(key + "/"):
+                for cb in callbacks:
+                    cb()
+
+    # -- serving -------------------------------------------------------------------
+
+    def _under(self, path: str) -> dict[str, Any]:
+        return {p: v for p, v in self.values.items() if p == path or p.startswith(path + "/")}
+
+    def render(self, request: Any) -> Any:
+        parts = [p for p in request.opt.uri_path if p]
+        path = "/" + "/".join(parts)
+        code = request.code
+        if code == GET:
+            found = self._under(path)
+            if not found:
+                return Message(code=NOT_FOUND)
+            if request.opt.accept == content.LINK_FORMAT:
+                items = sorted({"/".join(p.split("/")[:4]) for p in found})
+                return Message(code=CONTENT, payload=",".join(f"<{p}>" for p in items).encode(),
+                               content_format=content.LINK_FORMAT)
+            return self._read(path, found)
+        if code == PUT:
+            if request.opt.uri_query:  # write-attributes
+                return Message(code=CHANGED)
+            return self._write(path, request)
+        if code == POST:
+            if len(parts) == 3 and self.model.resource(path) is not None and \
+                    "E" in self.model.resource(path).operations:  # type: ignore[union-attr]
+                self.executed.append((path, bytes(request.payload)))
+                return Message(code=CHANGED)
+            if len(parts) == 1:  # create
+                entries = content.decode_tlv(bytes(request.payload), path, self.model.type_of)
+                for e in entries:
+                    self.values[e["path"]] = e["value"]
+                return Message(code=CREATED)
+            return self._write(path, request)
+        if code == DELETE:
+            found = self._under(path)
+            if not found:
+                return Message(code=NOT_FOUND)
+            for p in found:
+                del self.values[p]
+            return Message(code=DELETED)
+        return Message(code=METHOD_NOT_ALLOWED)
+
+    def _read(self, path: str, found: dict[str, Any]) -> Any:
+        depth = len([p for p in path.split("/") if p])
+        if depth == 3 and path in found:
+            typ = self.model.type_of(path)
+            return Message(code=CONTENT, payload=content.text_of(found[path], typ),
+                           content_format=content.TEXT)
+        if self.senml:
+            recs = []
+            for i, (p, v) in enumerate(sorted(found.items())):
+                rec: dict[str, Any] = {"n": p[len(path):]}
+                if i == 0:
+                    rec["bn"] = path
+                key = "vb" if isinstance(v, bool) else "v" if isinstance(v, (int, float)) \
+                    else "vs"
+                rec[key] = v
+                recs.append(rec)
+            return Message(code=CONTENT, payload=json.dumps(recs).encode(),
+                           content_format=content.SENML_JSON)
+        entries = [{"path": p, "value": v} for p, v in found.items()]
+        return Message(code=CONTENT, payload=content.encode_tlv(entries, path, self.model.type_of),
+                       content_format=content.TLV)
+
+    def _write(self, path: str, request: Any) -> Any:
+        fmt = request.opt.content_format
+        try:
+            if fmt == content.TLV:
+                for e in content.decode_tlv(bytes(request.payload), path, self.model.type_of):
+                    self.set(e["path"], e["value"])
+            else:
+                [e] = content.decode(fmt, bytes(request.payload), path, self.model.type_of)
+                self.set(path, e["value"])
+        except (content.ContentError, ValueError):
+            return Message(code=Code.BAD_REQUEST)
+        return Message(code=CHANGED)
+
+
+class _Site(ObservableResource):  # type: ignore[misc]
+    """aiocoap's resource interface for every path of the device."""
+
+    def __init__(self, client: Lwm2mClient) -> None:
+        super().__init__()
+        self.client = client
+
+    async def render_to_pipe(self, pipe: Any) -> None:
+        await self._render_to_pipe(pipe)
+
+    async def needs_blockwise_assembly(self, request: Any) -> bool:
+        return True
+
+    async def render(self, request: Any) -> Any:
+        return self.client.render(request)
+
+    async def add_observation(self, request: Any, serverobservation: Any) -> None:
+        path = "/" + "/".join(p for p in request.opt.uri_path if p)
+        callbacks = self.client._observers.setdefault(path, [])
+
+        def trigger() -> None:
+            serverobservation.trigger()
+
+        callbacks.append(trigger)
+        serverobservation.accept(lambda: callbacks.remove(trigger))
+
+    def get_resources_as_linkheader(self) -> str:
+        return self.client.links()

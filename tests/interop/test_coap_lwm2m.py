@@ -1,0 +1,133 @@
+"""LwM2M end to end: our aiocoap device simulator (``protocols/lwm2m/client.py``) against a
+real gatewayd, commands and answers through paho-mqtt. Every command round-trips."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import queue
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import paho.mqtt.client as mqtt
+import pytest
+from paho.mqtt.enums import CallbackAPIVersion
+
+from protocols.lwm2m.client import Lwm2mClient
+from tests.interop.conftest import Gateway, free_port, start_gateway, stop
+
+TIMEOUT = 10.0
+
+
+@pytest.fixture(scope="module")
+def lgw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Gateway, int]]:
+    port = free_port(socket.SOCK_DGRAM)
+    proc, gw = start_gateway(
+        tmp_path_factory.mktemp("gatewayd-lwm2m"),
+        GATEWAY_GATEWAY__LWM2M__LISTENERS__UDP__DEFAULT__BIND=f"127.0.0.1:{port}",
+        GATEWAY_GATEWAY__LWM2M__QMODE_TIME_WINDOW="2s",
+    )
+    try:
+        yield gw, port
+    finally:
+        stop(proc)
+
+
+class App:
+    """The MQTT application: subscribes to up/#, sends commands on dn."""
+
+    def __init__(self, gw: Gateway, ep: str) -> None:
+        self.ep = ep
+        self.q: queue.Queue[tuple[str, dict[str, Any]]] = queue.Queue()
+        self.c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"app-{ep}")
+        subscribed: queue.Queue[object] = queue.Queue()
+        self.c.on_message = lambda c, u, m: self.q.put((m.topic, json.loads(m.payload)))
+        self.c.on_subscribe = lambda *a: subscribed.put(a)
+        self.c.connect(gw.host, gw.tcp)
+        self.c.loop_start()
+        self.c.subscribe(f"lwm2m/{ep}/up/#", 0)
+        subscribed.get(timeout=TIMEOUT)
+
+    def command(self, req_id: int, msg_type: str, **data: Any) -> None:
+        body = json.dumps({"reqID": req_id, "msgType": msg_type, "data": data})
+        self.c.publish(f"lwm2m/{self.ep}/dn", body, 0)
+
+    def next(self) -> tuple[str, dict[str, Any]]:
+        return self.q.get(timeout=TIMEOUT)
+
+    def close(self) -> None:
+        self.c.disconnect()
+        self.c.loop_stop()
+
+
+async def _scenario(gw: Gateway, port: int, app: App, ep: str, senml: bool) -> None:
+    dev = Lwm2mClient(("127.0.0.1", port), ep, senml=senml)
+    await dev.start()
+    nxt = lambda: asyncio.to_thread(app.next)  # noqa: E731
+    try:
+        r = await dev.register()
+        assert str(r.code) == "2.01 Created" and dev.location == ("rd", ep)
+        topic, ev = await nxt()
+        assert topic == f"lwm2m/{ep}/up/resp" and ev["msgType"] == "register"
+        assert "/3/0" in ev["data"]["objectList"]
+
+        async def roundtrip(req_id: int, msg_type: str, **data: Any) -> dict[str, Any]:
+            app.command(req_id, msg_type, **data)
+            topic, resp = await nxt()
+            assert topic == f"lwm2m/{ep}/up/resp", resp
+            assert resp["reqID"] == req_id and resp["msgType"] == msg_type, resp
+            return resp["data"]
+
+        d = await roundtrip(1, "read", path="/3/0/0")
+        assert d["code"] == "2.05"
+        assert d["content"] == [{"path": "/3/0/0", "value": "gatewayd simulator"}]
+        d = await roundtrip(2, "read", path="/3/0")
+        assert {"path": "/3/0/9", "value": 100} in d["content"]
+        assert {"path": "/3/0/7/1", "value": 5000} in d["content"]
+        d = await roundtrip(3, "discover", path="/3/0")
+        assert "</3/0/9>" in d["content"]
+        d = await roundtrip(4, "write", path="/3/0/14", type="String", value="+02:00")
+        assert d["code"] == "2.04" and dev.values["/3/0/14"] == "+02:00"
+        d = await roundtrip(5, "write", basePath="/1/0",
+                            content=[{"path": "1", "value": 600}, {"path": "7", "value": "UQ"}])
+        assert d["code"] == "2.04" and dev.values["/1/0/1"] == 600
+        d = await roundtrip(6, "write-attr", path="/3/0/9", pmin=1, pmax=30)
+        assert d["code"] == "2.04"
+        d = await roundtrip(7, "execute", path="/3/0/4", args="now")
+        assert d["code"] == "2.04" and dev.executed == [("/3/0/4", b"now")]
+        d = await roundtrip(8, "create", basePath="/5",
+                            content=[{"path": "/5/0/1", "value": "coap://fw"}])
+        assert d["code"] == "2.01" and dev.values["/5/0/1"] == "coap://fw"
+        d = await roundtrip(9, "delete", path="/5/0")
+        assert d["code"] == "2.02" and "/5/0/1" not in dev.values
+        d = await roundtrip(10, "observe", path="/3/0/9")
+        assert d["code"] == "2.05" and d["content"] == [{"path": "/3/0/9", "value": 100}]
+        dev.set("/3/0/9", 42)
+        topic, note = await nxt()
+        assert topic == f"lwm2m/{ep}/up/notify" and note["msgType"] == "notify"
+        assert note["reqID"] == 10 and isinstance(note["seqNum"], int)
+        assert note["data"]["content"] == [{"path": "/3/0/9", "value": 42}]
+        d = await roundtrip(11, "cancel-observe", path="/3/0/9")
+        assert d["code"].startswith("2.")
+        d = await roundtrip(12, "read", path="/4/0")
+        assert d["code"] == "4.04"
+        r = await dev.update()
+        assert str(r.code) == "2.04 Changed"
+        topic, ev = await nxt()
+        assert topic == f"lwm2m/{ep}/up/update"
+        r = await dev.deregister()
+        assert str(r.code) == "2.02 Deleted"
+    finally:
+        await dev.close()
+
+
+@pytest.mark.parametrize("senml", [False, True], ids=["tlv", "senml-json"])
+def test_device_every_command(lgw: tuple[Gateway, int], uid: str, senml: bool) -> None:
+    gw, port = lgw
+    ep = f"dev-{uid}"
+    app = App(gw, ep)
+    try:
+        asyncio.run(_scenario(gw, port, app, ep, senml))
+    finally:
+        app.close()

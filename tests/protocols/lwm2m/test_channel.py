@@ -1,0 +1,339 @@
+"""The LwM2M channel against the real core: a scripted device on one side (CoAP messages
+through the codec), an MQTT client of the same node on the other; virtual clock."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import cbor2
+import pytest
+
+from gateway.core.clock import VirtualScheduler
+from gateway.core.node import CoreSettings, Node
+from protocols.coap.codec import ACK, CON, NON, Code, Message, decode, encode, make
+from protocols.context import Delivery
+from protocols.effects import CancelTimer, Close, Effect, SetTimer
+from protocols.lwm2m import content
+from protocols.lwm2m.channel import Lwm2mChannel, Lwm2mSettings, State
+from protocols.mqtt.packets import Publish as MqttPublish
+from protocols.mqtt.packets import Subscribe as MqttSubscribe
+from protocols.mqtt.packets import Subscription
+from tests.protocols.mqtt.test_channel import client as mqtt_client
+
+LINKS = b'</>;rt="oma.lwm2m",</1/0>,</3/0>,</5/0>'
+
+
+class Device:
+    def __init__(self, node: Node, clock: VirtualScheduler, settings: Lwm2mSettings) -> None:
+        self.clock = clock
+        self.channel = Lwm2mChannel(node, settings, self, peer=("127.0.0.1", 5000),
+                                    monotonic=clock.time)
+        self.timers: dict[str, float] = {}
+        self.closed: str | None = None
+        self.received: list[Message] = []
+        self.mid = 1
+        self._run(self.channel.connection_made())
+
+    def deliver(self, deliveries: list[Delivery]) -> None:
+        self._run(self.channel.deliver(deliveries))
+
+    def release(self, packet_id: int) -> None:
+        pass
+
+    def kick(self, reason_code: int) -> None:
+        self._run(self.channel.kick(reason_code))
+
+    def call_channel(self, fn: Callable[[], list[Effect]]) -> None:
+        if self.closed is None:
+            self._run(fn())
+
+    def _run(self, effects: list[Effect]) -> None:
+        for e in effects:
+            if isinstance(e, bytes):
+                self.received.append(decode(e))
+            elif isinstance(e, SetTimer):
+                self.timers[e.name] = self.clock.time() + e.seconds
+            elif isinstance(e, CancelTimer):
+                self.timers.pop(e.name, None)
+            elif isinstance(e, Close):
+                self.closed = e.reason
+                self.timers.clear()
+                self.channel.connection_lost()
+
+    def send(self, m: Message) -> None:
+        self._run(self.channel.handle_datagram(encode(m)))
+
+    def request(self, code: int, path: tuple[str, ...], query: tuple[str, ...] = (),
+                payload: bytes = b"") -> Message:
+        self.mid += 1
+        m = make(CON, code, self.mid, b"d", payload)
+        m.opt.uri_path = path
+        m.opt.uri_query = query
+        self.send(m)
+        return m
+
+    def reply(self, req: Message, code: int, payload: bytes = b"", fmt: int | None = None,
+              observe: int | None = None) -> None:
+        r = make(ACK, code, req.mid, req.token, payload)
+        if fmt is not None:
+            r.opt.content_format = fmt
+        if observe is not None:
+            r.opt.observe = observe
+        self.send(r)
+
+    def advance(self, seconds: float) -> None:
+        end = self.clock.time() + seconds
+        while True:
+            due = [(w, n) for n, w in self.timers.items() if w <= end]
+            if not due or self.closed:
+                break
+            when, name = min(due)
+            self.clock.advance(max(0.0, when - self.clock.time()))
+            del self.timers[name]
+            self._run(self.channel.on_timer(name))
+        self.clock.advance(max(0.0, end - self.clock.time()))
+
+    def take(self) -> list[Message]:
+        out, self.received = self.received, []
+        return out
+
+
+@pytest.fixture
+def clock() -> VirtualScheduler:
+    return VirtualScheduler()
+
+
+@pytest.fixture
+def node(clock: VirtualScheduler) -> Node:
+    return Node(CoreSettings(), clock)
+
+
+class Mqtt:
+    def __init__(self, node: Node, clock: VirtualScheduler, ep: str) -> None:
+        self.c = mqtt_client(node, clock, "app")
+        self.c.send(MqttSubscribe(1, (Subscription(f"lwm2m/{ep}/up/#", qos=0),)))
+        self.c.take()
+        self.ep = ep
+        self.pub = mqtt_client(node, clock, "cmd", level=4)
+
+    def up(self) -> list[tuple[str, dict[str, Any]]]:
+        return [(p.topic.rsplit("/", 2)[-2] + "/" + p.topic.rsplit("/", 1)[-1],
+                 json.loads(p.payload)) for p in self.c.take() if isinstance(p, MqttPublish)]
+
+    def command(self, req_id: int, msg_type: str, **data: Any) -> None:
+        body = {"reqID": req_id, "msgType": msg_type, "data": data}
+        self.pub.send(MqttPublish(f"lwm2m/{self.ep}/dn", json.dumps(body).encode(), qos=0))
+
+
+def registered(node: Node, clock: VirtualScheduler, query: tuple[str, ...] = ()
+               ) -> tuple[Device, Mqtt]:
+    app = Mqtt(node, clock, "dev1")
+    d = Device(node, clock, Lwm2mSettings())
+    d.request(Code.POST, ("rd",), ("ep=dev1", "lt=300", "lwm2m=1.0", "b=U", *query), LINKS)
+    [r] = d.take()
+    assert r.code == Code.CREATED and r.opt.location_path == ("rd", "dev1")
+    return d, app
+
+
+def test_register_event_and_session(node: Node, clock: VirtualScheduler) -> None:
+    d, app = registered(node, clock)
+    [(topic, ev)] = app.up()
+    assert topic == "up/resp" and ev["msgType"] == "register"
+    assert ev["data"]["objectList"] == ["/1/0", "/3/0", "/5/0"] and ev["data"]["lt"] == 300
+    assert ev["data"]["alternatePath"] == "/"
+    assert "dev1" in node.sessions and d.channel.state is State.REGISTERED
+
+
+def test_read_text_and_tlv(node: Node, clock: VirtualScheduler) -> None:
+    d, app = registered(node, clock)
+    app.up()
+    app.command(1, "read", path="/3/0/0")
+    [req] = d.take()
+    assert req.code == Code.GET and req.opt.uri_path == ("3", "0", "0") and req.mtype == CON
+    d.reply(req, Code.CONTENT, b"Open Mobile Alliance", content.TEXT)
+    [(topic, resp)] = app.up()
+    assert topic == "up/resp"
+    assert resp == {"reqID": 1, "msgType": "read", "data": {
+        "reqPath": "/3/0/0", "code": "2.05", "codeMsg": "content",
+        "content": [{"path": "/3/0/0", "value": "Open Mobile Alliance"}]}}
+    app.command(2, "read", path="/3/0")
+    [req] = d.take()
+    tlv = content.encode_tlv([{"path": "/3/0/9", "value": 80}, {"path": "/3/0/7/0", "value": 3300}],
+                             "/3/0", d.channel.settings.model.type_of)
+    d.reply(req, Code.CONTENT, tlv, content.TLV)
+    [(_, resp)] = app.up()
+    assert resp["data"]["content"] == [{"path": "/3/0/9", "value": 80},
+                                       {"path": "/3/0/7/0", "value": 3300}]
+
+
+def test_every_command_makes_its_request(node: Node, clock: VirtualScheduler) -> None:
+    d, app = registered(node, clock)
+    app.up()
+    cases: list[tuple[str, dict[str, Any], int]] = [
+        ("discover", {"path": "/3/0"}, Code.GET),
+        ("write", {"path": "/3/0/13", "type": "Time", "value": 1700000000}, Code.PUT),
+        ("write", {"basePath": "/1/0", "content": [{"path": "1", "value": 60},
+                                                   {"path": "7", "value": "U"}]}, Code.POST),
+        ("write-attr", {"path": "/3/0/9", "pmin": 5, "pmax": 60}, Code.PUT),
+        ("execute", {"path": "/3/0/4", "args": "'now'"}, Code.POST),
+        ("create", {"basePath": "/5", "content": [{"path": "/5/1/1", "value": "coap://x"}]},
+         Code.POST),
+        ("delete", {"path": "/5/1"}, Code.DELETE),
+    ]
+    for i, (msg_type, data, code) in enumerate(cases):
+        app.command(10 + i, msg_type, **data)
+        [req] = d.take()
+        assert req.code == code, msg_type
+        if msg_type == "discover":
+            assert req.opt.accept == content.LINK_FORMAT
+            d.reply(req, Code.CONTENT, b"</3/0/0>,</3/0/9>;pmax=60", content.LINK_FORMAT)
+        elif msg_type == "write" and code == Code.PUT:
+            assert req.payload == b"1700000000" and req.opt.content_format == content.TEXT
+            d.reply(req, Code.CHANGED)
+        elif msg_type == "write":
+            got = content.decode_tlv(req.payload, "/1/0", d.channel.settings.model.type_of)
+            assert got == [{"path": "/1/0/1", "value": 60}, {"path": "/1/0/7", "value": "U"}]
+            d.reply(req, Code.CHANGED)
+        elif msg_type == "write-attr":
+            assert set(req.opt.uri_query) == {"pmin=5", "pmax=60"} and not req.payload
+            d.reply(req, Code.CHANGED)
+        elif msg_type == "execute":
+            assert req.payload == b"'now'"
+            d.reply(req, Code.CHANGED)
+        elif msg_type == "create":
+            assert req.opt.uri_path == ("5",)
+            d.reply(req, Code.CREATED)
+        else:
+            d.reply(req, Code.DELETED)
+        [(_, resp)] = app.up()
+        assert resp["reqID"] == 10 + i and resp["msgType"] == msg_type
+        if msg_type == "discover":
+            assert resp["data"]["content"] == ["</3/0/0>", "</3/0/9>;pmax=60"]
+    assert resp["data"]["code"] == "2.02"
+
+
+def test_observe_notify_cancel(node: Node, clock: VirtualScheduler) -> None:
+    d, app = registered(node, clock)
+    app.up()
+    app.command(5, "observe", path="/3/0/9")
+    [req] = d.take()
+    assert req.opt.observe == 0
+    d.reply(req, Code.CONTENT, b"80", content.TEXT, observe=1)
+    [(topic, resp)] = app.up()
+    assert topic == "up/resp" and resp["data"]["content"] == [{"path": "/3/0/9", "value": 80}]
+    for seq, level in ((2, b"79"), (3, b"78")):
+        n = make(NON, Code.CONTENT, 900 + seq, req.token, level)
+        n.opt.observe = seq
+        n.opt.content_format = content.TEXT
+        d.send(n)
+    notes = app.up()
+    assert [(t, b["msgType"], b["seqNum"], b["reqID"], b["data"]["content"][0]["value"])
+            for t, b in notes] == [("up/notify", "notify", 2, 5, 79),
+                                   ("up/notify", "notify", 3, 5, 78)]
+    app.command(6, "cancel-observe", path="/3/0/9")
+    [req2] = d.take()
+    assert req2.opt.observe == 1 and req2.token == req.token
+    d.reply(req2, Code.CONTENT, b"78", content.TEXT)
+    assert app.up()[0][1]["msgType"] == "cancel-observe"
+
+
+def test_senml_and_oma_json_reads(node: Node, clock: VirtualScheduler) -> None:
+    d, app = registered(node, clock)
+    app.up()
+    senml = [{"bn": "/3/0/", "n": "0", "vs": "ACME"}, {"n": "9", "v": 55},
+             {"n": "20", "vb": False}]
+    for i, (fmt, payload) in enumerate([
+        (content.SENML_JSON, json.dumps(senml).encode()),
+        (content.SENML_CBOR, cbor2.dumps([{-2: "/3/0/", 0: "0", 3: "ACME"}, {0: "9", 2: 55},
+                                          {0: "20", 4: False}])),
+        (content.OMA_JSON, json.dumps({"bn": "/3/0/", "e": [
+            {"n": "0", "sv": "ACME"}, {"n": "9", "v": 55}, {"n": "20", "bv": False}]}).encode()),
+    ]):
+        app.command(i, "read", path="/3/0")
+        [req] = d.take()
+        d.reply(req, Code.CONTENT, payload, fmt)
+        [(_, resp)] = app.up()
+        assert resp["data"]["content"] == [{"path": "/3/0/0", "value": "ACME"},
+                                           {"path": "/3/0/9", "value": 55},
+                                           {"path": "/3/0/20", "value": False}], fmt
+
+
+def test_timeout_and_one_at_a_time(node: Node, clock: VirtualScheduler) -> None:
+    d, app = registered(node, clock)
+    app.up()
+    app.command(1, "read", path="/3/0/0")
+    app.command(2, "read", path="/3/0/1")
+    first = d.take()
+    assert len(first) == 1  # the second waits
+    d.advance(2 + 4 + 8 + 16 + 32 + 1)
+    resends = d.take()
+    assert [m.mid for m in resends[:4]] == [first[0].mid] * 4
+    [(_, resp)] = app.up()
+    assert resp["reqID"] == 1 and resp["data"]["code"] == "coap_timeout"
+    assert resends[-1].opt.uri_path == ("3", "0", "1")
+
+
+def test_separate_response(node: Node, clock: VirtualScheduler) -> None:
+    d, app = registered(node, clock)
+    app.up()
+    app.command(1, "read", path="/3/0/0")
+    [req] = d.take()
+    d.send(make(ACK, Code.EMPTY, req.mid))
+    d.advance(30)
+    assert app.up() == []
+    late = make(CON, Code.CONTENT, 4242, req.token, b"late")
+    d.send(late)
+    [ack] = d.take()
+    assert ack.mtype == ACK and ack.mid == 4242
+    [(_, resp)] = app.up()
+    assert resp["data"]["content"][0]["value"] == "late"
+
+
+def test_update_deregister_lifetime(node: Node, clock: VirtualScheduler) -> None:
+    d, app = registered(node, clock)
+    app.up()
+    d.advance(200)
+    d.request(Code.POST, ("rd", "dev1"), ("lt=100",))
+    assert d.take()[0].code == Code.CHANGED
+    [(topic, ev)] = app.up()
+    assert topic == "up/update" and ev["data"]["lt"] == 100
+    d.advance(99)
+    assert d.closed is None
+    d.advance(2)
+    assert d.closed == "lifetime expired" and "dev1" not in node.sessions
+    d2, _ = registered(node, clock)
+    d2.request(Code.DELETE, ("rd", "dev1"))
+    assert d2.take()[0].code == Code.DELETED and d2.closed == "deregistered"
+
+
+def test_queue_mode_buffers_until_update(node: Node, clock: VirtualScheduler) -> None:
+    d, app = registered(node, clock, ("Q",))
+    app.up()
+    d.advance(60)  # past the 22 s window: asleep
+    app.command(1, "read", path="/3/0/0")
+    assert d.take() == []
+    d.request(Code.POST, ("rd", "dev1"))
+    msgs = d.take()
+    assert msgs[0].code == Code.CHANGED and msgs[1].code == Code.GET
+
+
+def test_bad_commands_and_malformed(node: Node, clock: VirtualScheduler) -> None:
+    d, app = registered(node, clock)
+    app.up()
+    app.command(1, "frobnicate", path="/3/0")
+    app.command(2, "read", path="/x/y")
+    assert [b["data"]["code"] for _, b in app.up()] == ["4.00", "4.00"]
+    assert d.take() == []
+    d._run(d.channel.handle_datagram(b"\x41\x02\x00\x09T\xd0"))
+    [r] = d.take()
+    assert r.code == Code.BAD_REQUEST and d.closed is None
+
+
+def test_register_refused_without_ep(node: Node, clock: VirtualScheduler) -> None:
+    d = Device(node, clock, Lwm2mSettings())
+    d.request(Code.POST, ("rd",), ("lt=60",), LINKS)
+    assert d.take()[0].code == Code.BAD_REQUEST
+    d.advance(31)
+    assert d.closed == "did not register"
