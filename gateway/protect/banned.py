@@ -15,6 +15,9 @@ Invariants:
 - When a ban appears (through :meth:`BanGuard.ban` or a poll), connected clients it
   matches are kicked: their session is closed without their will, and an MQTT 5 client
   gets DISCONNECT 0x98 (administrative action; DISCONNECT has no "banned" code).
+- MQTT 5 enhanced authentication (SCRAM) does not run the ``client.authenticate``
+  chain, so the guard also wraps the factories in ``node.auth_methods``: a banned client
+  starting an exchange gets an exchange whose first step refuses it with 0x8A.
 - Everything runs on the event loop thread (the store connection is the guard's own).
 """
 
@@ -23,14 +26,14 @@ from __future__ import annotations
 import ipaddress
 import logging
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from gateway.core.clock import TimerHandle
 from gateway.core.hooks import Priority, Stop
 from gateway.core.node import Node
 from gateway.store.banned import Ban, BannedStore, normalise
-from protocols.context import ClientInfo
+from protocols.context import AuthExchange, AuthStep, ClientInfo
 from protocols.mqtt.reason_codes import ReasonCode
 
 __all__ = ["BanGuard", "BanIndex"]
@@ -133,6 +136,43 @@ class BanIndex:
         return dropped
 
 
+class _Refused:
+    """The exchange a banned client gets: refused at the first step."""
+
+    def step(self, data: bytes | None) -> AuthStep:
+        return AuthStep(int(ReasonCode.BANNED), None, "banned")
+
+
+class _BanCheckedMethods(dict[str, Callable[[ClientInfo], AuthExchange]]):
+    """``node.auth_methods`` whose factories check bans first (module docstring)."""
+
+    def __init__(
+        self, guard: BanGuard, methods: dict[str, Callable[[ClientInfo], AuthExchange]]
+    ) -> None:
+        super().__init__(methods)
+        self.guard = guard
+
+    def _checked(
+        self, factory: Callable[[ClientInfo], AuthExchange]
+    ) -> Callable[[ClientInfo], AuthExchange]:
+        guard = self.guard
+
+        def checked(client: ClientInfo) -> AuthExchange:
+            if guard.match(client) is not None:
+                guard.node.metrics.incr("client.banned")
+                return _Refused()
+            return factory(client)
+
+        return checked
+
+    def __getitem__(self, method: str) -> Callable[[ClientInfo], AuthExchange]:
+        return self._checked(super().__getitem__(method))
+
+    def get(self, method: str, default: Any = None) -> Any:
+        factory = super().get(method)
+        return default if factory is None else self._checked(factory)
+
+
 class BanGuard:
     """Enforces bans on a node (module docstring)."""
 
@@ -155,6 +195,7 @@ class BanGuard:
             return
         self._attached = True
         self.node.hooks.add("client.authenticate", self._check, Priority.HIGHEST)
+        self.node.auth_methods = _BanCheckedMethods(self, self.node.auth_methods)
         if self.store is not None and self.poll_interval > 0:
             self._timer = self.node.scheduler.call_later(self.poll_interval, self._poll)
 
@@ -163,6 +204,8 @@ class BanGuard:
             return
         self._attached = False
         self.node.hooks.remove("client.authenticate", self._check)
+        if isinstance(self.node.auth_methods, _BanCheckedMethods):
+            self.node.auth_methods = dict(self.node.auth_methods.items())
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None

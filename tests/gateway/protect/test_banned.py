@@ -11,12 +11,14 @@ from gateway.core.node import CoreSettings, Node
 from gateway.protect.banned import BanGuard, BanIndex
 from gateway.store.banned import Ban, BannedStore
 from gateway.store.db import db_path
+from protocols.context import AuthStep
 from protocols.mqtt.channel import MqttSettings
 from protocols.mqtt.packets import (
     MQTT_5,
     ConnAck,
     Connect,
     Disconnect,
+    Properties,
     Publish,
     Subscribe,
     Subscription,
@@ -198,3 +200,28 @@ def test_memory_only_guard(node, clock) -> None:
     clock.advance(5)
     assert attempt(node, clock, "m")[1].reason_code == 0
     g.detach()
+
+
+class _Accept:
+    def step(self, data):
+        return AuthStep(0)
+
+
+def test_enhanced_authentication_is_checked_too(node, clock, guard) -> None:
+    """MQTT 5 enhanced authentication (SCRAM) does not run the client.authenticate
+    chain: a banned client is refused at the exchange's first step."""
+    node.auth_methods["TEST"] = lambda client: _Accept()
+    props = Properties(authentication_method="TEST")
+    assert attempt(node, clock, "scram-user", properties=props)[1].reason_code == 0
+    guard.ban("username", "mallory")
+    w, ack = attempt(node, clock, "x", username="mallory", properties=props)
+    assert ack.reason_code == 0x8A and w.closed
+    assert node.metrics.get("client.banned") == 1
+    assert attempt(node, clock, "y", username="alice", properties=props)[1].reason_code == 0
+    # methods registered after the guard was attached are checked as well
+    node.auth_methods["LATER"] = lambda client: _Accept()
+    later = Properties(authentication_method="LATER")
+    assert attempt(node, clock, "z", username="mallory", properties=later)[1].reason_code == 0x8A
+    guard.detach()
+    assert type(node.auth_methods) is dict and set(node.auth_methods) == {"TEST", "LATER"}
+    assert attempt(node, clock, "z", username="mallory", properties=later)[1].reason_code == 0
