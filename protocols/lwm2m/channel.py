@@ -635,7 +635,7 @@ class Lwm2mChannel:
         obs = self.observations.get(msg.token)
         if obs is not None:
             body = {"reqID": obs.req_id, "msgType": "notify", "seqNum": msg.opt.observe,
-                    "data": self._result(obs, msg)}
+                    "data": {"reqPath": obs.path, **self._result(obs, msg)}}
             body.update(obs.echo)
             self._publish("up/notify", body)
             return

@@ -79,9 +79,10 @@ def value_from_bytes(raw: bytes, typ: str | None) -> Any:
         if t == "string":
             return raw.decode()
         try:
-            return raw.decode()
+            text = raw.decode()
         except UnicodeDecodeError:
             return _b64(raw)
+        return text if text.isprintable() else _b64(raw)
     except UnicodeDecodeError as exc:
         raise ContentError("invalid UTF-8") from exc
 

@@ -232,6 +232,7 @@ def test_observe_notify_cancel(node: Node, clock: VirtualScheduler) -> None:
     assert [(t, b["msgType"], b["seqNum"], b["reqID"], b["data"]["content"][0]["value"])
             for t, b in notes] == [("up/notify", "notify", 2, 5, 79),
                                    ("up/notify", "notify", 3, 5, 78)]
+    assert all(b["data"]["reqPath"] == "/3/0/9" for _, b in notes)
     app.command(6, "cancel-observe", path="/3/0/9")
     [req2] = d.take()
     assert req2.opt.observe == 1 and req2.token == req.token

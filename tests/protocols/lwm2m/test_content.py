@@ -89,3 +89,11 @@ def test_object_model_core_objects() -> None:
     assert sorted(m.objects) == list(range(8))
     assert m.objects[3].name == "Device" and m.resource("/3/0/4").operations == "E"
     assert m.type_of("/5/0/0") == "Opaque" and m.type_of("/99/0/0") is None
+
+
+def test_unknown_resources_printable_text_else_base64() -> None:
+    raw = content.tlv_header(content.RESOURCE, 1, 1) + b"7" + content.tlv_header(
+        content.RESOURCE, 3, 4) + b"\x00\x00\x00\x00"
+    assert content.decode_tlv(raw, "/31024/13") == [
+        {"path": "/31024/13/1", "value": "7"}, {"path": "/31024/13/3", "value": "AAAAAA=="}
+    ]
