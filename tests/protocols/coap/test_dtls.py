@@ -15,6 +15,7 @@ from protocols.coap.channel import CoapChannel, CoapSettings
 from protocols.coap.codec import CON, Code, Message, decode, encode, make
 from protocols.context import ConnectionHandle, Delivery
 from protocols.effects import Close, Effect
+from protocols.lwm2m.channel import Lwm2mChannel, Lwm2mSettings
 from protocols.mqtt.packets import Publish as MqttPublish
 from protocols.mqtt.packets import Subscribe as MqttSubscribe
 from protocols.mqtt.packets import Subscription
@@ -29,12 +30,17 @@ ADDR = ("127.0.0.1", 40000)
 class Pipe:
     """The datagram shell for one DTLS peer, and the client's side of the wire."""
 
-    def __init__(self, node: Node, clock: VirtualScheduler, psk: tuple[str, bytes]) -> None:
+    def __init__(
+        self, node: Node, clock: VirtualScheduler, psk: tuple[str, bytes], lwm2m: bool = False
+    ) -> None:
         ctx = server_context({"dev1": b"secret"})
         self.closed: str | None = None
         self.to_client: list[bytes] = []
 
-        def inner(handle: ConnectionHandle, addr: tuple[str, int]) -> CoapChannel:
+        def inner(handle: ConnectionHandle, addr: tuple[str, int]) -> object:
+            if lwm2m:
+                return Lwm2mChannel(node, Lwm2mSettings(), handle, peer=addr,
+                                    monotonic=clock.time)
             return CoapChannel(node, CoapSettings(), handle, peer=addr, monotonic=clock.time)
 
         self.channel = DtlsChannel(ctx, self, ADDR, inner)
@@ -170,3 +176,15 @@ def test_psk_file(tmp_path: Path) -> None:
     f.write_text("nocolon\n")
     with pytest.raises(DtlsError):
         load_psk_file(f)
+
+
+def test_lwm2m_register_over_dtls(node: Node, clock: VirtualScheduler) -> None:
+    p = Pipe(node, clock, ("dev1", b"secret"), lwm2m=True)
+    p.handshake()
+    reg = make(CON, Code.POST, 7, b"r", b"</3/0>")
+    reg.opt.uri_path = ("rd",)
+    reg.opt.uri_query = ("ep=secure-dev", "lt=60")
+    p.request(reg)
+    [r] = p.received()
+    assert r.code == Code.CREATED and r.opt.location_path == ("rd", "secure-dev")
+    assert "secure-dev" in node.sessions
