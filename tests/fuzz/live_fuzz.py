@@ -41,7 +41,6 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from tests.conformance import raw
@@ -342,7 +341,6 @@ def main(argv: list[str] | None = None) -> int:
 
     done = 0
     checks = 0
-    check: Callable[[], None]
 
     def check() -> None:
         nonlocal checks

@@ -124,7 +124,7 @@ def assert_dropped(out: Outcome, proto: int | None, reasons: set[int] | None) ->
         assert last.reason in SERVER_DISCONNECT_CODES, out.packets
 
 
-def in_parallel(fn, cases, workers: int = 32) -> list:  # type: ignore[no-untyped-def]
+def in_parallel(fn, cases, workers: int = 32):
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
         return list(pool.map(fn, cases))
 
