@@ -45,6 +45,7 @@ from protocols.coap.codec import (
     CON,
     NON,
     RST,
+    Block,
     Code,
     Message,
     RemoteProtocolError,
@@ -67,6 +68,8 @@ from protocols.lwm2m import content
 from protocols.lwm2m.objects import ObjectModel
 
 log = logging.getLogger("protocols.lwm2m.channel")
+
+MAX_BODY = 4 * 1024 * 1024  # a Block2 answer larger than this is refused (4.08)
 
 COMMANDS = ("read", "discover", "write", "write-attr", "execute", "create", "delete",
             "observe", "cancel-observe")
@@ -113,6 +116,7 @@ class Command:
     path: str
     echo: dict[str, Any]
     request: Message | None = None  # the CoAP request, once built
+    partial: bytearray | None = None  # a Block2 answer being collected
 
 
 @dataclass(slots=True)
@@ -629,6 +633,9 @@ class Lwm2mChannel:
             c = cur.command
             if c.msg_type == "observe" and msg.opt.observe is not None and msg.code.is_successful():
                 self.observations[msg.token] = c
+            if (msg.opt.block2 is not None and msg.code.is_successful()
+                    and not self._block2(c, msg)):
+                return  # the next block is on its way
             self._answer(c, self._result(c, msg))
             self._pump()
             return
@@ -643,6 +650,37 @@ class Lwm2mChannel:
             return  # acknowledged; nobody asked for it
         if msg.mtype == NON:
             self._out.append(encode(make(RST, Code.EMPTY, msg.mid)))
+
+    def _block2(self, c: Command, msg: Message) -> bool:
+        """A block of a larger answer (RFC 7959): keep it and ask for the next one (False),
+        or, with the last block, put the whole body in ``msg`` (True)."""
+        b2 = msg.opt.block2
+        size = 1 << (b2.size_exponent + 4)
+        partial = c.partial if c.partial is not None else bytearray()
+        if b2.block_number * size != len(partial) or len(partial) > MAX_BODY:
+            c.partial = None
+            msg.payload = b""
+            msg.code = Code.REQUEST_ENTITY_INCOMPLETE
+            return True
+        partial += msg.payload
+        if not b2.more:
+            c.partial = None
+            msg.payload = bytes(partial)
+            return True
+        c.partial = partial
+        first = c.request
+        assert first is not None
+        nxt = make(CON, Code.GET, self._mid(), secrets.token_bytes(4))
+        nxt.opt.uri_path = first.opt.uri_path
+        if first.opt.accept is not None:
+            nxt.opt.accept = first.opt.accept
+        nxt.opt.block2 = Block(b2.block_number + 1, False, b2.size_exponent)
+        data = encode(nxt)
+        t = self.settings.ack_timeout
+        self.current = _Outstanding(c, data, nxt.mid, nxt.token, 0, t)
+        self._out.append(data)
+        self._out.append(SetTimer("retry", t))
+        return False
 
     def _result(self, c: Command, msg: Message) -> dict[str, Any]:
         code = _code(msg.code)

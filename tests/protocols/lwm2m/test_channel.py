@@ -12,7 +12,7 @@ import pytest
 
 from gateway.core.clock import VirtualScheduler
 from gateway.core.node import CoreSettings, Node
-from protocols.coap.codec import ACK, CON, NON, Code, Message, decode, encode, make
+from protocols.coap.codec import ACK, CON, NON, Block, Code, Message, decode, encode, make
 from protocols.context import Delivery
 from protocols.effects import CancelTimer, Close, Effect, SetTimer
 from protocols.lwm2m import content
@@ -338,3 +338,27 @@ def test_register_refused_without_ep(node: Node, clock: VirtualScheduler) -> Non
     assert d.take()[0].code == Code.BAD_REQUEST
     d.advance(31)
     assert d.closed == "did not register"
+
+
+def test_block2_answer_collected(node: Node, clock: VirtualScheduler) -> None:
+    d, app = registered(node, clock)
+    app.up()
+    app.command(1, "read", path="/3/0/0")
+    [req] = d.take()
+    body = b"x" * 2500
+    num = 0
+    while True:
+        chunk = body[num * 1024 : (num + 1) * 1024]
+        more = (num + 1) * 1024 < len(body)
+        r = make(ACK, Code.CONTENT, req.mid, req.token, chunk)
+        r.opt.content_format = content.TEXT
+        r.opt.block2 = Block(num, more, 6)
+        d.send(r)
+        if not more:
+            break
+        [req] = d.take()
+        num += 1
+        assert req.opt.block2 == Block(num, False, 6) and req.opt.uri_path == ("3", "0", "0")
+        assert app.up() == []
+    [(_, resp)] = app.up()
+    assert resp["data"]["content"] == [{"path": "/3/0/0", "value": "x" * 2500}]
