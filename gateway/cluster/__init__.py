@@ -64,5 +64,6 @@ def from_config(
             name=c.dns.name, record_type=c.dns.record_type, nameservers=list(c.dns.nameservers),
             refresh=c.dns.refresh,
         ) if c.discovery == "dns" and c.dns.name else None,
+        raft=c.raft,
     )
     return Cluster(settings, node, tls, ClusterStore(conn, committer))

@@ -80,6 +80,7 @@ class ClusterSettings:
     autoclean: float = 300.0
     version: str = ""
     dns: DnsSettings | None = None  # discovery = "dns"
+    raft: bool = False  # core nodes agree on the session registry through Raft
 
 
 def parse_seed(seed: str, default_port: int = 5370) -> tuple[str, str]:
@@ -131,6 +132,8 @@ class Cluster:
         self.started_at = time.time()
         self.on_peer_down: list[Callable[[str], None]] = []
         # (group, filter) -> (the nodes with members, their order for the strategy)
+        self.raft: Any = None  # gateway.cluster.raft.RaftGroup with cluster.raft on a core
+        self.raft_sessions: Any = None  # its SessionTable
         self._share_order: dict[tuple[str, str], tuple[frozenset[str], SharedGroup[str]]] = {}
 
     # -- life cycle --------------------------------------------------------------------
@@ -171,6 +174,8 @@ class Cluster:
                 self._member(name, addr, persist=False)
         if self.settings.dns is not None:
             self._spawn(self._dns_loop(self.settings.dns))
+        if self.settings.raft and self.settings.role == "core":
+            self._start_raft()
         self._tick = loop.call_later(self.settings.heartbeat_interval, self._heartbeat)
         log.info(
             "cluster %s: node %s (%s) on %s, advertised as %s, %d known members",
@@ -180,6 +185,8 @@ class Cluster:
 
     async def stop(self) -> None:
         self.stopping = True
+        if self.raft is not None:
+            self.raft.stop()
         if self._tick is not None:
             self._tick.cancel()
         if self.lsock is not None:
@@ -229,7 +236,7 @@ class Cluster:
         delay = 0.2
         while not self.stopping:
             try:
-                link = await self._dial_link(addr, "control", None)
+                link = await self._dial_link(addr, "control", None, probe=True)
             except (TimeoutError, OSError, ssl.SSLError, HandshakeError) as exc:
                 log.debug("cluster: %s not reachable yet: %s", addr, exc)
                 await asyncio.sleep(delay)
@@ -239,6 +246,26 @@ class Cluster:
             self._learn(link.info.get("members", []))
             self._member(link.peer, addr)
             return
+
+    def _start_raft(self) -> None:
+        """Raft among this node and the members known at start (docs/cluster.md)."""
+        from gateway.cluster.raft import RaftGroup, SessionTable
+
+        self.raft_sessions = SessionTable()
+        others = sorted(self.peers)
+        self.raft = RaftGroup(self.name, others, self._raft_send, [self.raft_sessions])
+        self.raft.start()
+        for cid in self.local_sessions:
+            self.raft_sessions.claim(cid, self.name, sync=False)
+        log.info("cluster: Raft among %s", ", ".join([self.name, *others]))
+
+    def _raft_send(self, name: str, payload: bytes) -> bool:
+        peer = self.peers.get(name)
+        link = None if peer is None else peer.ctl_out
+        if link is None or link.closed:
+            return False
+        link.send(F.frame(F.RAFT, payload))
+        return True
 
     async def _dns_loop(self, dns: DnsSettings) -> None:
         """Dial every address DNS gives that is not this node or a known member."""
@@ -295,6 +322,8 @@ class Cluster:
             peer.task.cancel()
         removed = self.routes.drop_node(name)
         self.parked.drop_node(name)
+        if self.raft_sessions is not None:
+            self.raft_sessions.forget(name, sync=False)
         self._reroute_shared(peer)
         pending = len(peer.outbox)
         self.store.outbox_deleted(name)
@@ -330,8 +359,9 @@ class Cluster:
 
     # -- outgoing links ----------------------------------------------------------------
 
-    def _hello(self, channel: str) -> dict[str, Any]:
+    def _hello(self, channel: str, probe: bool = False) -> dict[str, Any]:
         return {
+            "probe": probe,
             "name": self.name,
             "cluster": self.settings.cluster_name,
             "channel": channel,
@@ -341,9 +371,10 @@ class Cluster:
             "version": self.settings.version,
         }
 
-    async def _dial_link(self, addr: str, channel: str, expect: str | None) -> Link:
+    async def _dial_link(self, addr: str, channel: str, expect: str | None, *,
+                         probe: bool = False) -> Link:
         return await dial(
-            addr, self.tls.client, self._hello(channel), expect=expect,
+            addr, self.tls.client, self._hello(channel, probe), expect=expect,
             verify_name=self.tls.verify_node_name, timeout=self.settings.connect_timeout,
         )
 
@@ -449,9 +480,14 @@ class Cluster:
             rev = F.parse_control(body).get("rev")
             if isinstance(rev, int) and rev > peer.rev_acked:
                 peer.rev_acked = rev
-                if peer.unacked_since is not None:
-                    peer.route_lag_ms = (time.monotonic() - peer.unacked_since) * 1000
-                peer.unacked_since = None if rev >= peer.rev_sent else time.monotonic()
+                now = time.monotonic()
+                times = peer.rev_times
+                sent_at = None
+                while times and times[0][0] <= rev:
+                    sent_at = times.popleft()[1]
+                if sent_at is not None:  # lag: from sending this revision to its ack
+                    peer.route_lag_ms = (now - sent_at) * 1000
+                peer.unacked_since = times[0][1] if times else None
         elif kind == F.MEMBERS:
             self._learn(F.parse_control(body).get("members"))
         elif kind == F.CAST:
@@ -509,6 +545,15 @@ class Cluster:
         assert isinstance(name, str)
         addr = hello.get("addr")
         peer = self._member(name, addr if isinstance(addr, str) else "")
+        if hello.get("probe"):  # it only learns our name and members: not a link
+            writer.write(F.control(F.WELCOME, {
+                "name": self.name, "members": self.members_list(),
+                "role": self.settings.role, "version": self.settings.version,
+            }))
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(writer.drain(), self.settings.connect_timeout)
+            writer.close()
+            return
         link = Link(name, str(channel), True, reader, writer)
         link.info = hello
         if channel == "control":
@@ -562,7 +607,10 @@ class Cluster:
         if link is not peer.ctl_in:
             return  # a control frame on a stale or data link
         peer.last_seen_in = time.monotonic()
-        if kind == F.PING:
+        if kind == F.RAFT:
+            if self.raft is not None:
+                self.raft.received(peer.name, body)
+        elif kind == F.PING:
             t = F.parse_control(body).get("t")
             link.send(F.control(F.PONG, {"t": t, "connections": self.node.connections}))
         elif kind == F.ROUTES:
@@ -631,6 +679,8 @@ class Cluster:
 
     def _session_created(self, client: ClientInfo) -> None:
         cid = client.client_id
+        if self.raft_sessions is not None:
+            self.raft_sessions.claim(cid, self.name, sync=False)
         if cid not in self.local_sessions:
             self.local_sessions.add(cid)
             self._session_ops.append(["+", cid])
@@ -638,6 +688,8 @@ class Cluster:
 
     def session_ended(self, cid: str) -> None:
         """``Node._terminate``: this node no longer holds a session for ``cid``."""
+        if self.raft_sessions is not None:
+            self.raft_sessions.release(cid, self.name, sync=False)
         if cid in self.local_sessions:
             self.local_sessions.discard(cid)
             self._session_ops.append(["-", cid])
@@ -648,6 +700,10 @@ class Cluster:
         holding one to hand it over (or end it, with clean start). True when the
         session will be present here."""
         holders = self.registry.holders(client.client_id) - {self.name}
+        if self.raft_sessions is not None:  # the agreed registry, when Raft is on
+            agreed = self.raft_sessions.holder(client.client_id)
+            if agreed is not None and agreed != self.name:
+                holders = holders | {agreed}
         asked = 0
         for name in holders:
             peer = self.peers.get(name)
@@ -689,8 +745,10 @@ class Cluster:
 
     def _sent_rev(self, peer: Peer) -> None:
         peer.rev_sent = self._route_rev
+        now = time.monotonic()
+        peer.rev_times.append((self._route_rev, now))
         if peer.unacked_since is None:
-            peer.unacked_since = time.monotonic()
+            peer.unacked_since = now
 
     # -- forwarding ----------------------------------------------------------------
 
@@ -899,6 +957,11 @@ class Cluster:
         if new is None or self.stopping:
             return
         log.info("cluster: node %s is %s", peer.name, new)
+        if self.raft is not None:
+            if new == "up":
+                self.raft.link_up(peer.name)
+            else:
+                self.raft.link_down(peer.name)
         if new == "down":
             self._reroute_shared(peer)
             for cb in self.on_peer_down:
@@ -934,6 +997,8 @@ class Cluster:
             "nodes_up": up + 1,
             "nodes_total": len(self.peers) + 1,
             "routes": {"local": len(self.local_keys), "remote": len(self.routes)},
+            "raft": None if self.raft is None else {
+                **self.raft.status(), "sessions": len(self.raft_sessions)},
         }
 
 

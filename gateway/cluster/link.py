@@ -159,7 +159,9 @@ class Link:
         self.closed = True
         self.reason = reason
         if self._task is not None and not self._task.done():
-            self._task.cancel()  # its finally runs _finish
+            self._task.cancel()  # its finally runs _finish (once it has started)
+            # a task cancelled before its first step never runs its finally
+            self._task.add_done_callback(lambda _t: self._finish())
         else:
             self._finish()
 

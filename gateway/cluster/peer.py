@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from typing import Any
 
 from gateway.cluster.link import Link
@@ -40,6 +41,7 @@ class Peer:
         self.rev_sent = 0
         self.rev_acked = 0
         self.unacked_since: float | None = None  # monotonic time of the oldest unacked rev
+        self.rev_times: deque[tuple[int, float]] = deque()  # (rev, sent at) not yet acked
         self.route_lag_ms = 0.0
         # forwarding
         self.qos0: list[bytes] = []

@@ -931,6 +931,9 @@ class ClusterConfig(_Section):
     outbox_max: int = Field(default=1_000_000, ge=0)  # per peer; 0 = unbounded
     autoheal: bool = True
     autoclean: Duration = 300.0  # forget nodes down this long; 0 = never
+    # core nodes agree on the session registry through Raft (pysyncobj over the control
+    # links; docs/cluster.md); off: each node announces its own sessions only
+    raft: bool = False
 
     @model_validator(mode="after")
     def _auto_enable(self) -> ClusterConfig:

@@ -15,11 +15,13 @@ from tests.gateway.cluster.harness import Client, free_port, wait_mesh, wait_rou
 
 pytestmark = pytest.mark.slow
 
+FAST = {"GATEWAY_CLUSTER__HEARTBEAT_TIMEOUT": "2s"}  # a cut is noticed sooner
+
 
 def proxied(nodes, short: str, seed=None):  # type: ignore[no-untyped-def]
     port = free_port()
     proxy = FaultProxy(("127.0.0.1", port))
-    extra = {"GATEWAY_CLUSTER__BIND": f"127.0.0.1:{port}",
+    extra = {"GATEWAY_CLUSTER__BIND": f"127.0.0.1:{port}", **FAST,
              "GATEWAY_CLUSTER__ADVERTISE": proxy.addr}
     if seed is not None:
         extra["GATEWAY_CLUSTER__SEEDS"] = f"{seed[0].name}:{seed[1].port}"

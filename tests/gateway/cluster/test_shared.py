@@ -42,9 +42,10 @@ def gather(clients: list[Client], n: int, timeout: float = WAIT) -> dict[str, li
 
 @pytest.mark.slow
 def test_each_message_to_one_member_cluster_wide_and_failover(nodes) -> None:
-    a = nodes("a")
-    b = nodes("b", seeds=[a])
-    c = nodes("c", seeds=[a])
+    fast = {"GATEWAY_CLUSTER__HEARTBEAT_TIMEOUT": "2s"}  # c's death is noticed sooner
+    a = nodes("a", extra=fast)
+    b = nodes("b", seeds=[a], extra=fast)
+    c = nodes("c", seeds=[a], extra=fast)
     wait_mesh([a, b, c])
     s0 = Client(a, "s0").subscribe("$share/g/work/#", 1)
     s1 = Client(b, "s1").subscribe("$share/g/work/#", 1)

@@ -1,0 +1,172 @@
+"""Raft among core nodes through pysyncobj, carried by the cluster's own links (stage 5,
+with ``cluster.raft`` on; docs/cluster.md says what remains).
+
+pysyncobj's own ``TCPTransport`` opens its own port without TLS. Here a
+:class:`LinkTransport` (a pysyncobj ``Transport``) hands every Raft message to a
+``send(node_name, payload)`` callable, which the cluster will put on the mutual-TLS
+control link to that node as a RAFT frame; what arrives on a control link is handed back
+with :meth:`RaftGroup.received`. Link state is reported with :meth:`RaftGroup.link_up` /
+:meth:`RaftGroup.link_down`. pysyncobj runs with ``autoTick=False``: :meth:`RaftGroup.start`
+ticks it from the asyncio loop (no thread of its own, so no locking between Raft and the
+broker).
+
+Invariants:
+- Node ids are cluster node names; a payload is only ever accepted from a name the
+  cluster authenticated (the TLS certificate's CN is the node name), which is what makes
+  pysyncobj's pickled messages acceptable (pickle is never fed unauthenticated bytes).
+- A message for a node whose link is down is dropped (``send`` returns False); Raft
+  retries by itself (heartbeats, append-entries resends).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+from collections.abc import Callable
+from typing import Any
+
+from pysyncobj import (  # type: ignore[import-untyped]
+    SyncObj,
+    SyncObjConf,
+    SyncObjConsumer,
+    replicated,
+)
+from pysyncobj.node import Node as RaftNode  # type: ignore[import-untyped]
+from pysyncobj.transport import Transport  # type: ignore[import-untyped]
+
+Send = Callable[[str, bytes], bool]
+
+
+class LinkTransport(Transport):  # type: ignore[misc]
+    """A pysyncobj transport over the cluster's links (see module docstring)."""
+
+    send_payload: Send  # set by RaftGroup on a subclass before SyncObj builds us
+
+    def __init__(self, syncObj: Any, selfNode: Any, otherNodes: Any) -> None:
+        super().__init__(syncObj, selfNode, otherNodes)
+        self.nodes: dict[str, Any] = {n.id: n for n in otherNodes}
+        self.connected: set[str] = set()
+
+    def addNode(self, node: Any) -> None:
+        self.nodes[node.id] = node
+
+    def dropNode(self, node: Any) -> None:
+        self.nodes.pop(node.id, None)
+        self.connected.discard(node.id)
+
+    def send(self, node: Any, message: Any) -> bool:
+        if node.id not in self.connected:
+            return False
+        return self.send_payload(node.id, pickle.dumps(message, protocol=5))
+
+    def destroy(self) -> None:
+        self.connected.clear()
+
+    # -- from the cluster ------------------------------------------------------------
+
+    def received(self, name: str, payload: bytes) -> None:
+        node = self.nodes.get(name)
+        if node is not None:
+            self._onMessageReceived(node, pickle.loads(payload))
+
+    def link_up(self, name: str) -> None:
+        node = self.nodes.get(name)
+        if node is not None and name not in self.connected:
+            self.connected.add(name)
+            self._onNodeConnected(node)
+
+    def link_down(self, name: str) -> None:
+        node = self.nodes.get(name)
+        if node is not None and name in self.connected:
+            self.connected.discard(name)
+            self._onNodeDisconnected(node)
+
+
+class RaftGroup:
+    """One node's member of the core nodes' Raft group: a pysyncobj ``SyncObj`` over
+    :class:`LinkTransport`, ticked from the event loop."""
+
+    def __init__(self, name: str, others: list[str], send: Send,
+                 consumers: list[SyncObjConsumer], *, tick: float = 0.02,
+                 journal: str | None = None) -> None:
+        transport_class = type("BoundLinkTransport", (LinkTransport,), {"send_payload":
+                                                                         staticmethod(send)})
+        conf = SyncObjConf(autoTick=False, journalFile=journal, dynamicMembershipChange=True)
+        self.name = name
+        self.tick_interval = tick
+        self.sync = SyncObj(RaftNode(name), [RaftNode(o) for o in others], conf=conf,
+                            consumers=consumers, transportClass=transport_class)
+        self._handle: asyncio.Handle | None = None
+
+    @property
+    def transport(self) -> LinkTransport:
+        t: LinkTransport = self.sync._SyncObj__transport
+        return t
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+
+        def tick() -> None:
+            self.sync.doTick(0.0)
+            self._handle = loop.call_later(self.tick_interval, tick)
+
+        self._handle = loop.call_soon(tick)
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+        self.sync.destroy()
+
+    def received(self, name: str, payload: bytes) -> None:
+        self.transport.received(name, payload)
+
+    def link_up(self, name: str) -> None:
+        self.transport.link_up(name)
+
+    def link_down(self, name: str) -> None:
+        self.transport.link_down(name)
+
+    def status(self) -> dict[str, Any]:
+        """Leader, term, commit index and log size, as ``gatewayctl cluster status`` will
+        show them."""
+        s = self.sync.getStatus()
+        leader = s.get("leader")
+        return {
+            "leader": None if leader is None else str(leader),
+            "term": s.get("raft_term"),
+            "commit_index": s.get("commit_idx"),
+            "last_applied": s.get("last_applied"),
+            "log_len": s.get("log_len"),
+            "ready": bool(self.sync.isReady()),
+        }
+
+
+class SessionTable(SyncObjConsumer):  # type: ignore[misc]
+    """The Raft-replicated session registry: client id -> the node holding its session.
+
+    ``claim`` overwrites (the newest session wins: a takeover), ``release`` deletes only
+    the releasing node's own claim (a late release never removes a newer claim),
+    ``forget`` removes every claim of a node that left or was cleaned."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.holders: dict[str, str] = {}
+
+    @replicated  # type: ignore[untyped-decorator]
+    def claim(self, cid: str, node: str) -> None:
+        self.holders[cid] = node
+
+    @replicated  # type: ignore[untyped-decorator]
+    def release(self, cid: str, node: str) -> None:
+        if self.holders.get(cid) == node:
+            del self.holders[cid]
+
+    @replicated  # type: ignore[untyped-decorator]
+    def forget(self, node: str) -> None:
+        self.holders = {c: n for c, n in self.holders.items() if n != node}
+
+    def holder(self, cid: str) -> str | None:
+        return self.holders.get(cid)
+
+    def __len__(self) -> int:
+        return len(self.holders)

@@ -1,0 +1,140 @@
+"""The Raft transport over links (gateway.cluster.raft) with three pysyncobj groups in one
+event loop, joined by an in-memory hub whose links can be cut: a leader is elected, a
+write is replicated to every member, a cut-off leader is replaced and the group heals.
+Every wait is a bounded wait for a condition."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+
+pysyncobj = pytest.importorskip("pysyncobj")
+from pysyncobj.batteries import ReplDict  # noqa: E402
+
+from gateway.cluster.raft import RaftGroup  # noqa: E402
+
+NAMES = ["a@x", "b@x", "c@x"]
+
+
+class Hub:
+    def __init__(self) -> None:
+        self.groups: dict[str, RaftGroup] = {}
+        self.cut: set[frozenset[str]] = set()
+
+    def sender(self, src: str) -> Callable[[str, bytes], bool]:
+        def send(dst: str, payload: bytes) -> bool:
+            if frozenset((src, dst)) in self.cut:
+                return False
+            asyncio.get_running_loop().call_soon(self.groups[dst].received, src, payload)
+            return True
+        return send
+
+    def connect_all(self) -> None:
+        for a in self.groups.values():
+            for b in self.groups:
+                if b != a.name and frozenset((a.name, b)) not in self.cut:
+                    a.link_up(b)
+
+    def isolate(self, name: str) -> None:
+        for other in self.groups:
+            if other != name:
+                self.cut.add(frozenset((name, other)))
+                self.groups[name].link_down(other)
+                self.groups[other].link_down(name)
+
+    def heal(self) -> None:
+        self.cut.clear()
+        self.connect_all()
+
+
+async def until(cond: Callable[[], object], what: str, timeout: float = 20.0) -> None:
+    async def poll() -> None:
+        while not cond():
+            await asyncio.sleep(0.02)
+    try:
+        await asyncio.wait_for(poll(), timeout)
+    except TimeoutError:
+        raise AssertionError(f"timed out waiting for {what}") from None
+
+
+def test_leader_election_replication_and_heal() -> None:
+    async def main() -> None:
+        hub = Hub()
+        tables = {n: ReplDict() for n in NAMES}
+        for n in NAMES:
+            hub.groups[n] = RaftGroup(n, [o for o in NAMES if o != n], hub.sender(n),
+                                      [tables[n]], tick=0.01)
+        for g in hub.groups.values():
+            g.start()
+        hub.connect_all()
+        try:
+            def leader() -> str | None:
+                leaders = {g.status()["leader"] for g in hub.groups.values()
+                           if g.name not in {n for c in hub.cut for n in c}}
+                return leaders.pop() if len(leaders) == 1 else None
+
+            await until(lambda: leader() is not None, "a leader")
+            first = leader()
+            assert first in NAMES
+            tables[first].set("client-1", "a@x", sync=False)
+            await until(lambda: all(t.get("client-1") == "a@x" for t in tables.values()),
+                        "the write on every member")
+            # the leader is cut off: the other two elect another and keep writing
+            assert first is not None
+            hub.isolate(first)
+            rest = [n for n in NAMES if n != first]
+            await until(lambda: {hub.groups[n].status()["leader"] for n in rest} == {
+                hub.groups[rest[0]].status()["leader"]} and hub.groups[rest[0]].status()[
+                "leader"] not in (None, first), "a new leader among the other two")
+            tables[rest[0]].set("client-2", "b@x", sync=False)
+            await until(lambda: all(tables[n].get("client-2") == "b@x" for n in rest),
+                        "the write on the majority")
+            assert tables[first].get("client-2") is None  # the minority did not see it
+            hub.heal()
+            await until(lambda: tables[first].get("client-2") == "b@x",
+                        "the old leader catching up after the heal")
+            await until(lambda: leader() is not None, "one leader for all three")
+        finally:
+            for g in hub.groups.values():
+                g.stop()
+
+    asyncio.run(main())
+
+
+@pytest.mark.slow
+def test_raft_among_three_core_nodes_over_the_control_links(nodes) -> None:  # type: ignore[no-untyped-def]
+    from tests.gateway.cluster.harness import Client, free_port, wait_mesh, wait_until
+
+    ports = {s: free_port() for s in "abc"}
+    seeds = ",".join(f"{s}@127.0.0.1:{p}" for s, p in ports.items())
+    env = {"GATEWAY_CLUSTER__RAFT": "true", "GATEWAY_CLUSTER__SEEDS": seeds}
+    ns = {s: nodes(s, cluster_port=ports[s], extra=env) for s in "abc"}
+    wait_mesh(list(ns.values()))
+
+    def leaders(members):  # type: ignore[no-untyped-def]
+        return {(m.cluster()["raft"] or {}).get("leader") for m in members}
+
+    def agreed(members):  # type: ignore[no-untyped-def]
+        got = leaders(members)
+        return len(got) == 1 and None not in got and got.pop()
+
+    leader = wait_until(lambda: agreed(ns.values()), what="one Raft leader")
+    dev = Client(ns["a"], "dev1", clean=False, session_expiry=600)
+    try:
+        wait_until(lambda: all(m.cluster()["raft"]["sessions"] == 1 for m in ns.values()),
+                   what="the session registered on every node")
+    finally:
+        dev.close()
+    dead = next(m for m in ns.values() if m.name == leader)
+    dead.kill()
+    rest = [m for m in ns.values() if m is not dead]
+    wait_until(lambda: agreed(rest) not in (False, leader),
+               what="a new leader among the other two")
+    dev2 = Client(rest[0], "dev2", clean=False, session_expiry=600)
+    try:
+        wait_until(lambda: all(m.cluster()["raft"]["sessions"] >= 2 for m in rest),
+                   what="a write committed by the majority")
+    finally:
+        dev2.close()
