@@ -70,6 +70,7 @@ from protocols.lwm2m.objects import ObjectModel
 log = logging.getLogger("protocols.lwm2m.channel")
 
 MAX_BODY = 4 * 1024 * 1024  # a Block2 answer larger than this is refused (4.08)
+BLOCK_SIZE, BLOCK_SZX = 1024, 6  # Block1 for request bodies larger than one block
 
 COMMANDS = ("read", "discover", "write", "write-attr", "execute", "create", "delete",
             "observe", "cancel-observe")
@@ -117,6 +118,7 @@ class Command:
     echo: dict[str, Any]
     request: Message | None = None  # the CoAP request, once built
     partial: bytearray | None = None  # a Block2 answer being collected
+    upload: bytes | None = None  # a request body sent with Block1
 
 
 @dataclass(slots=True)
@@ -586,12 +588,33 @@ class Lwm2mChannel:
         c = self.pending.popleft()
         req = c.request
         assert req is not None
+        if len(req.payload) > BLOCK_SIZE:  # Block1 (RFC 7959): the body goes block by block
+            c.upload = bytes(req.payload)
+            self._send_block1(c, 0)
+            return
         req.mid = self._mid()
+        self._send_current(c, req)
+
+    def _send_current(self, c: Command, req: Message) -> None:
         data = encode(req)
         t = self.settings.ack_timeout
         self.current = _Outstanding(c, data, req.mid, req.token, 0, t)
         self._out.append(data)
         self._out.append(SetTimer("retry", t))
+
+    def _send_block1(self, c: Command, num: int) -> None:
+        first = c.request
+        assert first is not None and c.upload is not None
+        chunk = c.upload[num * BLOCK_SIZE : (num + 1) * BLOCK_SIZE]
+        more = (num + 1) * BLOCK_SIZE < len(c.upload)
+        req = make(CON, first.code, self._mid(), first.token, chunk)
+        req.opt.uri_path = first.opt.uri_path
+        if first.opt.content_format is not None:
+            req.opt.content_format = first.opt.content_format
+        req.opt.block1 = Block(num, more, BLOCK_SZX)
+        if num == 0:
+            req.opt.size1 = len(c.upload)
+        self._send_current(c, req)
 
     def _retransmit(self) -> None:
         cur = self.current
@@ -633,6 +656,12 @@ class Lwm2mChannel:
             c = cur.command
             if c.msg_type == "observe" and msg.opt.observe is not None and msg.code.is_successful():
                 self.observations[msg.token] = c
+            b1 = msg.opt.block1
+            if (msg.code == Code.CONTINUE and c.upload is not None and b1 is not None
+                    and (b1.block_number + 1) * BLOCK_SIZE < len(c.upload)):
+                self._send_block1(c, b1.block_number + 1)  # 1024-byte blocks throughout
+                return
+            c.upload = None
             if (msg.opt.block2 is not None and msg.code.is_successful()
                     and not self._block2(c, msg)):
                 return  # the next block is on its way

@@ -362,3 +362,29 @@ def test_block2_answer_collected(node: Node, clock: VirtualScheduler) -> None:
         assert app.up() == []
     [(_, resp)] = app.up()
     assert resp["data"]["content"] == [{"path": "/3/0/0", "value": "x" * 2500}]
+
+
+def test_block1_write_of_a_large_opaque(node: Node, clock: VirtualScheduler) -> None:
+    import base64
+
+    d, app = registered(node, clock)
+    app.up()
+    package = bytes(range(256)) * 10  # 2560 bytes: three blocks
+    app.command(1, "write", path="/5/0/0", value=base64.b64encode(package).decode())
+    got = b""
+    while True:
+        [req] = d.take()
+        assert req.code == Code.PUT and req.opt.content_format == content.OPAQUE
+        b1 = req.opt.block1
+        assert b1.block_number * 1024 == len(got)
+        got += req.payload
+        if not b1.more:
+            d.reply(req, Code.CHANGED)
+            break
+        r = make(ACK, Code.CONTINUE, req.mid, req.token)
+        r.opt.block1 = b1
+        d.send(r)
+        assert app.up() == []
+    assert got == package
+    [(_, resp)] = app.up()
+    assert resp["data"]["code"] == "2.04"
