@@ -118,12 +118,13 @@ def run(
            e.value as value from clean, unnest(map_entries(metrics)) as u(e)"""
     )
     stats = """count(value) as count, min(value) as min, max(value) as max, avg(value) as avg,
-               stddev_samp(value) as stddev, quantile_cont(value, 0.95) as p95"""
+               stddev_samp(value) as stddev"""
     tables["rollup_5m"] = f"""select event_date, device, metric,
         to_timestamp(floor(epoch(ts) / 300) * 300) as window_start, max(site) as site,
         max(gw) as gw, {stats} from vals group by all"""
     tables["rollup_site_1h"] = f"""select event_date, site, metric,
-        date_trunc('hour', ts) as hour, {stats}, count(distinct device) as devices
+        date_trunc('hour', ts) as hour, {stats}, quantile_cont(value, 0.95) as p95,
+        count(distinct device) as devices
         from vals group by all"""
     tables["anomalies"] = f"""select * exclude (n) from (
         select event_date, site, gw, device, metric, ts, seq, value,

@@ -86,6 +86,9 @@ def configure(spark: SparkSession) -> None:
     conf.set("spark.sql.session.timeZone", "UTC")
     conf.set("spark.sql.sources.partitionOverwriteMode", "dynamic")
     conf.set("spark.sql.adaptive.enabled", "true")
+    # Keep the hourly percentile in a hash map (one entry per site, metric and hour)
+    # instead of sorting every value once a task has seen 128 groups.
+    conf.set("spark.sql.objectHashAggregate.sortBased.fallbackThreshold", "65536")
     # site=001 must stay the string "001": partition values are typed by the schemas.
     conf.set("spark.sql.sources.partitionColumnTypeInference.enabled", "false")
     master = spark.sparkContext.master or ""

@@ -33,12 +33,12 @@ select * from vals where value is not null and isfinite(value)
 """
 
 STATS = """count(*) as count, min(value) as min, max(value) as max, avg(value) as avg,
-           stddev_samp(value) as stddev, quantile_cont(value, 0.95) as p95"""
+           stddev_samp(value) as stddev"""
 
 
 def rollups(raw: Path, lookback: int = 2) -> dict[str, list[tuple[Any, ...]]]:
     """``rollup_5m`` and ``rollup_site_1h`` as sorted tuples keyed like the job's output:
-    (event_date, device, metric, window epoch, count, min, max, avg, stddev, p95) and
+    (event_date, device, metric, window epoch, count, min, max, avg, stddev) and
     (event_date, site, metric, hour epoch, count, min, max, avg, stddev, p95, devices)."""
     import duckdb
 
@@ -52,7 +52,7 @@ def rollups(raw: Path, lookback: int = 2) -> dict[str, list[tuple[Any, ...]]]:
     ).fetchall()
     hourly = con.execute(
         f"""select event_date, site, metric, floor(ts / 3600) * 3600 as h, {STATS},
-                   count(distinct device) as devices
+                   quantile_cont(value, 0.95) as p95, count(distinct device) as devices
             from vals group by all order by all"""
     ).fetchall()
     return {"rollup_5m": five, "rollup_site_1h": hourly}
@@ -73,12 +73,12 @@ def job_rollups(out: Path) -> dict[str, list[tuple[Any, ...]]]:
     def read(table: str, key: str, time: str, extra: str = "") -> list[tuple[Any, ...]]:
         return query(
             f"""select event_date, {key}, metric, epoch({time}) as t,
-                       count, min, max, avg, stddev, p95 {extra}
+                       count, min, max, avg, stddev {extra}
                 from read_parquet('{out}/{table}/*/*.parquet', hive_partitioning = true)
                 order by all"""
         )
 
     return {
         "rollup_5m": read("rollup_5m", "device", "window_start"),
-        "rollup_site_1h": read("rollup_site_1h", "site", "hour", ", devices"),
+        "rollup_site_1h": read("rollup_site_1h", "site", "hour", ", p95, devices"),
     }

@@ -141,7 +141,6 @@ def test_five_minute_windows_split_at_the_edge(hand):
     assert (first["min"], first["max"], first["avg"], first["stddev"]) == (10, 10, 10, None)
     assert (second["min"], second["max"], second["avg"]) == (20, 40, 30)
     assert second["stddev"] == pytest.approx(10.0)
-    assert second["p95"] == pytest.approx(39.0)  # 30 + 0.9 * (40 - 30), linear
 
 
 def test_hourly_site_rollup(hand):
@@ -154,6 +153,8 @@ def test_hourly_site_rollup(hand):
     assert row["devices"] == 7  # a, w, g, h, r, l (t=1 at 500 s), u
     assert row["min"] == 1.0 and row["max"] == 40.0
     assert row["avg"] == pytest.approx(sum(values) / len(values))
+    # p95 with linear interpolation: position 0.95 * 20 = 19 of the sorted 21 values
+    assert row["p95"] == pytest.approx(sorted(values)[19])
 
 
 def test_gaps_inside_the_day_and_after_the_last_message(hand):
