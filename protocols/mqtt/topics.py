@@ -46,6 +46,8 @@ def validate_topic_name(name: str) -> None:
         raise RemoteProtocolError(Violation.TOPIC_NAME_INVALID, "empty topic name")
     if "+" in name or "#" in name:
         raise RemoteProtocolError(Violation.TOPIC_NAME_INVALID, f"wildcard in topic name {name!r}")
+    if "\x00" in name:  # MQTT-4.7.3-2; front-ends other than MQTT's codec rely on this
+        raise RemoteProtocolError(Violation.TOPIC_NAME_INVALID, f"U+0000 in topic name {name!r}")
 
 
 def _invalid_filter(topic_filter: str, why: str) -> RemoteProtocolError:
@@ -76,6 +78,8 @@ def parse_shared(topic_filter: str) -> tuple[str | None, str]:
 def _validate_levels(topic_filter: str, real: str) -> None:
     if not real:
         raise _invalid_filter(topic_filter, "empty topic filter")
+    if "\x00" in topic_filter:  # MQTT-4.7.3-2 (the broker's topic index refuses it too)
+        raise _invalid_filter(topic_filter, "U+0000 in topic filter")
     if "+" not in real and "#" not in real:
         return
     levels = real.split("/")

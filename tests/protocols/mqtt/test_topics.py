@@ -132,3 +132,18 @@ def test_generated_shared_filters_split(topic_filter: str) -> None:
     validate_topic_filter(topic_filter)
     group, real = parse_shared(topic_filter)
     assert group and f"$share/{group}/{real}" == topic_filter
+
+
+def test_null_character_is_refused_in_names_and_filters() -> None:
+    # Front-ends other than MQTT (MQTT-SN, CoAP) hand topics straight to these checks;
+    # the broker's topic index refuses U+0000, so the checks must agree with it.
+    import pytest
+
+    from protocols.mqtt.errors import RemoteProtocolError
+    from protocols.mqtt.topics import validate_topic_filter, validate_topic_name
+
+    for bad in ("\x00", "a/\x00", "\x00\x00"):
+        with pytest.raises(RemoteProtocolError):
+            validate_topic_filter(bad)
+        with pytest.raises(RemoteProtocolError):
+            validate_topic_name(bad)
