@@ -295,6 +295,9 @@ class Gateway:
                 limits = ListenerLimits(
                     lname,
                     max_connections=lst.max_connections,
+                    max_conn_rate=lst.max_conn_rate,
+                    send_timeout=lst.send_timeout,
+                    max_send_buffer=lst.max_send_buffer,
                     allow=[str(n) for n in lst.allow],
                     deny=[str(n) for n in lst.deny],
                 )

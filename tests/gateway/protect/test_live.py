@@ -158,3 +158,22 @@ def test_rates_pause_the_client_and_lose_nothing(gatewayd, key: str, value: str)
             sub.receive("rate/t", b"m%03d" % i, qos=1, timeout=WAIT)
         pub.ping()  # still connected: paused, never disconnected
     wait_for_log(proc, "rate limit reached, pausing reads")
+
+
+def test_websocket_listeners_get_the_connection_rate_too(gatewayd) -> None:
+    ws_port = free_port()
+    proc = gatewayd(
+        GATEWAY_LISTENERS__WS__DEFAULT__BIND=f"127.0.0.1:{ws_port}",
+        GATEWAY_LISTENERS__WS__DEFAULT__MAX_CONN_RATE="3/m",
+    )
+    closed = 0
+    for _ in range(5):
+        with socket.create_connection(("127.0.0.1", ws_port), timeout=WAIT) as s:
+            s.sendall(b"GET /mqtt HTTP/1.1\r\nHost: x\r\n\r\n")
+            s.settimeout(WAIT)
+            try:
+                closed += s.recv(16) == b""
+            except ConnectionResetError:
+                closed += 1
+    assert closed >= 4  # one token at most
+    wait_for_log(proc, "listener ws:default refused")
