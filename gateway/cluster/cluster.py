@@ -174,8 +174,8 @@ class Cluster:
                 self._member(name, addr, persist=False)
         if self.settings.dns is not None:
             self._spawn(self._dns_loop(self.settings.dns))
-        if self.settings.raft and self.settings.role == "core":
-            self._start_raft()
+        if self.settings.raft and self.settings.role == "core" and not self.peers:
+            self._start_raft()  # the first node; the others start on their first peer up
         self._tick = loop.call_later(self.settings.heartbeat_interval, self._heartbeat)
         log.info(
             "cluster %s: node %s (%s) on %s, advertised as %s, %d known members",
@@ -253,11 +253,29 @@ class Cluster:
 
         self.raft_sessions = SessionTable()
         others = sorted(self.peers)
-        self.raft = RaftGroup(self.name, others, self._raft_send, [self.raft_sessions])
+        self.raft = RaftGroup(self.name, others, self._raft_send, [self.raft_sessions],
+                              is_up=self._raft_peer_up)
         self.raft.start()
         for cid in self.local_sessions:
             self.raft_sessions.claim(cid, self.name, sync=False)
         log.info("cluster: Raft among %s", ", ".join([self.name, *others]))
+
+    def _raft_peer_up(self, name: str) -> bool:
+        peer = self.peers.get(name)
+        return peer is not None and peer.state == "up"
+
+    def _raft_membership(self) -> None:
+        """On the leader: add one up core member the group lacks (one change at a time;
+        the next heartbeat adds the next)."""
+        raft = self.raft
+        if raft is None or not raft.is_leader():
+            return
+        members = raft.members()
+        for peer in self.peers.values():
+            if peer.state == "up" and peer.role == "core" and peer.name not in members:
+                log.info("cluster: adding %s to the Raft group", peer.name)
+                raft.add(peer.name)
+                return
 
     def _raft_send(self, name: str, payload: bytes) -> bool:
         peer = self.peers.get(name)
@@ -324,6 +342,8 @@ class Cluster:
         self.parked.drop_node(name)
         if self.raft_sessions is not None:
             self.raft_sessions.forget(name, sync=False)
+        if self.raft is not None and self.raft.is_leader() and name in self.raft.members():
+            self.raft.remove(name)  # a voter that left: the majority shrinks with it
         self._reroute_shared(peer)
         pending = len(peer.outbox)
         self.store.outbox_deleted(name)
@@ -944,6 +964,8 @@ class Cluster:
             if peer.unacked_since is not None:
                 peer.route_lag_ms = max(peer.route_lag_ms, (now - peer.unacked_since) * 1000)
             self._autoclean(peer)
+        if self.raft is not None:
+            self._raft_membership()
         self._tick = self._loop.call_later(self.settings.heartbeat_interval, self._heartbeat)
 
     def _autoclean(self, peer: Peer) -> None:
@@ -957,6 +979,9 @@ class Cluster:
         if new is None or self.stopping:
             return
         log.info("cluster: node %s is %s", peer.name, new)
+        if self.settings.raft and self.raft is None and new == "up" and (
+                self.settings.role == "core"):
+            self._start_raft()  # the members are known now (its WELCOME listed them)
         if self.raft is not None:
             if new == "up":
                 self.raft.link_up(peer.name)

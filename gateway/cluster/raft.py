@@ -41,6 +41,7 @@ class LinkTransport(Transport):  # type: ignore[misc]
     """A pysyncobj transport over the cluster's links (see module docstring)."""
 
     send_payload: Send  # set by RaftGroup on a subclass before SyncObj builds us
+    is_up: Callable[[str], bool]  # the cluster's view of a peer's links
 
     def __init__(self, syncObj: Any, selfNode: Any, otherNodes: Any) -> None:
         super().__init__(syncObj, selfNode, otherNodes)
@@ -48,7 +49,11 @@ class LinkTransport(Transport):  # type: ignore[misc]
         self.connected: set[str] = set()
 
     def addNode(self, node: Any) -> None:
+        """A membership change added ``node``: connected at once if its links are up."""
         self.nodes[node.id] = node
+        if self.is_up(node.id) and node.id not in self.connected:
+            self.connected.add(node.id)
+            self._onNodeConnected(node)
 
     def dropNode(self, node: Any) -> None:
         self.nodes.pop(node.id, None)
@@ -88,9 +93,10 @@ class RaftGroup:
 
     def __init__(self, name: str, others: list[str], send: Send,
                  consumers: list[SyncObjConsumer], *, tick: float = 0.02,
-                 journal: str | None = None) -> None:
-        transport_class = type("BoundLinkTransport", (LinkTransport,), {"send_payload":
-                                                                         staticmethod(send)})
+                 journal: str | None = None,
+                 is_up: Callable[[str], bool] = lambda _name: False) -> None:
+        transport_class = type("BoundLinkTransport", (LinkTransport,), {
+            "send_payload": staticmethod(send), "is_up": staticmethod(is_up)})
         conf = SyncObjConf(autoTick=False, journalFile=journal, dynamicMembershipChange=True)
         self.name = name
         self.tick_interval = tick
@@ -119,6 +125,19 @@ class RaftGroup:
 
     def received(self, name: str, payload: bytes) -> None:
         self.transport.received(name, payload)
+
+    def is_leader(self) -> bool:
+        return bool(self.sync._isLeader())
+
+    def members(self) -> set[str]:
+        return {self.name, *self.transport.nodes}
+
+    def add(self, name: str) -> None:
+        """On the leader: make ``name`` a voting member (one change at a time)."""
+        self.sync.addNodeToCluster(RaftNode(name))
+
+    def remove(self, name: str) -> None:
+        self.sync.removeNodeFromCluster(RaftNode(name))
 
     def link_up(self, name: str) -> None:
         self.transport.link_up(name)

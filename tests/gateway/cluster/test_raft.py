@@ -104,7 +104,7 @@ def test_leader_election_replication_and_heal() -> None:
 
 
 @pytest.mark.slow
-def test_raft_among_three_core_nodes_over_the_control_links(nodes) -> None:  # type: ignore[no-untyped-def]
+def test_raft_among_core_nodes_over_the_control_links(nodes) -> None:  # type: ignore[no-untyped-def]
     from tests.gateway.cluster.harness import Client, free_port, wait_mesh, wait_until
 
     ports = {s: free_port() for s in "abc"}
@@ -127,6 +127,11 @@ def test_raft_among_three_core_nodes_over_the_control_links(nodes) -> None:  # t
                    what="the session registered on every node")
     finally:
         dev.close()
+    # a fourth core joins through one seed: the leader adds it to the group, it gets the log
+    d = nodes("d", seeds=[ns["a"]], extra={"GATEWAY_CLUSTER__RAFT": "true"})
+    wait_until(lambda: d.cluster()["raft"] and d.cluster()["raft"]["sessions"] == 1
+               and d.cluster()["raft"]["leader"] == leader, what="d in the Raft group")
+    ns["d"] = d
     dead = next(m for m in ns.values() if m.name == leader)
     dead.kill()
     rest = [m for m in ns.values() if m is not dead]
