@@ -133,7 +133,8 @@ class Cluster:
         self.on_peer_down: list[Callable[[str], None]] = []
         # (group, filter) -> (the nodes with members, their order for the strategy)
         self.raft: Any = None  # gateway.cluster.raft.RaftGroup with cluster.raft on a core
-        self.raft_sessions: Any = None  # its SessionTable
+        self.raft_sessions: Any = None  # its SessionTable (cores write it)
+        self.raft_view: Any = None  # the same, read-only, on a replicant
         self._share_order: dict[tuple[str, str], tuple[frozenset[str], SharedGroup[str]]] = {}
 
     # -- life cycle --------------------------------------------------------------------
@@ -251,14 +252,23 @@ class Cluster:
         """Raft among this node and the members known at start (docs/cluster.md)."""
         from gateway.cluster.raft import RaftGroup, SessionTable
 
-        self.raft_sessions = SessionTable()
-        others = sorted(self.peers)
-        self.raft = RaftGroup(self.name, others, self._raft_send, [self.raft_sessions],
-                              is_up=self._raft_peer_up)
+        sessions = SessionTable()
+        replicant = self.settings.role == "replicant"
+        others = sorted(n for n, p in self.peers.items() if p.role != "replicant")
+        self.raft = RaftGroup(None if replicant else self.name, others, self._raft_send,
+                              [sessions], is_up=self._raft_peer_up)
         self.raft.start()
+        if replicant:  # it follows the log (read-only); its own sessions are announced
+            self.raft_view = sessions
+            log.info("cluster: replicant of the Raft group %s", ", ".join(others))
+            return
+        self.raft_sessions = sessions
         for cid in self.local_sessions:
-            self.raft_sessions.claim(cid, self.name, sync=False)
+            sessions.claim(cid, self.name, sync=False)
         log.info("cluster: Raft among %s", ", ".join([self.name, *others]))
+
+    def _raft_table(self) -> Any:
+        return self.raft_sessions if self.raft_sessions is not None else self.raft_view
 
     def _raft_peer_up(self, name: str) -> bool:
         peer = self.peers.get(name)
@@ -720,8 +730,8 @@ class Cluster:
         holding one to hand it over (or end it, with clean start). True when the
         session will be present here."""
         holders = self.registry.holders(client.client_id) - {self.name}
-        if self.raft_sessions is not None:  # the agreed registry, when Raft is on
-            agreed = self.raft_sessions.holder(client.client_id)
+        if self.raft is not None:  # the agreed registry, when Raft is on
+            agreed = self._raft_table().holder(client.client_id)
             if agreed is not None and agreed != self.name:
                 holders = holders | {agreed}
         asked = 0
@@ -979,14 +989,16 @@ class Cluster:
         if new is None or self.stopping:
             return
         log.info("cluster: node %s is %s", peer.name, new)
-        if self.settings.raft and self.raft is None and new == "up" and (
-                self.settings.role == "core"):
+        if self.settings.raft and self.raft is None and new == "up":
             self._start_raft()  # the members are known now (its WELCOME listed them)
         if self.raft is not None:
-            if new == "up":
-                self.raft.link_up(peer.name)
-            else:
+            if new != "up":
                 self.raft.link_down(peer.name)
+            elif peer.role == "replicant":
+                if not self.raft.replicant:
+                    self.raft.replica_up(peer.name)
+            else:
+                self.raft.link_up(peer.name)
         if new == "down":
             self._reroute_shared(peer)
             for cb in self.on_peer_down:
@@ -1023,7 +1035,7 @@ class Cluster:
             "nodes_total": len(self.peers) + 1,
             "routes": {"local": len(self.local_keys), "remote": len(self.routes)},
             "raft": None if self.raft is None else {
-                **self.raft.status(), "sessions": len(self.raft_sessions)},
+                **self.raft.status(), "sessions": len(self._raft_table())},
         }
 
 

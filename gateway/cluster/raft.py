@@ -47,6 +47,7 @@ class LinkTransport(Transport):  # type: ignore[misc]
         super().__init__(syncObj, selfNode, otherNodes)
         self.nodes: dict[str, Any] = {n.id: n for n in otherNodes}
         self.connected: set[str] = set()
+        self.replicas: dict[str, Any] = {}  # replicant nodes (pysyncobj read-only nodes)
 
     def addNode(self, node: Any) -> None:
         """A membership change added ``node``: connected at once if its links are up."""
@@ -70,7 +71,7 @@ class LinkTransport(Transport):  # type: ignore[misc]
     # -- from the cluster ------------------------------------------------------------
 
     def received(self, name: str, payload: bytes) -> None:
-        node = self.nodes.get(name)
+        node = self.nodes.get(name) or self.replicas.get(name)
         if node is not None:
             self._onMessageReceived(node, pickle.loads(payload))
 
@@ -85,13 +86,24 @@ class LinkTransport(Transport):  # type: ignore[misc]
         if node is not None and name in self.connected:
             self.connected.discard(name)
             self._onNodeDisconnected(node)
+        replica = self.replicas.pop(name, None)
+        if replica is not None:
+            self.connected.discard(name)
+            self._onReadonlyNodeDisconnected(replica)
+
+    def replica_up(self, name: str) -> None:
+        """A replicant's links are up: the leader sends it every entry (no vote)."""
+        if name not in self.replicas and name not in self.nodes:
+            node = self.replicas[name] = RaftNode(name)
+            self.connected.add(name)
+            self._onReadonlyNodeConnected(node)
 
 
 class RaftGroup:
     """One node's member of the core nodes' Raft group: a pysyncobj ``SyncObj`` over
     :class:`LinkTransport`, ticked from the event loop."""
 
-    def __init__(self, name: str, others: list[str], send: Send,
+    def __init__(self, name: str | None, others: list[str], send: Send,
                  consumers: list[SyncObjConsumer], *, tick: float = 0.02,
                  journal: str | None = None,
                  is_up: Callable[[str], bool] = lambda _name: False) -> None:
@@ -100,7 +112,9 @@ class RaftGroup:
         conf = SyncObjConf(autoTick=False, journalFile=journal, dynamicMembershipChange=True)
         self.name = name
         self.tick_interval = tick
-        self.sync = SyncObj(RaftNode(name), [RaftNode(o) for o in others], conf=conf,
+        self.replicant = name is None  # a read-only member: follows the log, never votes
+        self.sync = SyncObj(None if name is None else RaftNode(name),
+                            [RaftNode(o) for o in others], conf=conf,
                             consumers=consumers, transportClass=transport_class)
         self._handle: asyncio.Handle | None = None
 
@@ -130,7 +144,7 @@ class RaftGroup:
         return bool(self.sync._isLeader())
 
     def members(self) -> set[str]:
-        return {self.name, *self.transport.nodes}
+        return {*([] if self.name is None else [self.name]), *self.transport.nodes}
 
     def add(self, name: str) -> None:
         """On the leader: make ``name`` a voting member (one change at a time)."""
@@ -145,12 +159,22 @@ class RaftGroup:
     def link_down(self, name: str) -> None:
         self.transport.link_down(name)
 
+    def replica_up(self, name: str) -> None:
+        self.transport.replica_up(name)
+
     def status(self) -> dict[str, Any]:
         """Leader, term, commit index and log size, as ``gatewayctl cluster status`` will
         show them."""
         s = self.sync.getStatus()
         leader = s.get("leader")
+        commit, applied = s.get("commit_idx") or 0, s.get("last_applied") or 0
+        extra: dict[str, Any] = {}
+        if self.replicant:  # bootstrap (nothing from a leader yet), replay, normal
+            state = "bootstrap" if leader is None or commit <= 1 else (
+                "replay" if applied < commit else "normal")
+            extra = {"state": state, "lag": max(0, commit - applied)}
         return {
+            **extra,
             "leader": None if leader is None else str(leader),
             "term": s.get("raft_term"),
             "commit_index": s.get("commit_idx"),

@@ -132,6 +132,11 @@ def test_raft_among_core_nodes_over_the_control_links(nodes) -> None:  # type: i
     wait_until(lambda: d.cluster()["raft"] and d.cluster()["raft"]["sessions"] == 1
                and d.cluster()["raft"]["leader"] == leader, what="d in the Raft group")
     ns["d"] = d
+    # a replicant follows the log without a vote: bootstrap, replay, normal
+    e = nodes("e", seeds=[ns["b"]], role="replicant", extra={"GATEWAY_CLUSTER__RAFT": "true"})
+    wait_until(lambda: (e.cluster()["raft"] or {}).get("state") == "normal"
+               and e.cluster()["raft"]["sessions"] == 1, what="the replicant caught up")
+    assert e.cluster()["raft"]["lag"] == 0
     dead = next(m for m in ns.values() if m.name == leader)
     dead.kill()
     rest = [m for m in ns.values() if m is not dead]
@@ -141,5 +146,8 @@ def test_raft_among_core_nodes_over_the_control_links(nodes) -> None:  # type: i
     try:
         wait_until(lambda: all(m.cluster()["raft"]["sessions"] >= 2 for m in rest),
                    what="a write committed by the majority")
+        # the replicant lost the leader it followed and follows the new one
+        wait_until(lambda: e.cluster()["raft"]["sessions"] >= 2
+                   and e.cluster()["raft"]["state"] == "normal", what="the replicant follows on")
     finally:
         dev2.close()
