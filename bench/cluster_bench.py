@@ -17,6 +17,11 @@ with raw MQTT 3.1.1 sockets (``bench.wire``; no client library in the way):
   ``GET /api/v5/cluster`` shows N routes of B, and the difference (replication lag as an
   operator sees it, polled every 20 ms).
 
+- **replicant bootstrap** (``cluster.raft``): two fresh cores C and D, S persistent
+  sessions created on C (each claimed in the Raft session table), then a replicant R is
+  started; seconds from R's process start until its Raft state is ``normal`` with all S
+  sessions applied (the wait for its readiness included).
+
 Prints a Markdown table (and ``--json``).
 """
 
@@ -41,9 +46,10 @@ PAYLOAD = b"x" * 64
 LOSS: dict[str, int] = {}  # QoS 0 messages that never arrived, per run
 
 
-async def _open(port: int, cid: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+async def _open(port: int, cid: str, clean: bool = True
+                ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     r, w = await asyncio.open_connection("127.0.0.1", port, limit=1 << 22)
-    w.write(wire.connect(cid))
+    w.write(wire.connect(cid, clean=clean))
     head = await r.readexactly(4)
     assert head[0] == 0x20 and head[3] == 0, f"CONNACK {head!r}"
     return r, w
@@ -183,11 +189,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--messages", type=int, default=50_000)
     ap.add_argument("--subscriptions", type=int, default=100_000)
+    ap.add_argument("--sessions", type=int, default=5000)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="cluster-bench-") as tmp:
         root = Path(tmp)
-        pki = make_pki(root / "pki", ["a@127.0.0.1", "b@127.0.0.1"])
+        pki = make_pki(root / "pki", [f"{n}@127.0.0.1" for n in "abcdr"])
         quiet = {"GATEWAY_LOG__LEVEL": "warning",  # and no queue drops under a burst
                  "GATEWAY_MQTT__MAX_MQUEUE_LEN": "10000000"}
         a = Node(root, "a", pki, extra=quiet).start()
@@ -218,6 +225,7 @@ def main() -> int:
         finally:
             a.stop()
             b.stop()
+        results["replicant"] = replicant_bootstrap(root, pki, quiet, args.sessions)
     results["lost"] = LOSS
     if args.json:
         print(json.dumps(results, indent=2))
@@ -228,10 +236,44 @@ def main() -> int:
         print(f"| QoS {qos} msg/s ({r['messages']} x 64 B) | {s:,} | {c:,} | {c / s:.2f} |")
     print(f"\nQoS 0 messages not delivered (dropped under overload): {r['lost']}")
     rt = r["routes"]
+    rb = r["replicant"]
+    print(f"\nReplicant bootstrap with {rb['sessions']:,} sessions in the Raft table: "
+          f"{rb['bootstrap_s']} s from process start to normal (lag 0)")
     print(f"\n{r['subscriptions']:,} subscriptions on B: acknowledged in "
           f"{rt['subscribed_s']} s, all on A after {rt['replicated_s']} s "
           f"(lag {rt['lag_s']} s; B's last measured route-ack lag {rt['b_reported_lag_ms']} ms)")
     return 0
+
+
+def replicant_bootstrap(root: Path, pki: Path, quiet: dict[str, str], n: int
+                        ) -> dict[str, Any]:
+    raft = {**quiet, "GATEWAY_CLUSTER__RAFT": "true"}
+    c = Node(root, "c", pki, extra=raft).start()
+    d = Node(root, "d", pki, seeds=[c], extra=raft).start()
+    r: Node | None = None
+    try:
+        wait_mesh([c, d])
+        wait_until(lambda: (c.cluster()["raft"] or {}).get("leader"), what="a leader")
+
+        async def sessions() -> None:
+            for i in range(n):
+                _rd, wr = await _open(c.mqtt_port, f"dev-{i}", clean=False)
+                wr.write(wire.DISCONNECT)
+                wr.close()
+
+        asyncio.run(sessions())
+        wait_until(lambda: c.cluster()["raft"]["sessions"] >= n, timeout=120,
+                   what="sessions in the table")
+        t0 = time.perf_counter()
+        r = Node(root, "r", pki, seeds=[c], role="replicant", extra=raft).start()
+        wait_until(lambda: (r.cluster()["raft"] or {}).get("state") == "normal"
+                   and r.cluster()["raft"]["sessions"] >= n, timeout=300,
+                   what="the replicant caught up")
+        return {"sessions": n, "bootstrap_s": round(time.perf_counter() - t0, 3)}
+    finally:
+        for node in (r, d, c):
+            if node is not None:
+                node.stop()
 
 
 def _cross(a: Node, b: Node, qos: int, n: int) -> float:
