@@ -115,37 +115,17 @@ def test_per_day_runs_and_reruns_equal_the_full_run(spark, fleet):
         )
         day += dt.timedelta(days=1)
     assert snapshot(base / "daily") == full
-    # the full range again, over the per-day output, through the CLI
-    outcome = CliRunner().invoke(
-        main, ["run", "--raw", str(base / "raw"), "--out", str(base / "daily")]
-    )
-    assert outcome.exit_code == 0, outcome.output
-    assert "data quality" in outcome.output
-    assert snapshot(base / "daily") == full
-
-
-def test_cli_fails_on_dq_when_asked(fleet, tmp_path):
-    base = fleet["base"]
-    day = fleet["result"].start.isoformat()
-    args = [
-        "run",
-        "--raw",
-        str(base / "raw"),
-        "--out",
-        str(tmp_path),
-        "--start",
-        day,
-        "--end",
-        day,
-        "--fail-on-dq",
-        "--dq-threshold",
-        "corrupt_lines=0",
-    ]
-    outcome = CliRunner().invoke(main, args)
+    # The full range again, over the per-day output, through the CLI: the same tables.
+    # A zero threshold for corrupt lines makes --fail-on-dq fail the run (after writing).
+    args = ["run", "--raw", str(base / "raw"), "--out", str(base / "daily")]
+    outcome = CliRunner().invoke(main, [*args, "--fail-on-dq", "--dq-threshold", "corrupt_lines=0"])
     assert outcome.exit_code == 3, outcome.output
-    assert "BREACH    corrupt_lines" in outcome.output
-    report = json.loads((tmp_path / "_dq" / f"{day}_{day}.json").read_text())
+    assert "data quality" in outcome.output and "BREACH    corrupt_lines" in outcome.output
+    assert snapshot(base / "daily") == full
+    name = f"{result.start}_{result.end}.json"
+    report = json.loads((base / "daily" / "_dq" / name).read_text())
     assert report["ok"] is False and report["thresholds"]["corrupt_lines"] == 0
+    assert report["lines"] == result.report["lines"]
 
 
 def test_the_job_reads_what_the_archiver_wrote(spark, tmp_path):
