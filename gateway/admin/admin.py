@@ -267,9 +267,13 @@ class Admin:
         }
 
     def bridges_view(self) -> dict[str, Any]:
-        """Upstream bridges; none until gateway.bridge exists (same shape then: each
-        bridge is ``{name, type, upstream, status, queue_len, queue_bytes, forwarded,
-        last_error}``)."""
+        """Upstream bridges (gateway.bridge's view): each is ``{name, type, upstream,
+        status, connected, queue_len, queue_bytes, oldest_age, inflight, forwarded,
+        received, dropped, rates, last_error, ...}``; none configured: ``enabled`` false."""
+        bridges = getattr(self.gateway, "bridges", None)
+        if bridges is not None:
+            view: dict[str, Any] = bridges.view()
+            return view
         return {"enabled": False, "status": NOT_CONFIGURED, "bridges": []}
 
     def status(self) -> dict[str, Any]:

@@ -31,9 +31,10 @@ from gateway.bridge.store import OutboxStore
 from gateway.core.clock import Scheduler, TimerHandle
 from gateway.core.hooks import Priority
 from gateway.core.node import Node
-from gateway.core.topic_index import TopicIndex
+from gateway.core.topic_index import TopicIndex, topic_matches
 from protocols.context import ClientInfo, Message
 from protocols.mqtt.packets import NO_PROPERTIES, Publish
+from protocols.mqtt.topics import parse_shared
 
 log = logging.getLogger("gateway.bridge")
 
@@ -77,8 +78,9 @@ class Bridge:
         self.sub_index = TopicIndex()
         self.sub_rules: dict[str, list[SubscriptionRule]] = defaultdict(list)
         for sub in settings.subscriptions:
-            self.sub_index.add(sub.remote)
-            self.sub_rules[sub.remote].append(sub)
+            real = parse_shared(sub.remote)[1]  # upstream strips $share/<group>/
+            self.sub_index.add(real)
+            self.sub_rules[real].append(sub)
         self.info = ClientInfo(client_id=f"$bridge:{settings.name}", protocol="bridge")
         self.drops: dict[str, int] = defaultdict(int)
         self.loops_prevented = 0
@@ -88,6 +90,7 @@ class Bridge:
         self._rate_sample: tuple[float, int, int] | None = None
         self._unlogged: dict[str, int] = defaultdict(int)
         self._last_drop_log = float("-inf")
+        self._last_unmatched_log = float("-inf")
         self._drop_timer: TimerHandle | None = None
         self._sweep_timer: TimerHandle | None = None
         self._rate_timer: TimerHandle | None = None
@@ -164,19 +167,27 @@ class Bridge:
         rules: list[SubscriptionRule] = []
         ids = p.properties.subscription_identifiers
         subs = self.settings.subscriptions
-        if ids:
-            rules = [subs[i - 1] for i in ids if 0 < i <= len(subs)]
+        if ids:  # checked against the topic: an identifier may be from an older config
+            rules = [
+                subs[i - 1] for i in ids
+                if 0 < i <= len(subs) and topic_matches(parse_shared(subs[i - 1].remote)[1],
+                                                        p.topic)
+            ]
         if not rules:
             for f in self.sub_index.match(p.topic):
                 rules.extend(self.sub_rules[f])
         if not rules:
             self.unmatched += 1
             self.node.metrics.dropped("bridge_no_subscription")
-            log.warning(
-                "bridge %s: a message on %r matches no configured subscription "
-                "(a subscription left in the upstream session?); dropped",
-                self.name, p.topic,
-            )
+            now = self.scheduler.time()
+            if now - self._last_unmatched_log >= DROP_LOG_INTERVAL:
+                self._last_unmatched_log = now
+                log.warning(
+                    "bridge %s: a message on %r matches no configured subscription "
+                    "(one left in the upstream session by an older configuration?); "
+                    "dropped (%d so far)",
+                    self.name, p.topic, self.unmatched,
+                )
             return
         now = self.scheduler.time()
         props = p.properties

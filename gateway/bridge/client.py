@@ -76,6 +76,7 @@ from protocols.mqtt import (
 )
 from protocols.mqtt.packets import NO_PROPERTIES, Packet
 from protocols.mqtt.reason_codes import ReasonCode
+from protocols.mqtt.topics import is_shared
 from protocols.ratelimit import TokenBucket
 
 log = logging.getLogger("gateway.bridge")
@@ -459,34 +460,29 @@ class UpstreamClient:
         self._pump()
 
     def _subscribe_packet(self) -> bytes:
+        """SUBSCRIBE for every rule: MQTT 5 one packet per rule, with the rule's number
+        (1-based) as subscription identifier, so a PUBLISH names the rules it matched."""
         s = self.settings
         conn = self.conn
         assert conn is not None
         v5 = s.protocol_level == MQTT_5
-        subs = tuple(
-            Subscription(
-                r.remote, r.qos, no_local=v5, retain_as_published=v5,
-                retain_handling=1 if v5 else 0,
+        subs = [
+            Subscription(  # No Local is a protocol error on a shared subscription
+                r.remote, r.qos, no_local=v5 and not is_shared(r.remote),
+                retain_as_published=v5, retain_handling=1 if v5 else 0,
             )
             for r in s.subscriptions
+        ]
+        groups: list[tuple[tuple[Subscription, ...], Properties]] = (
+            [((sub,), Properties(subscription_identifiers=(i + 1,))) for i, sub in enumerate(subs)]
+            if v5 else [(tuple(subs), NO_PROPERTIES)]
         )
-        pid = self._alloc_pid()
-        self._pending_subs[pid] = tuple(r.remote for r in s.subscriptions)
-        # one identifier per rule (1-based) so a PUBLISH names the rules it matched
-        packets = [Subscribe(pid, subs)]
-        if v5:
-            packets = [
-                Subscribe(
-                    pid if i == 0 else self._alloc_pid(),
-                    (sub,),
-                    Properties(subscription_identifiers=(i + 1,)),
-                )
-                for i, sub in enumerate(subs)
-            ]
-            for packet in packets[1:]:
-                self._pending_subs[packet.packet_id] = (packet.subscriptions[0].topic_filter,)
-            self._pending_subs[pid] = (subs[0].topic_filter,)
-        return b"".join(conn.send(packet) for packet in packets)
+        out = []
+        for group, props in groups:
+            pid = self._alloc_pid()
+            self._pending_subs[pid] = tuple(sub.topic_filter for sub in group)
+            out.append(conn.send(Subscribe(pid, group, props)))
+        return b"".join(out)
 
     def _on_suback(self, p: SubAck) -> None:
         filters = self._pending_subs.pop(p.packet_id, ())

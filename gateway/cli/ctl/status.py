@@ -52,7 +52,7 @@ def render(s: dict[str, Any]) -> None:
                      f"out {fmt.rate(rates.get('messages.sent'))}, "
                      f"dropped {fmt.rate(rates.get('messages.dropped'))}"),
         ("Bridges", bridges["status"] if not bridges["enabled"]
-         else f"{len(bridges['bridges'])} bridges"),
+         else ", ".join(f"{b['name']} {b['status']}" for b in bridges["bridges"])),
         ("Alarms", f"{len(alarms)} active" if alarms else "none"),
     ]
     out.print(fmt.pairs(rows))
@@ -78,9 +78,14 @@ def render(s: dict[str, Any]) -> None:
     if bridges["enabled"] and bridges["bridges"]:
         out.print()
         out.print(fmt.table(
-            ["Bridge", "Upstream", "Status", "Queued", "Forwarded", "Last error"],
-            [(b["name"], b["upstream"], b["status"], b["queue_len"], b["forwarded"],
-              b.get("last_error")) for b in bridges["bridges"]],
+            ["Bridge", "Upstream", "Status", "Queued", "Bytes", "Oldest", "Out", "In",
+             "Dropped", "Last error"],
+            [(b["name"], b["upstream"], b["status"], b["queue_len"], b.get("queue_bytes"),
+              fmt.duration(b.get("oldest_age")),
+              fmt.rate(b.get("rates", {}).get("forwarded")),
+              fmt.rate(b.get("rates", {}).get("received")),
+              sum(b.get("dropped", {}).values()), b.get("last_error"))
+             for b in bridges["bridges"]],
             title="Bridges",
         ))
     if alarms:
