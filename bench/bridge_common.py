@@ -223,13 +223,15 @@ async def counter(port: int, qos: int) -> RawClient:
 
 async def publish(port: int, qos: int, total: int, *, window: int,
                   outstanding: Callable[[RawClient, int], int], client_id: str = "pub",
-                  deadline: float | None = None) -> tuple[int, float]:
+                  deadline: float | None = None, wake: asyncio.Event | None = None
+                  ) -> tuple[int, float]:
     """Publish ``total`` messages (a ring of pre-encoded packets on ``bench/<client_id>``)
-    while ``outstanding(client, sent) < window``; returns (sent, seconds)."""
+    while ``outstanding(client, sent) < window``; returns (sent, seconds). ``wake`` is set
+    by whatever changes ``outstanding`` besides our own PUBACKs (an upstream counter)."""
     c = await open_client(port, client_id)
     assert c.transport is not None
     ring = wire.publish_ring(f"bench/{client_id}", qos, length=window * 2 if qos else 128)
-    wake = asyncio.Event()
+    wake = wake or asyncio.Event()
     c.on_progress = wake.set
     sent = 0
     t0 = time.monotonic()

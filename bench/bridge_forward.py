@@ -32,7 +32,7 @@ from bench.bridge_common import (
     publish,
     wait_until,
 )
-from bench.brokers import Gatewayd, use_gatewayd_commit
+from bench.brokers import Gatewayd, machine_busy_seconds, use_gatewayd_commit
 
 WARMUP = 1.0
 
@@ -40,6 +40,8 @@ WARMUP = 1.0
 async def _run(gw: BridgedGatewayd, mosq: UpstreamMosquitto, qos: int, publishers: int,
                duration: float, window: int) -> dict[str, Any]:
     up = await counter(mosq.port, qos=1)  # counts every forwarded message once
+    progress = asyncio.Event()
+    up.on_progress = progress.set
     end = time.monotonic() + WARMUP + duration
     sent_by: dict[int, int] = {}
 
@@ -54,16 +56,20 @@ async def _run(gw: BridgedGatewayd, mosq: UpstreamMosquitto, qos: int, publisher
     async def one(i: int) -> int:
         sent, _ = await publish(gw.port, qos, 10**12, window=window,
                                 outstanding=lambda c, s: outstanding(i, c, s),
-                                client_id=f"p{i}", deadline=end)
+                                client_id=f"p{i}", deadline=end, wake=progress)
         return sent
 
     tasks = [asyncio.create_task(one(i)) for i in range(publishers)]
     await asyncio.sleep(WARMUP)
+    busy0 = machine_busy_seconds()
     r0, t0 = up.received, time.monotonic()
-    cpu_gw0, cpu_mq0 = gw.cpu_seconds(), mosq.cpu_seconds()
+    cpu_gw0, cpu_mq0, cpu_lg0 = gw.cpu_seconds(), mosq.cpu_seconds(), time.process_time()
     await asyncio.sleep(duration)
     r1, t1 = up.received, time.monotonic()
-    cpu_gw1, cpu_mq1 = gw.cpu_seconds(), mosq.cpu_seconds()
+    cpu_gw1, cpu_mq1, cpu_lg1 = gw.cpu_seconds(), mosq.cpu_seconds(), time.process_time()
+    busy = machine_busy_seconds() - busy0
+    ours = (cpu_gw1 - cpu_gw0) + (cpu_mq1 - cpu_mq0) + (cpu_lg1 - cpu_lg0)
+    others = max(0.0, 100 * (busy - ours) / (t1 - t0))
     sent = sum(await asyncio.gather(*tasks))
     deadline = time.monotonic() + 30
     while up.received < sent and time.monotonic() < deadline:
@@ -79,6 +85,8 @@ async def _run(gw: BridgedGatewayd, mosq: UpstreamMosquitto, qos: int, publisher
         "lost": max(0, sent - up.received),
         "gatewayd_cpu_pct": round(100 * (cpu_gw1 - cpu_gw0) / span),
         "mosquitto_cpu_pct": round(100 * (cpu_mq1 - cpu_mq0) / span),
+        "loadgen_cpu_pct": round(100 * (cpu_lg1 - cpu_lg0) / span),
+        "others_cpu_pct": round(others),
     }
 
 
@@ -122,11 +130,13 @@ def main(argv: list[str] | None = None) -> int:
                for q in args.qos.split(",")]
     info = machine()
     print("bridge forwarding: local publishers -> gatewayd -> bridge -> mosquitto")
-    print("| QoS | publishers | msg/s upstream | gatewayd CPU | mosquitto CPU | lost |")
-    print("|---|---|---|---|---|---|")
+    print("| QoS | publishers | msg/s upstream | CPU % gatewayd / mosquitto / loadgen / "
+          "others | lost |")
+    print("|---|---|---|---|---|")
     for r in results:
         print(f"| {r['qos']} | {r['publishers']} | {r['msgs_per_s']:,} | "
-              f"{r['gatewayd_cpu_pct']} % | {r['mosquitto_cpu_pct']} % | {r['lost']} |")
+              f"{r['gatewayd_cpu_pct']} / {r['mosquitto_cpu_pct']} / {r['loadgen_cpu_pct']} / "
+              f"{r['others_cpu_pct']} | {r['lost']} |")
     print("machine:", ", ".join(f"{k} {v}" for k, v in info.items()))
     print("gatewayd:", Gatewayd.version())
     if args.json:

@@ -46,6 +46,7 @@ class GroupCommitter:
         self._closed = False
         self._idle = threading.Event()
         self._idle.set()
+        self._last_write_ok = True
         self.commits = 0
         self.ops_committed = 0
 
@@ -97,6 +98,7 @@ class GroupCommitter:
             with contextlib.suppress(sqlite3.Error):
                 self._conn.execute("ROLLBACK")
         finally:
+            self._last_write_ok = ok  # read by flush_sync once _idle is set
             self._idle.set()
         if not self._closed:
             self._loop.call_soon_threadsafe(self._done, ok, len(ops))
@@ -122,7 +124,11 @@ class GroupCommitter:
         self._idle.wait()
         ops, self._ops = self._ops, []
         if self._inflight is not None:
-            ops[:0] = self._inflight
+            # the writer thread finished it, but its _done has not run on the loop: run it
+            # again only if it failed (a committed INSERT would fail as a duplicate, and
+            # with it every write still pending)
+            if not self._last_write_ok:
+                ops[:0] = self._inflight
             self._inflight = None
         if ops:
             conn = self._conn
