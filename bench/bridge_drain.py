@@ -5,8 +5,8 @@
     .venv/bin/python -m bench.bridge_drain --drain-rate 2000    # check the pacing
 
 1. gatewayd starts with its bridge pointing at a port where nothing listens, and local
-   publishers (QoS 1, 64 in flight each) fill the outbox: every PUBACK means the message
-   is on disk. That rate is reported as *fill*.
+   publishers (QoS 1: 64 in flight each) fill the outbox: every PUBACK means the message
+   is on disk. *fill* is messages per second until the outbox holds them all.
 2. gatewayd stops (SIGTERM) with the backlog on disk; mosquitto starts with a counting
    subscriber; gatewayd starts again on the same data, its bridge now pointing at
    mosquitto. The backlog is read back from disk and drained.
@@ -35,17 +35,15 @@ from bench.bridge_common import (
 from bench.brokers import Gatewayd, free_port, use_gatewayd_commit
 
 
-async def _fill(port: int, qos: int, total: int, publishers: int) -> float:
+async def _fill(port: int, qos: int, total: int, publishers: int) -> None:
     share = [total // publishers + (1 if i < total % publishers else 0)
              for i in range(publishers)]
 
     def outstanding(c: Any, sent: int) -> int:
         return sent - c.acks if qos else 0
 
-    t0 = time.monotonic()
     await asyncio.gather(*(publish(port, qos, n, window=64, outstanding=outstanding,
                                    client_id=f"fill{i}") for i, n in enumerate(share)))
-    return time.monotonic() - t0
 
 
 async def _drain(gw: BridgedGatewayd, mosq: UpstreamMosquitto, total: int) -> dict[str, Any]:
@@ -54,7 +52,9 @@ async def _drain(gw: BridgedGatewayd, mosq: UpstreamMosquitto, total: int) -> di
     await asyncio.get_running_loop().run_in_executor(None, gw.start)
     cpu0 = gw.cpu_seconds()
     deadline = time.monotonic() + 600
+    rss = 0
     while up.received < total and time.monotonic() < deadline:
+        rss = max(rss, gw.rss_kib())
         await asyncio.sleep(0.02)
     cpu1 = gw.cpu_seconds()
     assert up.first_at is not None and up.last_at is not None
@@ -65,6 +65,7 @@ async def _drain(gw: BridgedGatewayd, mosq: UpstreamMosquitto, total: int) -> di
         "drain_seconds": round(span, 2),
         "restart_to_drained_s": round(up.last_at - t_start, 2),
         "gatewayd_cpu_pct": round(100 * (cpu1 - cpu0) / max(1e-9, time.monotonic() - t_start)),
+        "gatewayd_max_rss_mib": round(rss / 1024, 1),
     }
 
 
@@ -74,8 +75,10 @@ def run(total: int, qos: int, publishers: int, drain_rate: float) -> dict[str, A
     mosq = UpstreamMosquitto()
     try:
         gw.start()
-        fill_s = asyncio.run(_fill(gw.port, qos, total, publishers))
+        t0 = time.monotonic()
+        asyncio.run(_fill(gw.port, qos, total, publishers))
         wait_until("outbox filled", lambda: gw.bridge()["queue_len"] >= total)
+        fill_s = time.monotonic() - t0  # QoS 0 has no PUBACK: until the outbox holds all
         view = gw.bridge()
         gw.stop()
         mosq.start()
@@ -120,11 +123,12 @@ def main(argv: list[str] | None = None) -> int:
     info = machine()
     print("bridge outbox: fill while upstream is down, drain once it is back")
     print("| messages | QoS | outbox bytes | fill msg/s | drain msg/s | drain s | "
-          "restart to drained | drain_rate | lost |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "restart to drained | gatewayd max RSS | drain_rate | lost |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     print(f"| {r['messages']:,} | {r['qos']} | {r['outbox_bytes']:,} | "
           f"{r['fill_msgs_per_s']:,} | {r['drain_msgs_per_s']:,} | {r['drain_seconds']} | "
-          f"{r['restart_to_drained_s']} s | {r['drain_rate_setting'] or 'none'} | {r['lost']} |")
+          f"{r['restart_to_drained_s']} s | {r['gatewayd_max_rss_mib']} MiB | "
+          f"{r['drain_rate_setting'] or 'none'} | {r['lost']} |")
     print("machine:", ", ".join(f"{k} {v}" for k, v in info.items()))
     print("gatewayd:", Gatewayd.version())
     if args.json:
