@@ -7,8 +7,6 @@ import json
 import os
 import stat
 
-import pytest
-
 from gateway.admin.api import ROUTES
 from tests.gateway.admin.gatewayd import Client, Gatewayd, clients, q
 
