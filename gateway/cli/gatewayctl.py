@@ -21,8 +21,6 @@ PROG = "gatewayctl"
 # module path -> attribute holding a click command or group
 SUBCOMMANDS: list[tuple[str, str]] = [
     ("gateway.cli.ctl.certs", "certs"),
-    ("gateway.cli.ctl.users", "users"),
-    ("gateway.cli.ctl.ban", "ban"),
     ("gateway.cli.ctl.status", "status"),
     ("gateway.cli.ctl.clients", "clients"),
     ("gateway.cli.ctl.kick", "kick"),
@@ -35,6 +33,8 @@ SUBCOMMANDS: list[tuple[str, str]] = [
     ("gateway.cli.ctl.metrics", "metrics"),
     ("gateway.cli.ctl.trace", "trace"),
     ("gateway.cli.ctl.config", "config"),
+    ("gateway.cli.ctl.ban", "ban"),
+    ("gateway.cli.ctl.users", "users"),
 ]
 
 
