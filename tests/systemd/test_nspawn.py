@@ -101,6 +101,17 @@ def until(what: str, check: Callable[[], bool], timeout: float = WAIT) -> None:
         time.sleep(0.2)
 
 
+def container_init(nspawn: int) -> int:
+    """The PID (in our namespace) of the container's init among ``nspawn``'s children."""
+    r = subprocess.run(["pgrep", "-P", str(nspawn)], capture_output=True, text=True)
+    for pid in r.stdout.split():
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("NSpid:") and line.split()[1:] == [pid, "1"]:
+                    return int(pid)
+    return 0
+
+
 class Container:
     def __init__(self, root: Path, log: Path) -> None:
         self.root = root
@@ -117,24 +128,28 @@ class Container:
         out.close()
 
         def leader() -> bool:
+            # nspawn's first child (the "outer child") lives only until it has cloned the
+            # container's init; only a child that is PID 1 in its own namespace will do.
             assert self.proc is not None and self.proc.poll() is None, self.log.read_text()
-            r = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True,
-                               text=True)
-            pids = r.stdout.split()
-            if pids:
-                self.leader = int(pids[0])
-            return bool(pids)
+            self.leader = container_init(self.proc.pid)
+            return self.leader != 0
 
         until("the container's init", leader, 30)
-        state = ""
+        state, failure = "", ""
 
         def booted() -> bool:  # "offline" until the container's manager is reachable
-            nonlocal state
-            state = self.run("systemctl", "is-system-running", "--wait", timeout=WAIT
-                             ).stdout.strip()
+            nonlocal state, failure
+            leader()
+            r = self.run("systemctl", "is-system-running", "--wait", timeout=WAIT)
+            state, failure = r.stdout.strip(), r.stderr.strip()
             return state not in ("offline", "")
 
-        until("the container's boot", booted, WAIT)
+        try:
+            until("the container's boot", booted, WAIT)
+        except AssertionError as e:
+            console = self.log.read_text(errors="replace")[-3000:]
+            raise AssertionError(f"{e}: state {state!r}, nsenter said {failure!r}; "
+                                 f"console:\n{console}") from None
         assert state in ("running", "degraded"), (state, self.journal())
 
     def run(self, *cmd: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
