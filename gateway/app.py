@@ -208,6 +208,7 @@ class Gateway:
             settings = mqtt_settings(config, f"ssl:{name}", ssl_lst.mountpoint)
             settings.peer_cert_as_clientid = ssl_lst.peer_cert_as_clientid
             settings.peer_cert_as_username = ssl_lst.peer_cert_as_username
+            settings.peer_cert_authenticates = ssl_lst.peer_cert_authenticates
             limits = ListenerLimits(
                 f"ssl:{name}",
                 max_connections=ssl_lst.max_connections,

@@ -319,7 +319,10 @@ class SslListener(TcpListener):
     for a certificate signed by ``cacertfile``; ``fail_if_no_peer_cert`` makes it
     mandatory (mutual TLS). ``peer_cert_as_clientid``/``peer_cert_as_username`` replace
     the CONNECT's client id/username by the certificate's ``cn``, ``dn`` (RFC 4514) or
-    ``san`` (first DNS or URI subject alternative name).
+    ``san`` (first DNS or URI subject alternative name). ``peer_cert_authenticates``: a
+    verified client certificate alone authenticates a client that sends no password
+    (mosquitto's ``use_identity_as_username``); the authentication chain and
+    ``allow_anonymous`` then do not apply to it.
     """
 
     bind: Bind = "0.0.0.0:8883"
@@ -336,6 +339,7 @@ class SslListener(TcpListener):
     ciphers: Annotated[str, BeforeValidator(_join_ciphers)] = ""  # "": OpenSSL's defaults
     peer_cert_as_clientid: Annotated[PeerCertField, BeforeValidator(_lower)] = "none"
     peer_cert_as_username: Annotated[PeerCertField, BeforeValidator(_lower)] = "none"
+    peer_cert_authenticates: bool = False
 
     @model_validator(mode="after")
     def _consistent_tls(self) -> SslListener:
@@ -351,6 +355,7 @@ class SslListener(TcpListener):
                     ("fail_if_no_peer_cert", self.fail_if_no_peer_cert),
                     ("peer_cert_as_clientid", self.peer_cert_as_clientid != "none"),
                     ("peer_cert_as_username", self.peer_cert_as_username != "none"),
+                    ("peer_cert_authenticates", self.peer_cert_authenticates),
                 )
                 if on
             ]

@@ -143,7 +143,11 @@ class Node:
         """The ``client.authenticate`` chain (subscribers may answer later with a
         :class:`~gateway.core.deferred.Deferred`), then ``allow_anonymous`` for a client
         no subscriber claimed: refused with 0x86 when it presented a user name or
-        password, 0x87 when it presented nothing."""
+        password, 0x87 when it presented nothing. A client its listener already
+        authenticated by a verified certificate (``attrs["authn"] == "x509"``) is in."""
+        if client.attrs.get("authn") == "x509":
+            self.metrics.incr("authentication.success")
+            return 0
         callbacks = self.hooks.callbacks("client.authenticate")
         if not callbacks:
             return self._authn_decided(client, password, None)

@@ -112,6 +112,8 @@ class MqttSettings:
     # mapping) replaces the CONNECT's client id / username; "none" keeps the CONNECT's.
     peer_cert_as_clientid: str = "none"
     peer_cert_as_username: str = "none"
+    # a verified client certificate authenticates a CONNECT without a password
+    peer_cert_authenticates: bool = False
     deny_action_disconnect: bool = False
     subscribe_deny_code: int = 0x87  # MQTT 5 SUBACK code for a denied subscription
     mountpoint: str = ""
@@ -554,6 +556,8 @@ class MqttChannel:
             clean_start=p.clean_start,
         )
         self.info = info
+        if self.peer_cert is not None and s.peer_cert_authenticates and p.password is None:
+            info.attrs["authn"] = "x509"  # the certificate is the credential
         method = props.authentication_method if v == MQTT_5 else None
         if method is not None:
             self._start_enhanced_auth(p, assigned, method)

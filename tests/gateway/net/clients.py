@@ -34,6 +34,7 @@ class Client:
         *,
         client_id: str = "",
         username: str | None = None,
+        password: str | None = None,
         cafile: Path | None = None,
         cert: Path | None = None,
         key: Path | None = None,
@@ -47,7 +48,7 @@ class Client:
             reconnect_on_failure=False,  # a kicked client stays gone (no takeover loops)
         )
         if username is not None:
-            c.username_pw_set(username)
+            c.username_pw_set(username, password)
         if cafile is not None:
             c.tls_set(
                 ca_certs=str(cafile),

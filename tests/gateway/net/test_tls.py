@@ -454,6 +454,29 @@ def test_optional_client_certificates_and_san_username(pki, gatewayd: GatewayFac
         c.close()
 
 
+def test_a_certificate_authenticates_when_anonymous_access_is_off(pki, gatewayd: GatewayFactory):
+    """``peer_cert_authenticates``: with allow_anonymous off, a client with a certificate
+    from our CA and no password is in (user name from the CN); one without a certificate
+    is refused with 0x87 (not authorized); a certificate plus a password still goes
+    through the authentication chain (no such user: 0x86)."""
+    gw = gatewayd(
+        server_ssl(
+            pki, cacertfile=str(pki.ca), verify="verify_peer",
+            peer_cert_as_username="cn", peer_cert_authenticates="true",
+        ),
+        {"GATEWAY_AUTHENTICATION__ALLOW_ANONYMOUS": "false"},
+    )
+    dev1 = Client(gw.ssl, client_id="d1", cafile=pki.ca, cert=pki.crt("dev1"),
+                  key=pki.key("dev1"), protocol=mqtt.MQTTv5).connect()
+    assert dev1.connected
+    dev1.close()
+    with pytest.raises(Refused, match="reason code 135"):
+        Client(gw.ssl, client_id="nocert", cafile=pki.ca, protocol=mqtt.MQTTv5).connect()
+    with pytest.raises(Refused, match="reason code 134"):
+        Client(gw.ssl, client_id="d1", username="x", password="guess", cafile=pki.ca,
+               cert=pki.crt("dev1"), key=pki.key("dev1"), protocol=mqtt.MQTTv5).connect()
+
+
 # ------------------------------------------------------------------ SIGHUP reload
 
 
