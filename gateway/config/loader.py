@@ -72,6 +72,7 @@ def load_config(
         load_rules_file(rules_path)  # validate now, before anything opens
         authz.rules_file = rules_path
     _check_ssl_listeners(config, path)
+    _check_bridge_tls(config, path)
     return config
 
 
@@ -93,6 +94,25 @@ def _check_ssl_listeners(config: GatewayConfig, path: str | Path | None) -> None
                 build_context(listener)
             except TlsError as exc:
                 raise ConfigError(f"listeners.{kind}.{name}.{exc.key}: {exc.reason}") from None
+
+
+def _check_bridge_tls(config: GatewayConfig, path: str | Path | None) -> None:
+    """The same for each bridge's ``tls`` files: relative to the configuration file, and
+    loaded now when the bridge and its TLS are enabled."""
+    from gateway.bridge.tls import client_context  # lazy: gateway.bridge imports config
+    from gateway.net.tls import TlsError
+
+    for name, bridge in config.bridges.mqtt.items():
+        tls = bridge.tls
+        for key in ("certfile", "keyfile", "cacertfile"):
+            value = getattr(tls, key)
+            if value is not None and path is not None and not value.is_absolute():
+                setattr(tls, key, Path(path).parent / value)
+        if bridge.enable and tls.enable:
+            try:
+                client_context(tls)
+            except TlsError as exc:
+                raise ConfigError(f"bridges.mqtt.{name}.tls.{exc.key}: {exc.reason}") from None
 
 
 def load_rules_file(path: str | Path) -> list[AuthzRule]:

@@ -529,3 +529,37 @@ def test_gatewayd_env_error_subprocess():
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1
     assert "mqtt.max_inflight" in proc.stderr and "GATEWAY_MQTT__MAX_INFLIGHT" in proc.stderr
+
+
+# ------------------------------------------------------------------ bridge TLS files
+
+
+def test_bridge_tls_files_are_relative_to_the_file_and_checked(tmp_path):
+    """A bridge's TLS files resolve like an ssl listener's (against the configuration
+    file's directory, not the working directory) and load before anything starts; a
+    missing one is one line naming the key."""
+    from gateway.security.pki import init_ca, issue
+
+    conf_dir = tmp_path / "etc"
+    init_ca(conf_dir / "certs")
+    issue(conf_dir / "certs", "edge", server=False, client=True)
+    text = """
+[bridges.mqtt.up]
+server = "127.0.0.1:8883"
+[bridges.mqtt.up.tls]
+enable = true
+cacertfile = "certs/ca.crt"
+certfile = "certs/edge.crt"
+keyfile = "certs/edge.key"
+"""
+    path = write(conf_dir, text)
+    tls = load_config(path, {}).bridges.mqtt["up"].tls
+    assert tls.cacertfile == conf_dir / "certs/ca.crt"
+    assert tls.keyfile == conf_dir / "certs/edge.key"
+    missing = write(conf_dir, text.replace("certs/ca.crt", "certs/nope.crt"), "missing.toml")
+    assert error_of(missing) == (
+        f'bridges.mqtt.up.tls.cacertfile: no such file "{conf_dir / "certs/nope.crt"}"'
+    )
+    disabled = write(conf_dir, text.replace("enable = true", "enable = false").replace(
+        "certs/ca.crt", "certs/nope.crt"), "disabled.toml")
+    load_config(disabled, {})  # not used, not loaded
