@@ -83,7 +83,7 @@ def export_session(node: Node, cid: str, *, clean_start: bool) -> dict[str, Any]
         node.connections -= 1
         will = session.will
         if will is not None and (clean_start or session.will_delay == 0):
-            node._publish_will(will)
+            node._publish_will(will, session.info)
         session.will = None
         node.hooks.run("session.takenover", session.info, session.info)
         node.metrics.incr("session.takenover")

@@ -218,7 +218,7 @@ class Node:
                 self.connections -= 1
                 old_will = existing.will
                 if old_will is not None and (clean_start or existing.will_delay == 0):
-                    self._publish_will(old_will)
+                    self._publish_will(old_will, existing.info)
                 existing.will = None
                 self.hooks.run("session.takenover", existing.info, client)
                 self.metrics.incr("session.takenover")
@@ -349,7 +349,7 @@ class Node:
         if will is not None:
             delay = session.will_delay
             if delay == 0 or expiry == 0:
-                self._publish_will(will)
+                self._publish_will(will, session.info)
             else:
                 wait = delay if expiry == NEVER_EXPIRE else min(delay, expiry)
                 session.will = will
@@ -367,13 +367,13 @@ class Node:
         session.will_timer = None
         will, session.will = session.will, None
         if will is not None and session.handle is None:
-            self._publish_will(will)
+            self._publish_will(will, session.info)
 
     def _expire(self, session: Session) -> None:
         session.expiry_timer = None
         if self.sessions.get(session.client_id) is session and session.handle is None:
             if session.will is not None:  # the session ends before the will delay
-                self._publish_will(session.will)
+                self._publish_will(session.will, session.info)
                 session.will = None
             self._terminate(session, "expired")
 
@@ -406,10 +406,14 @@ class Node:
         self.hooks.run("session.terminated", session.info, why)
         self.metrics.incr("session.terminated")
 
-    def _publish_will(self, will: Message) -> None:
+    def _publish_will(self, will: Message, info: ClientInfo | None) -> None:
+        """Publish a will as its client: authorized with the client's own information
+        (``info``, the session's last connection: who authenticated it, superuser, peer
+        address), so per-user rules apply to wills as to the client's publishes."""
         will.timestamp = self.scheduler.time()
         self.metrics.incr("messages.will")
-        info = ClientInfo(client_id=will.publisher, username=will.username)
+        if info is None or info.client_id != will.publisher:
+            info = ClientInfo(client_id=will.publisher, username=will.username)
         if self.authorize(info, "publish", will.topic):
             self.publish(info, will)
 
@@ -597,6 +601,6 @@ class Node:
         will = session.will if send_will else None
         self._cancel_timers(session)
         if will is not None:
-            self._publish_will(will)
+            self._publish_will(will, session.info)
         self._terminate(session, "discarded")
         return True

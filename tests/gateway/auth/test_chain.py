@@ -21,7 +21,7 @@ from gateway.core.hooks import Priority, Stop
 from gateway.core.node import CoreSettings, Node
 from gateway.store.db import db_path
 from gateway.store.users import UserStore
-from protocols.context import AUTH_PENDING, ClientInfo
+from protocols.context import AUTH_PENDING, ClientInfo, Message, SubOptions
 
 # ------------------------------------------------------------------------ fold_deferred
 
@@ -398,3 +398,29 @@ def test_claimed_but_unauthenticated_user_gets_no_user_rules(
     assert not node.authorize(anonymous, "publish", "x")
     not_super = ClientInfo("c", username="root", attrs={"is_superuser": True})
     assert not node.authorize(not_super, "publish", "x")  # no backend said so
+
+
+def test_a_will_is_authorized_as_its_client(clock: VirtualScheduler, store: UserStore) -> None:
+    """A will goes out under its client's own authentication: her per-user rule allows
+    what the rules file denies, and an unverified claim of her name does not."""
+    from tests.gateway.core.test_node import FakeHandle
+
+    node = authz_node(clock, store, [Rule("deny", "publish", ("lastwill/#",)),
+                                     Rule("allow", "all", ("#",))])
+    store.add_rule("alice", "allow", "publish", "lastwill/alice")
+    watcher = ClientInfo("watcher")
+    wh = FakeHandle()
+    r = node.open_session(watcher, wh, clean_start=True, expiry_interval=0,
+                          receive_maximum=10, will=None, will_delay=0)
+    assert r.session is not None
+    r.session.resume()
+    node.subscribe(watcher, "lastwill/#", SubOptions(qos=0))
+    for who, info in (("alice", authed("alice")), ("mallory", ClientInfo("c", username="alice"))):
+        will = Message("lastwill/alice", who.encode(), 0, False, publisher="c", username="alice")
+        h = FakeHandle()
+        r = node.open_session(info, h, clean_start=True, expiry_interval=0, receive_maximum=10,
+                              will=will, will_delay=0)
+        assert r.session is not None
+        r.session.resume()
+        node.close(info, h, send_will=True)
+    assert [d.message.payload for d in wh.delivered] == [b"alice"]
