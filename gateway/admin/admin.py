@@ -331,6 +331,7 @@ class Admin:
             "alarms": len(self.alarms),
             "rates": self.tracker.rates() if self.tracker is not None else {},
             "nofile": self.nofile.as_dict(),
+            "bridges": self.bridges_view()["bridges"],
         }
 
     # -- actions -----------------------------------------------------------------------

@@ -125,11 +125,50 @@ class GatewayCollector(Collector):
         yield rates
         yield GaugeMetricFamily(f"{PREFIX}_alarms_active", "Active alarms.",
                                 value=snap["alarms"])
+        yield from _bridge_metrics(snap.get("bridges", []))
         nofile = snap.get("nofile")
         if nofile is not None and nofile.get("soft", -1) >= 0:
             yield GaugeMetricFamily(f"{PREFIX}_nofile_limit",
                                     "The process's soft open-file limit.",
                                     value=nofile["soft"])
+
+
+def _bridge_metrics(bridges: list[dict[str, Any]]) -> Iterator[Metric]:
+    """Per upstream bridge (label ``bridge``): state, outbox and traffic."""
+    label = ["bridge"]
+    families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
+        "connected": GaugeMetricFamily(f"{PREFIX}_bridge_connected",
+                                       "1 while the bridge is connected upstream.", labels=label),
+        "queue_len": GaugeMetricFamily(f"{PREFIX}_bridge_queue_messages",
+                                       "Messages in the bridge's outbox.", labels=label),
+        "queue_bytes": GaugeMetricFamily(f"{PREFIX}_bridge_queue_bytes",
+                                         "Topic and payload bytes in the outbox.", labels=label),
+        "oldest_age": GaugeMetricFamily(f"{PREFIX}_bridge_oldest_age_seconds",
+                                        "Age of the oldest message in the outbox (0: empty).",
+                                        labels=label),
+        "inflight": GaugeMetricFamily(f"{PREFIX}_bridge_inflight",
+                                      "Messages sent upstream, not yet acknowledged.",
+                                      labels=label),
+        "forwarded": CounterMetricFamily(f"{PREFIX}_bridge_forwarded",
+                                         "Messages sent upstream.", labels=label),
+        "acked": CounterMetricFamily(f"{PREFIX}_bridge_acked",
+                                     "Messages upstream acknowledged.", labels=label),
+        "received": CounterMetricFamily(f"{PREFIX}_bridge_received",
+                                        "Messages brought down from upstream.", labels=label),
+        "connects": CounterMetricFamily(f"{PREFIX}_bridge_connects",
+                                        "Successful connections upstream.", labels=label),
+    }
+    dropped = CounterMetricFamily(f"{PREFIX}_bridge_dropped",
+                                  "Messages the bridge dropped, by reason.",
+                                  labels=["bridge", "reason"])
+    for b in bridges:
+        name = [b["name"]]
+        for key, family in families.items():
+            family.add_metric(name, float(b.get(key) or 0))
+        for reason, n in sorted(b.get("dropped", {}).items()):
+            dropped.add_metric([b["name"], reason], n)
+    yield from families.values()
+    yield dropped
 
 
 def make_registry(snapshot: Callable[[], dict[str, Any]]) -> CollectorRegistry:

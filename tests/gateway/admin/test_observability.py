@@ -175,3 +175,29 @@ def test_trace_a_client(gatewayd: Gatewayd) -> None:
             reader.next("client.disconnected")
     finally:
         reader.close()
+
+
+def test_prometheus_shows_a_bridge_and_its_outbox(tmp_path: Any) -> None:
+    """A bridge whose upstream is down: not connected, what is forwarded waits in the
+    outbox (acknowledged publishes are in it), and the scrape says so per bridge."""
+    from tests.gateway.admin.gatewayd import free_port
+
+    gw = Gatewayd(tmp_path, {
+        "GATEWAY_BRIDGES__MQTT__UP__SERVER": f"127.0.0.1:{free_port()}",  # nobody there
+        "GATEWAY_BRIDGES__MQTT__UP__FORWARDS": '[{local = "tele/#", qos = 1}]',
+    }).start()
+    try:
+        with clients() as made:
+            pub = Client(gw, "prom-bridge-pub")
+            made.append(pub)
+            for i in range(3):  # each PUBACK follows the commit of its outbox row
+                pub.publish("tele/t", b"%d" % i, qos=1)
+            samples = scrape(gw)
+        up = (("bridge", "up"),)
+        assert samples[("gateway_bridge_queue_messages", up)] == 3
+        assert samples[("gateway_bridge_connected", up)] == 0
+        assert samples[("gateway_bridge_queue_bytes", up)] == 3 * (len("tele/t") + 1)
+        assert samples[("gateway_bridge_oldest_age_seconds", up)] >= 0
+        assert samples[("gateway_bridge_forwarded_total", up)] == 0
+    finally:
+        gw.stop()
