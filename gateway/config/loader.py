@@ -72,6 +72,7 @@ def load_config(
         load_rules_file(rules_path)  # validate now, before anything opens
         authz.rules_file = rules_path
     _check_ssl_listeners(config, path)
+    _check_dtls_listeners(config, path)
     return config
 
 
@@ -93,6 +94,29 @@ def _check_ssl_listeners(config: GatewayConfig, path: str | Path | None) -> None
                 build_context(listener)
             except TlsError as exc:
                 raise ConfigError(f"listeners.{kind}.{name}.{exc.key}: {exc.reason}") from None
+
+
+def _check_dtls_listeners(config: GatewayConfig, path: str | Path | None) -> None:
+    """As :func:`_check_ssl_listeners` for the CoAP and LwM2M DTLS listeners (their
+    ``psk_file`` too): a bad file stops gatewayd with one line naming the key."""
+    from gateway.net.dtls import DtlsError, build_dtls_context  # lazy, as above
+
+    gateways = {"coap": config.gateway.coap, "lwm2m": config.gateway.lwm2m}
+    for gw_name, gw in gateways.items():
+        if gw is None:
+            continue
+        for name, listener in gw.listeners.dtls.items():
+            for key in ("psk_file", "certfile", "keyfile", "cacertfile"):
+                value = getattr(listener, key)
+                if value is not None and path is not None and not value.is_absolute():
+                    setattr(listener, key, Path(path).parent / value)
+            if listener.enable and gw.enable:
+                try:
+                    build_dtls_context(listener)
+                except DtlsError as exc:
+                    raise ConfigError(
+                        exc.where(f"gateway.{gw_name}.listeners.dtls.{name}")
+                    ) from None
 
 
 def load_rules_file(path: str | Path) -> list[AuthzRule]:
