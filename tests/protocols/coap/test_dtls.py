@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from gateway.app import _coap_inner, _lwm2m_inner
 from gateway.config.schema import DtlsListener
@@ -612,3 +614,46 @@ def test_reload_swaps_keys_for_new_handshakes_only(
     again.handshake()
     assert again.closed is None
     assert again.exchange(post(1, "ps/r/3")).code == Code.CHANGED
+
+
+# ------------------------------------------------------------------ property: garbage
+
+RECORD_TYPES = st.sampled_from([20, 21, 22, 23, 0, 255])
+DTLS_LIKE = st.builds(
+    lambda t, rest: bytes([t, 0xFE, 0xFD]) + rest, RECORD_TYPES, st.binary(max_size=120)
+)
+GARBAGE = st.lists(st.one_of(st.binary(max_size=200), DTLS_LIKE), min_size=1, max_size=6)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(junk=GARBAGE)
+def test_garbage_never_raises_nor_opens_a_session(junk: list[bytes]) -> None:
+    """Any datagrams from a stranger: the DTLS channel answers, closes or stays mute;
+    it never raises and never creates the inner channel."""
+    clock = VirtualScheduler()
+    node = Node(CoreSettings(), clock)
+    p = Pipe(node, clock, client_conf(psk=("dev1", b"secret")), server=_PSK_SERVER)
+    for d in junk:
+        p._run(p.channel.handle_datagram(d))
+    assert p.channel.inner is None
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(junk=GARBAGE)
+def test_garbage_inside_a_session_is_dropped(junk: list[bytes]) -> None:
+    """Datagrams that are not records of the session (forged or corrupted) are dropped or
+    end that session; an answer is never sent in the clear, and a session that survives
+    still works."""
+    clock = VirtualScheduler()
+    node = Node(CoreSettings(), clock)
+    p = Pipe(node, clock, client_conf(psk=("dev1", b"secret")), server=_PSK_SERVER)
+    p.handshake()
+    assert p.channel.inner is not None
+    for d in junk:
+        p._run(p.channel.handle_datagram(d))
+    assert all(d[:1] in (b"\x15", b"\x16", b"\x17") for d in p.to_client)  # DTLS records
+    if p.closed is None:
+        assert p.exchange(post(1, "ps/fuzz")).code == Code.CHANGED
+
+
+_PSK_SERVER = server_context({"dev1": b"secret"})
