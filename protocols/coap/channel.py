@@ -492,6 +492,8 @@ class CoapChannel:
         if self.conn_token is None and not self.settings.connection_required:
             return None
         cid, token = q.get("clientid"), q.get("token")
+        if not cid and self.bound is not None:  # DTLS: the handshake names the client
+            cid = self.bound.client_id
         if not cid or not token:
             return int(Code.BAD_REQUEST)
         if (

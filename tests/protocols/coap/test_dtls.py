@@ -463,6 +463,10 @@ def test_certificate_cn_as_client_id_and_username(
     token = r.payload.decode()
     r = q.exchange(post(2, "ps/i/3", query=("clientid=dev3", f"token={token}")))
     assert r.code == Code.CHANGED
+    r = q.exchange(post(3, "ps/i/3", query=(f"token={token}",)))  # clientid may go too
+    assert r.code == Code.CHANGED
+    r = q.exchange(post(4, "ps/i/3", query=("clientid=dev1", f"token={token}")))
+    assert r.code == Code.UNAUTHORIZED  # not this connection's client id
 
 
 def test_certificate_without_the_field_is_unauthorized(
