@@ -1,8 +1,9 @@
 """Assemble a node from its configuration and run it until SIGINT/SIGTERM.
 
 SIGHUP reloads what can change under a running node without dropping connections: the
-TLS certificates of the ssl listeners (new handshakes use the new files) and the
-authorization rules file. A reload that fails logs an error and keeps what was in force.
+TLS certificates of the ssl listeners and the keys and certificates of the DTLS listeners
+(new handshakes use the new files) and the authorization rules file. A reload that fails
+logs an error and keeps what was in force.
 
 This is the only place that knows both the configuration schema and the constructors of
 the core, the channels and the listeners.
@@ -14,7 +15,7 @@ import asyncio
 import logging
 import signal
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from gateway.admin.admin import Admin
@@ -31,8 +32,13 @@ from gateway.core.clock import LoopScheduler
 from gateway.core.node import CoreSettings, Node
 from gateway.fleet.archiver import Archiver, settings_from_config
 from gateway.net.datagram import DatagramPeer, DatagramShell, start_datagram_listener
-from gateway.net.dtls import DtlsChannel, DtlsError, load_psk_file
-from gateway.net.dtls import server_context as dtls_server_context
+from gateway.net.dtls import (
+    DtlsChannel,
+    DtlsError,
+    DtlsServer,
+    IdentityBoundContext,
+    bind_identity,
+)
 from gateway.net.stream import ListenerLimits, StreamShell, start_stream_listener
 from gateway.net.tls import ReloadableContext, TlsError, describe, peer_identity
 from gateway.net.websocket import WebSocketChannel, WebSocketSettings
@@ -145,6 +151,7 @@ class Gateway:
         self.auth: AuthServices | None = None
         self.servers: list[asyncio.Server] = []
         self.tls: dict[str, ReloadableContext] = {}
+        self.dtls: dict[str, DtlsServer] = {}  # DTLS listener id -> its reloadable keys
         self.datagrams: list[DatagramShell] = []  # MQTT-SN (UDP) listeners
         self.advertisers: list[asyncio.TimerHandle] = []  # ssl listener name -> its contexts
         self.stopped = asyncio.Event()
@@ -243,6 +250,8 @@ class Gateway:
         file. Established connections are untouched; failures keep the previous state."""
         for tls in self.tls.values():
             tls.reload()
+        for dtls in self.dtls.values():
+            dtls.reload()
         if self.node is None:
             return
         rules_file = self.config.authorization.rules_file
@@ -394,9 +403,9 @@ class Gateway:
             lname = f"coap:dtls:{name}"
             settings = coap_settings(self.config, lname)
             try:
-                context = dtls_server_context(load_psk_file(dl.psk_file))
-            except (OSError, DtlsError) as exc:
-                raise ConfigError(f"gateway.coap.listeners.dtls.{name}: {exc}") from exc
+                server = self.dtls[lname] = DtlsServer.from_listener(lname, dl)
+            except DtlsError as exc:
+                raise ConfigError(exc.where(f"gateway.coap.listeners.dtls.{name}")) from exc
             limits = ListenerLimits(
                 lname,
                 max_connections=dl.max_connections,
@@ -405,14 +414,15 @@ class Gateway:
             )
             shell = await start_datagram_listener(
                 dl.bind, limits,
-                _dtls_factory(context, dl.handshake_timeout,
-                              _coap_inner(node, settings, monotonic)),
+                _dtls_factory(server, dl.handshake_timeout,
+                              _coap_inner(node, settings, monotonic, dl)),
                 gate,
             )
             self.datagrams.append(shell)
             assert shell.transport is not None
             local = shell.transport.get_extra_info("sockname")
-            log.info("listener %s (CoAP over DTLS, PSK) on %s", lname, _fmt(local))
+            log.info("listener %s (CoAP over DTLS) on %s: %s", lname, _fmt(local),
+                     server.current.description)
             self.listeners[lname] = ListenerEntry(
                 "dtls", name, "coap", dl.bind, limits, [_fmt(local)]
             )
@@ -420,7 +430,7 @@ class Gateway:
     async def _start_lwm2m(
         self, node: Node, gate: GroupCommitter | None, monotonic: Callable[[], float]
     ) -> None:
-        """``[gateway.lwm2m]``: LwM2M on the datagram shell (UDP, and DTLS with PSK)."""
+        """``[gateway.lwm2m]``: LwM2M on the datagram shell (UDP, and DTLS)."""
         cfg = self.config.gateway.lwm2m
         if cfg is None or not cfg.enable:
             return
@@ -439,20 +449,18 @@ class Gateway:
             lname = f"lwm2m:{kind}:{name}"
             settings = lwm2m_settings(self.config, lname, model)
 
-            def inner(
-                handle: ConnectionHandle, addr: tuple[str, int], settings: Lwm2mSettings = settings
-            ) -> Lwm2mChannel:
-                return Lwm2mChannel(node, settings, handle, peer=addr, monotonic=monotonic)
-
+            inner = _lwm2m_inner(node, settings, monotonic, dl)
             factory: Callable[[DatagramPeer, tuple[str, int]], Any]
+            description = ""
             if dl is None:
                 factory = inner
             else:
                 try:
-                    context = dtls_server_context(load_psk_file(dl.psk_file))
-                except (OSError, DtlsError) as exc:
-                    raise ConfigError(f"gateway.lwm2m.listeners.dtls.{name}: {exc}") from exc
-                factory = _dtls_factory(context, dl.handshake_timeout, inner)  # type: ignore[arg-type]
+                    server = self.dtls[lname] = DtlsServer.from_listener(lname, dl)
+                except DtlsError as exc:
+                    raise ConfigError(exc.where(f"gateway.lwm2m.listeners.dtls.{name}")) from exc
+                factory = _dtls_factory(server, dl.handshake_timeout, inner)
+                description = f": {server.current.description}"
             limits = ListenerLimits(
                 lname,
                 max_connections=lst.max_connections,
@@ -463,8 +471,8 @@ class Gateway:
             self.datagrams.append(shell)
             assert shell.transport is not None
             local = shell.transport.get_extra_info("sockname")
-            log.info("listener %s (LwM2M%s) on %s", lname,
-                     " over DTLS" if dl is not None else "", _fmt(local))
+            log.info("listener %s (LwM2M%s) on %s%s", lname,
+                     " over DTLS" if dl is not None else "", _fmt(local), description)
             self.listeners[lname] = ListenerEntry(
                 kind, name, "lwm2m", lst.bind, limits, [_fmt(local)]
             )
@@ -669,21 +677,45 @@ def _coap_factory(
 
 
 def _coap_inner(
-    node: Node, settings: CoapSettings, monotonic: Callable[[], float]
-) -> Callable[[ConnectionHandle, tuple[str, int]], CoapChannel]:
-    def make(handle: ConnectionHandle, addr: tuple[str, int]) -> CoapChannel:
-        return CoapChannel(node, settings, handle, peer=addr, monotonic=monotonic)
+    node: Node, settings: CoapSettings, monotonic: Callable[[], float], dl: DtlsListener
+) -> Callable[[ConnectionHandle, tuple[str, int], Mapping[str, str]], CoapChannel]:
+    def make(
+        handle: ConnectionHandle, addr: tuple[str, int], identity: Mapping[str, str]
+    ) -> CoapChannel:
+        return CoapChannel(node, settings, handle, peer=addr, monotonic=monotonic,
+                           bound=bind_identity(dl, identity))
+
+    return make
+
+
+def _lwm2m_inner(
+    node: Node, settings: Lwm2mSettings, monotonic: Callable[[], float], dl: DtlsListener | None
+) -> Callable[..., Lwm2mChannel]:
+    """``(handle, addr)`` on UDP; ``(handle, addr, identity)`` under DTLS, where a bound
+    identity (``psk_identity_as_clientid``, ``peer_cert_as_clientid``...) must match the
+    endpoint name the device registers with (checked by :class:`IdentityBoundContext`)."""
+
+    def make(
+        handle: ConnectionHandle,
+        addr: tuple[str, int],
+        identity: Mapping[str, str] | None = None,
+    ) -> Lwm2mChannel:
+        context: Any = node
+        bound = bind_identity(dl, identity) if dl is not None and identity is not None else None
+        if bound is not None:
+            context = IdentityBoundContext(node, bound)
+        return Lwm2mChannel(context, settings, handle, peer=addr, monotonic=monotonic)
 
     return make
 
 
 def _dtls_factory(
-    context: object,
+    server: DtlsServer,
     handshake_timeout: float,
-    inner: Callable[[ConnectionHandle, tuple[str, int]], CoapChannel],
+    inner: Callable[[ConnectionHandle, tuple[str, int], Mapping[str, str]], Any],
 ) -> Callable[[DatagramPeer, tuple[str, int]], DtlsChannel]:
     def make(peer: DatagramPeer, addr: tuple[str, int]) -> DtlsChannel:
-        return DtlsChannel(context, peer, addr, inner, handshake_timeout=handshake_timeout)
+        return DtlsChannel(server, peer, addr, inner, handshake_timeout=handshake_timeout)
 
     return make
 

@@ -72,8 +72,18 @@ def load_config(
         load_rules_file(rules_path)  # validate now, before anything opens
         authz.rules_file = rules_path
     _check_ssl_listeners(config, path)
+    _check_dtls_listeners(config, path)
     _check_bridge_tls(config, path)
     return config
+
+
+def _resolve(section: Any, keys: tuple[str, ...], path: str | Path | None) -> None:
+    """Make the relative file paths among ``keys`` of ``section`` relative to the
+    configuration file's directory (they stay as given without a file)."""
+    for key in keys:
+        value = getattr(section, key)
+        if value is not None and path is not None and not value.is_absolute():
+            setattr(section, key, Path(path).parent / value)
 
 
 def _check_ssl_listeners(config: GatewayConfig, path: str | Path | None) -> None:
@@ -85,15 +95,32 @@ def _check_ssl_listeners(config: GatewayConfig, path: str | Path | None) -> None
     tls_listeners = [("ssl", n, lst) for n, lst in config.listeners.ssl.items()]
     tls_listeners += [("wss", n, lst) for n, lst in config.listeners.wss.items()]
     for kind, name, listener in tls_listeners:
-        for key in ("certfile", "keyfile", "cacertfile"):
-            value = getattr(listener, key)
-            if value is not None and path is not None and not value.is_absolute():
-                setattr(listener, key, Path(path).parent / value)
+        _resolve(listener, ("certfile", "keyfile", "cacertfile"), path)
         if listener.enable:
             try:
                 build_context(listener)
             except TlsError as exc:
                 raise ConfigError(f"listeners.{kind}.{name}.{exc.key}: {exc.reason}") from None
+
+
+def _check_dtls_listeners(config: GatewayConfig, path: str | Path | None) -> None:
+    """As :func:`_check_ssl_listeners` for the CoAP and LwM2M DTLS listeners (their
+    ``psk_file`` too): a bad file stops gatewayd with one line naming the key."""
+    from gateway.net.dtls import DtlsError, build_dtls_context  # lazy, as above
+
+    gateways = {"coap": config.gateway.coap, "lwm2m": config.gateway.lwm2m}
+    for gw_name, gw in gateways.items():
+        if gw is None:
+            continue
+        for name, listener in gw.listeners.dtls.items():
+            _resolve(listener, ("psk_file", "certfile", "keyfile", "cacertfile"), path)
+            if listener.enable and gw.enable:
+                try:
+                    build_dtls_context(listener)
+                except DtlsError as exc:
+                    raise ConfigError(
+                        exc.where(f"gateway.{gw_name}.listeners.dtls.{name}")
+                    ) from None
 
 
 def _check_bridge_tls(config: GatewayConfig, path: str | Path | None) -> None:
@@ -104,10 +131,7 @@ def _check_bridge_tls(config: GatewayConfig, path: str | Path | None) -> None:
 
     for name, bridge in config.bridges.mqtt.items():
         tls = bridge.tls
-        for key in ("certfile", "keyfile", "cacertfile"):
-            value = getattr(tls, key)
-            if value is not None and path is not None and not value.is_absolute():
-                setattr(tls, key, Path(path).parent / value)
+        _resolve(tls, ("certfile", "keyfile", "cacertfile"), path)
         if bridge.enable and tls.enable:
             try:
                 client_context(tls)

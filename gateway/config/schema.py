@@ -551,12 +551,61 @@ def _default_coap_udp() -> dict[str, UdpListener]:
 
 
 class DtlsListener(UdpListener):
-    """A UDP listener with DTLS (pre-shared keys from ``psk_file``: ``identity:secret``
-    lines, EMQX's PSK file format)."""
+    """A UDP listener with DTLS 1.2: pre-shared keys (``psk_file``: ``identity:secret``
+    lines, EMQX's PSK file format), certificates (``certfile``/``keyfile``, and
+    ``cacertfile`` with ``verify = "verify_peer"`` for client certificates; EMQX's key
+    names and meanings, as on ``[listeners.ssl.<name>]``), or both on one listener.
+
+    Identity: ``peer_cert_as_clientid``/``peer_cert_as_username`` (``cn``, ``dn``, ``san``)
+    take the client id/username from a verified client certificate;
+    ``psk_identity_as_clientid``/``psk_identity_as_username`` from the PSK identity. The
+    peer may then name no other (CoAP: a different ``clientid``/``username`` in the query
+    is refused 4.03; LwM2M: the client id is the endpoint name, so the registration's
+    ``ep`` must equal it). Files are checked and loaded by the loader, relative paths
+    resolved against the configuration file's directory.
+    """
 
     bind: Bind = "0.0.0.0:5684"
-    psk_file: str
+    psk_file: Path | None = None
+    certfile: Path | None = None
+    keyfile: Path | None = None
+    cacertfile: Path | None = None
+    verify: Annotated[TlsVerify, BeforeValidator(_lower)] = "verify_none"
+    fail_if_no_peer_cert: bool = False
+    peer_cert_as_clientid: Annotated[PeerCertField, BeforeValidator(_lower)] = "none"
+    peer_cert_as_username: Annotated[PeerCertField, BeforeValidator(_lower)] = "none"
+    psk_identity_as_clientid: bool = False
+    psk_identity_as_username: bool = False
     handshake_timeout: Annotated[Duration, Field(gt=0)] = 30.0
+
+    @model_validator(mode="after")
+    def _consistent_dtls(self) -> DtlsListener:
+        if (self.certfile is None) != (self.keyfile is None):
+            raise ValueError("certfile and keyfile go together")
+        if self.enable and self.psk_file is None and self.certfile is None:
+            raise ValueError("a DTLS listener needs psk_file, or certfile and keyfile")
+        if self.verify == "verify_peer":
+            if self.certfile is None:
+                raise ValueError('verify = "verify_peer" needs certfile and keyfile')
+            if self.cacertfile is None:
+                raise ValueError('verify = "verify_peer" needs cacertfile (the clients\' CA)')
+        else:
+            needs_peer = [
+                key
+                for key, on in (
+                    ("fail_if_no_peer_cert", self.fail_if_no_peer_cert),
+                    ("peer_cert_as_clientid", self.peer_cert_as_clientid != "none"),
+                    ("peer_cert_as_username", self.peer_cert_as_username != "none"),
+                )
+                if on
+            ]
+            if needs_peer:
+                raise ValueError(f'{needs_peer[0]} needs verify = "verify_peer"')
+        if self.psk_file is None:
+            for key in ("psk_identity_as_clientid", "psk_identity_as_username"):
+                if getattr(self, key):
+                    raise ValueError(f"{key} needs psk_file")
+        return self
 
 
 class CoapListeners(_Section):

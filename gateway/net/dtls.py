@@ -1,8 +1,8 @@
 """DTLS for datagram front-ends: a channel that terminates DTLS and carries an inner one.
 
 :class:`DtlsChannel` sits between the datagram shell and an unchanged inner datagram
-channel (CoAP), as the WebSocket framing channel sits between the stream shell and the
-MQTT channel. It uses python-mbedtls' sans-IO ``TLSWrappedBuffer`` (``wrap_buffers``):
+channel (CoAP, LwM2M), as the WebSocket framing channel sits between the stream shell and
+the MQTT channel. It uses python-mbedtls' sans-IO ``TLSWrappedBuffer`` (``wrap_buffers``):
 ciphertext datagrams in, plaintext datagrams to the inner channel; the inner channel's
 ``bytes`` effects are sealed into DTLS records, one datagram each; every other effect
 passes through. The socket stays the shell's, so listener limits, the durability gate and
@@ -12,34 +12,74 @@ Rules:
 - A new address gets a HelloVerifyRequest (cookie bound to its address and port) before
   any handshake state is kept for it; a handshake that does not finish within
   ``handshake_timeout`` closes the peer.
-- The inner channel is created when the handshake is over (its idle timers start then).
+- The inner channel is created when the handshake is over (its idle timers start then),
+  with the peer's identity: ``{"cn", "dn", "san"}`` of a verified client certificate
+  (the fields it has), ``{"psk_identity": ...}`` after a PSK handshake, ``{}`` otherwise.
+  :func:`bind_identity` turns it into the channel's
+  :class:`~protocols.identity.BoundIdentity` by the listener's ``peer_cert_as_*`` and
+  ``psk_identity_as_*`` settings.
+- A client certificate that does not chain to ``cacertfile`` never gets an inner channel:
+  with ``fail_if_no_peer_cert`` mbedTLS refuses it in the handshake; without (a
+  certificate is optional) the handshake ends and the peer is closed at once if it sent
+  a certificate that failed verification.
 - Its ``ConnectionHandle`` is a proxy: results computed later (``call_channel``) are sealed
   like everything else, never written in the clear.
-- A close_notify, a bad record or a failed handshake (unknown PSK identity, wrong key)
-  closes the peer; other peers are not touched.
+- A close_notify, a bad record or a failed handshake (unknown PSK identity, wrong key, a
+  refused certificate) closes the peer; other peers are not touched.
 
-Only pre-shared keys are configured today (``psk_file``: ``identity:secret`` lines, the
-format of EMQX's PSK file); certificates are not.
+Keys and certificates (:class:`DtlsContext`, built from a ``DtlsListener``): pre-shared
+keys from ``psk_file`` (``identity:secret`` lines, the format of EMQX's PSK file), a
+certificate chain and key (``certfile``, ``keyfile``; EC or RSA), and with
+``verify = "verify_peer"`` the clients' CA (``cacertfile``). mbedTLS (2.28) speaks DTLS
+1.2 only. :class:`DtlsServer` holds a listener's current context; SIGHUP re-reads the
+files (:meth:`DtlsServer.reload`): new handshakes use the new context, established
+sessions keep theirs, and a reload that fails keeps the previous one.
+
+python-mbedtls does not say which PSK identity a handshake used, so the key store is a
+:class:`PskStore` that remembers the last identity mbedTLS looked up successfully; every
+handshake step runs synchronously inside one peer's ``handle_datagram``, which clears it
+before and reads it after, so no other peer's lookup can come in between.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from protocols.context import ConnectionHandle, Delivery
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+
+from gateway.net.tls import TlsError, identity_of, load_certificates, load_key_pair
+from protocols.context import ClientInfo, ConnectionHandle, Delivery
 from protocols.effects import Close, Effect, SetTimer
+from protocols.identity import BoundIdentity, IdentityRefused
+
+if TYPE_CHECKING:
+    from gateway.config.schema import DtlsListener
 
 log = logging.getLogger("gateway.net.dtls")
 
 Address = tuple[str, int]
 HANDSHAKE_TIMER = "dtls:handshake"
+NOT_AUTHORIZED = 0x87  # MQTT 5 reason code: what an identity mismatch is refused with
 
 
 class DtlsError(Exception):
-    pass
+    """A DTLS listener's settings cannot be used; ``key`` names the configuration key
+    at fault when one is."""
+
+    def __init__(self, reason: str, key: str | None = None) -> None:
+        super().__init__(f"{key}: {reason}" if key else reason)
+        self.key = key
+        self.reason = reason
+
+    def where(self, section: str) -> str:
+        """The message with the listener's section in front (``section.key: reason``)."""
+        return f"{section}.{self.key}: {self.reason}" if self.key else f"{section}: {self.reason}"
 
 
 def load_psk_file(path: str | Path) -> dict[str, bytes]:
@@ -56,16 +96,221 @@ def load_psk_file(path: str | Path) -> dict[str, bytes]:
     return out
 
 
-def server_context(psk: Mapping[str, bytes]) -> Any:
-    """A python-mbedtls DTLS server context for these pre-shared keys."""
+class PskStore(Mapping[str, bytes]):
+    """Pre-shared keys by identity; remembers the last identity found (see the module
+    docstring)."""
+
+    def __init__(self, keys: Mapping[str, bytes]) -> None:
+        self._keys = dict(keys)
+        self.found: str | None = None
+
+    def __getitem__(self, identity: str) -> bytes:
+        key = self._keys[identity]
+        self.found = identity
+        return key
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+
+def _mbedtls() -> Any:
     try:
-        from mbedtls.tls import DTLSConfiguration, ServerContext
+        import mbedtls.tls
     except ImportError as exc:  # pragma: no cover - depends on the installation
         raise DtlsError("DTLS needs python-mbedtls (pip install python-mbedtls)") from exc
+    return mbedtls
+
+
+@dataclass(frozen=True)
+class DtlsContext:
+    """One loaded set of a listener's keys: the mbedTLS server context and what the
+    channel needs to judge a finished handshake."""
+
+    server: Any  # mbedtls.tls.ServerContext
+    psk: PskStore | None
+    verify_peer: bool  # client certificates are checked against cacertfile
+    description: str  # for the log
+
+
+def server_context(psk: Mapping[str, bytes]) -> DtlsContext:
+    """A DTLS context for these pre-shared keys only (tests, and PSK-only listeners)."""
     if not psk:
-        raise DtlsError("a DTLS listener needs at least one pre-shared key")
-    conf = DTLSConfiguration(pre_shared_key_store=dict(psk), validate_certificates=False)
-    return ServerContext(conf)
+        raise DtlsError("a DTLS listener needs at least one pre-shared key", "psk_file")
+    mbedtls = _mbedtls()
+    store = PskStore(psk)
+    conf = mbedtls.tls.DTLSConfiguration(pre_shared_key_store=store, validate_certificates=False)
+    return DtlsContext(mbedtls.tls.ServerContext(conf), store, False, f"PSK ({len(psk)} keys)")
+
+
+def build_dtls_context(listener: DtlsListener) -> DtlsContext:
+    """The DTLS context of ``listener``'s files; :class:`DtlsError` names the bad key."""
+    mbedtls = _mbedtls()
+    from mbedtls import pk
+    from mbedtls import x509 as mx509
+
+    kwargs: dict[str, Any] = {}
+    what: list[str] = []
+    store: PskStore | None = None
+    if listener.psk_file is not None:
+        try:
+            keys = load_psk_file(listener.psk_file)
+        except OSError as exc:
+            raise DtlsError(f'cannot read "{listener.psk_file}": {exc.strerror or exc}',
+                            "psk_file") from None
+        except DtlsError as exc:
+            raise DtlsError(exc.reason, "psk_file") from None
+        if not keys:
+            raise DtlsError(f'no identity:secret line in "{listener.psk_file}"', "psk_file")
+        store = kwargs["pre_shared_key_store"] = PskStore(keys)
+        what.append(f"PSK ({len(keys)} keys)")
+    verify_peer = False
+    if listener.certfile is not None and listener.keyfile is not None:
+        try:
+            certs, key = load_key_pair(listener.certfile, listener.keyfile)
+            cas = (
+                load_certificates("cacertfile", listener.cacertfile)
+                if listener.verify == "verify_peer" and listener.cacertfile is not None
+                else []
+            )
+        except TlsError as exc:
+            raise DtlsError(exc.reason, exc.key) from None
+        cls: type[pk.CipherBase]
+        if isinstance(key, ec.EllipticCurvePrivateKey):
+            cls = pk.ECC
+        elif isinstance(key, rsa.RSAPrivateKey):
+            cls = pk.RSA
+        else:
+            raise DtlsError("DTLS (mbedTLS) takes EC or RSA keys", "keyfile")
+        der = key.private_bytes(
+            serialization.Encoding.DER,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+        try:
+            chain = tuple(
+                mx509.CRT.from_DER(c.public_bytes(serialization.Encoding.DER)) for c in certs
+            )
+            kwargs["certificate_chain"] = (chain, cls.from_DER(der))
+            if cas:
+                kwargs["trust_store"] = mbedtls.tls.TrustStore(
+                    [mx509.CRT.from_DER(c.public_bytes(serialization.Encoding.DER)) for c in cas]
+                )
+        except Exception as exc:  # mbedtls refuses what cryptography read
+            raise DtlsError(f"mbedTLS refused it: {exc!r}", "certfile") from None
+        verify_peer = bool(cas)
+        what.append(describe_certificate(certs[0], listener.certfile))
+        if verify_peer:
+            what.append(
+                "client certificates required" if listener.fail_if_no_peer_cert
+                else "client certificates verified when sent"
+            )
+    if not what:
+        raise DtlsError("a DTLS listener needs psk_file, or certfile and keyfile", "psk_file")
+    # python-mbedtls: True is mbedTLS' VERIFY_REQUIRED, False VERIFY_OPTIONAL (the
+    # certificate is asked for and checked, the handshake goes on; the channel judges)
+    kwargs["validate_certificates"] = verify_peer and listener.fail_if_no_peer_cert
+    try:
+        server = mbedtls.tls.ServerContext(mbedtls.tls.DTLSConfiguration(**kwargs))
+    except Exception as exc:
+        raise DtlsError(f"mbedTLS refused the configuration: {exc!r}", "certfile") from None
+    return DtlsContext(server, store, verify_peer, ", ".join(what))
+
+
+def describe_certificate(cert: x509.Certificate, path: Path) -> str:
+    return (
+        f"{cert.subject.rfc4514_string()} serial {cert.serial_number:x} "
+        f"valid until {cert.not_valid_after_utc:%Y-%m-%d} ({path})"
+    )
+
+
+class DtlsServer:
+    """One DTLS listener's current context, which SIGHUP can refresh (:meth:`reload`)."""
+
+    def __init__(self, name: str, listener: DtlsListener | None, current: DtlsContext) -> None:
+        self.name = name
+        self.listener = listener
+        self.current = current
+
+    @classmethod
+    def from_listener(cls, name: str, listener: DtlsListener) -> DtlsServer:
+        return cls(name, listener, build_dtls_context(listener))
+
+    def reload(self) -> bool:
+        """Load the files again; on failure log the error and keep the previous context."""
+        if self.listener is None:
+            return False
+        try:
+            ctx = build_dtls_context(self.listener)
+        except DtlsError as exc:
+            log.error(
+                "listener %s: DTLS reload failed, keeping the previous keys: %s", self.name, exc
+            )
+            return False
+        self.current = ctx
+        log.info("listener %s: DTLS reloaded: %s", self.name, ctx.description)
+        return True
+
+
+# ------------------------------------------------------------------ identity
+
+
+def bind_identity(listener: DtlsListener, peer: Mapping[str, str]) -> BoundIdentity | None:
+    """What ``peer`` (a :class:`DtlsChannel`'s identity) fixes by the listener's rules;
+    None when nothing is fixed. As on the MQTT TLS listener, a peer that sent no
+    certificate (optional with ``verify_peer`` alone) is not bound by ``peer_cert_as_*``."""
+    if "psk_identity" in peer:
+        ident = peer["psk_identity"]
+        if not (listener.psk_identity_as_clientid or listener.psk_identity_as_username):
+            return None
+        return BoundIdentity(
+            client_id=ident if listener.psk_identity_as_clientid else None,
+            username=ident if listener.psk_identity_as_username else None,
+            source="PSK identity",
+        )
+    cid_from, user_from = listener.peer_cert_as_clientid, listener.peer_cert_as_username
+    if not peer or (cid_from == "none" and user_from == "none"):
+        return None
+    for use, field in (("client id", cid_from), ("username", user_from)):
+        if field != "none" and not peer.get(field):
+            return BoundIdentity(missing=f"client certificate has no {field} for the {use}")
+    return BoundIdentity(
+        client_id=peer[cid_from] if cid_from != "none" else None,
+        username=peer[user_from] if user_from != "none" else None,
+        source=f"certificate {cid_from if cid_from != 'none' else user_from}",
+    )
+
+
+class IdentityBoundContext:
+    """A gateway context for one peer whose ``authenticate`` first checks the client's
+    client id/username against its :class:`BoundIdentity` (filling in the username), and
+    refuses a mismatch with 0x87, which an LwM2M registration answers 4.03. Everything
+    else is the wrapped context's."""
+
+    def __init__(self, context: Any, bound: BoundIdentity) -> None:
+        self._context = context
+        self._bound = bound
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._context, name)
+
+    def authenticate(
+        self, client: ClientInfo, password: bytes | None,
+        done: Callable[[int], None] | None = None,
+    ) -> int:
+        checked = self._bound.check(client.client_id, client.username)
+        if isinstance(checked, IdentityRefused):
+            log.warning(
+                "%s client %s from %s:%s refused: %s", client.protocol, client.client_id,
+                client.peer_host, client.peer_port, checked.reason,
+            )
+            return NOT_AUTHORIZED
+        if checked[1] is not None:
+            client.username = checked[1]
+        code: int = self._context.authenticate(client, password, done)
+        return code
 
 
 class _InnerHandle:
@@ -88,13 +333,16 @@ class _InnerHandle:
         outer.handle.call_channel(lambda: outer._seal(fn()))
 
 
+InnerFactory = Callable[[ConnectionHandle, Address, Mapping[str, str]], Any]
+
+
 class DtlsChannel:
     def __init__(
         self,
-        context: Any,
+        server: DtlsServer | DtlsContext,
         handle: ConnectionHandle,
         addr: Address,
-        inner_factory: Callable[[ConnectionHandle, Address], Any],
+        inner_factory: InnerFactory,
         *,
         handshake_timeout: float = 30.0,
     ) -> None:
@@ -109,17 +357,20 @@ class DtlsChannel:
         self._hvr = HelloVerifyRequest
         self._want_read = WantReadError
         self._want_write = WantWriteError
-        self.context = context
+        self.server = server if isinstance(server, DtlsServer) else DtlsServer("", None, server)
+        self.context = self.server.current
         self.handle = handle
         self.addr = addr
         self.inner_factory = inner_factory
         self.handshake_timeout = handshake_timeout
         self.buffer = self._new_buffer()
         self.inner: Any = None
+        self.identity: dict[str, str] = {}
         self.closed = False
 
     def _new_buffer(self) -> Any:
-        buf = self.context.wrap_buffers()
+        self.context = self.server.current  # a reload applies from the next ClientHello
+        buf = self.context.server.wrap_buffers()
         buf.setcookieparam(f"{self.addr[0]}:{self.addr[1]}".encode())
         return buf
 
@@ -138,7 +389,12 @@ class DtlsChannel:
             if self.inner is None:
                 if not self._handshake(out):
                     return out
-                self.inner = self.inner_factory(_InnerHandle(self), self.addr)
+                refusal = self._judge_peer()
+                if refusal is not None:
+                    log.warning("dtls peer %s:%d refused: %s", *self.addr, refusal)
+                    out.extend(self._close(f"dtls: {refusal}"))
+                    return out
+                self.inner = self.inner_factory(_InnerHandle(self), self.addr, self.identity)
                 out.extend(self._seal(self.inner.connection_made()))
             while not self.closed:
                 try:
@@ -196,23 +452,45 @@ class DtlsChannel:
     def _handshake(self, out: list[Effect]) -> bool:
         """Advance the handshake; True when it is over."""
         buf = self.buffer
-        while buf._handshake_state is not self._over:
-            try:
-                buf.do_handshake()
-            except self._want_read:
-                break
-            except self._want_write:
-                self._drain(out)
-            except self._hvr:
-                # a ClientHello without a valid cookie: answer, keep no state
-                self._drain(out)
-                self.buffer = self._new_buffer()
-                return False
+        psk = self.context.psk
+        if psk is not None:
+            psk.found = None
+        try:
+            while buf._handshake_state is not self._over:
+                try:
+                    buf.do_handshake()
+                except self._want_read:
+                    break
+                except self._want_write:
+                    self._drain(out)
+                except self._hvr:
+                    # a ClientHello without a valid cookie: answer, keep no state
+                    self._drain(out)
+                    self.buffer = self._new_buffer()
+                    return False
+        finally:
+            if psk is not None and psk.found is not None:
+                self.identity = {"psk_identity": psk.found}  # this peer's lookup
+                psk.found = None
         self._drain(out)
         if buf._handshake_state is self._over:
             log.debug("dtls peer %s:%d: handshake done", *self.addr)
             return True
         return False
+
+    def _judge_peer(self) -> str | None:
+        """After the handshake: take the client certificate's identity, or say why the
+        peer is refused (a certificate that did not verify, when one is optional)."""
+        if "psk_identity" in self.identity:
+            return None
+        der = self.buffer.getpeercert(binary_form=True)
+        if not der or not self.context.verify_peer:
+            self.identity = {}  # verify_none: an unchecked certificate names nobody
+            return None
+        if not self.buffer._verified:
+            return "client certificate does not verify against cacertfile"
+        self.identity = identity_of(x509.load_der_x509_certificate(bytes(der)))
+        return None
 
     def _drain(self, out: list[Effect]) -> None:
         buf = self.buffer

@@ -66,16 +66,7 @@ def build_context(listener: SslListener) -> ssl.SSLContext:
     """A server-side SSLContext for ``listener``; :class:`TlsError` names the bad key."""
     if listener.certfile is None or listener.keyfile is None:
         raise TlsError("certfile", "an ssl listener needs certfile and keyfile")
-    certs = _load_certificates("certfile", listener.certfile)
-    key_pem = _read("keyfile", listener.keyfile)
-    try:
-        key = serialization.load_pem_private_key(key_pem, password=None)
-    except TypeError:
-        raise TlsError("keyfile", "encrypted private keys are not supported") from None
-    except (ValueError, NotImplementedError):
-        raise TlsError("keyfile", f'not a PEM private key "{listener.keyfile}"') from None
-    if _spki(key.public_key()) != _spki(certs[0].public_key()):
-        raise TlsError("keyfile", f'"{listener.keyfile}" does not match certfile')
+    load_key_pair(listener.certfile, listener.keyfile)
 
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     with warnings.catch_warnings():
@@ -96,7 +87,7 @@ def build_context(listener: SslListener) -> ssl.SSLContext:
     if listener.verify == "verify_peer":
         if listener.cacertfile is None:
             raise TlsError("cacertfile", 'verify = "verify_peer" needs cacertfile')
-        _load_certificates("cacertfile", listener.cacertfile)
+        load_certificates("cacertfile", listener.cacertfile)
         try:
             ctx.load_verify_locations(cafile=listener.cacertfile)
         except ssl.SSLError as exc:
@@ -105,6 +96,23 @@ def build_context(listener: SslListener) -> ssl.SSLContext:
     else:
         ctx.verify_mode = ssl.CERT_NONE
     return ctx
+
+
+def load_key_pair(certfile: Path, keyfile: Path) -> tuple[list[x509.Certificate], Any]:
+    """The certificate chain in ``certfile`` and the private key in ``keyfile``, checked
+    (PEM, unencrypted, the key matches the first certificate); :class:`TlsError` names the
+    bad key. Shared with the DTLS listeners (``gateway.net.dtls``)."""
+    certs = load_certificates("certfile", certfile)
+    key_pem = _read("keyfile", keyfile)
+    try:
+        key = serialization.load_pem_private_key(key_pem, password=None)
+    except TypeError:
+        raise TlsError("keyfile", "encrypted private keys are not supported") from None
+    except (ValueError, NotImplementedError):
+        raise TlsError("keyfile", f'not a PEM private key "{keyfile}"') from None
+    if _spki(key.public_key()) != _spki(certs[0].public_key()):
+        raise TlsError("keyfile", f'"{keyfile}" does not match certfile')
+    return certs, key
 
 
 def _read(key: str, path: Path) -> bytes:
@@ -116,7 +124,7 @@ def _read(key: str, path: Path) -> bytes:
         raise TlsError(key, f'cannot read "{path}": {exc.strerror or exc}') from None
 
 
-def _load_certificates(key: str, path: Path) -> list[x509.Certificate]:
+def load_certificates(key: str, path: Path) -> list[x509.Certificate]:
     try:
         certs = x509.load_pem_x509_certificates(_read(key, path))
     except ValueError:

@@ -20,6 +20,9 @@ The mapping (``{mp}`` is the configured mountpoint, may be empty):
   Without it (connectionless), the first request that needs a session authenticates the
   query's ``clientid``/``username``/``password`` (client id ``coap-{host}:{port}`` when
   absent).
+- Over DTLS the listener may bind the client id/username to the handshake (``bound``, a
+  :class:`~protocols.identity.BoundIdentity`): the query may leave them out, naming
+  others is refused 4.03, a handshake without the required field 4.01.
 
 Message layer (RFC 7252): CON requests are answered piggybacked in the ACK, NON requests
 by a NON; a repeated message id (within the last ``dedup_size`` requests) gets the same
@@ -76,6 +79,7 @@ from protocols.context import (
 )
 from protocols.context import Message as BrokerMessage
 from protocols.effects import CancelTimer, Close, Effect, SetTimer
+from protocols.identity import BoundIdentity, IdentityRefused
 from protocols.mqtt.topics import validate_topic_filter, validate_topic_name
 
 log = logging.getLogger("protocols.coap.channel")
@@ -177,11 +181,13 @@ class CoapChannel:
         peer: tuple[str, int] | None = None,
         monotonic: Callable[[], float],
         token_factory: Callable[[], str] = lambda: secrets.token_hex(8),
+        bound: BoundIdentity | None = None,
     ) -> None:
         self.context = context
         self.settings = settings
         self.handle = handle
         self.peer = peer
+        self.bound = bound  # DTLS: the client id/username the handshake fixes
         self._monotonic = monotonic
         self._token_factory = token_factory
         self.state = State.NEW
@@ -486,6 +492,8 @@ class CoapChannel:
         if self.conn_token is None and not self.settings.connection_required:
             return None
         cid, token = q.get("clientid"), q.get("token")
+        if not cid and self.bound is not None:  # DTLS: the handshake names the client
+            cid = self.bound.client_id
         if not cid or not token:
             return int(Code.BAD_REQUEST)
         if (
@@ -541,14 +549,32 @@ class CoapChannel:
             return False
         host = self.peer[0] if self.peer else "?"
         port = self.peer[1] if self.peer else 0
-        cid = q.get("clientid") or f"coap-{host}:{port}"
+        named = self._identify(msg, q)
+        if named is None:
+            return False
+        cid = named[0] or f"coap-{host}:{port}"
         if len(cid) > self.settings.max_clientid_len:
             self._respond(msg, Code.BAD_REQUEST, b"client id too long")
             return False
         password = q.get("password")
-        self._authenticate(msg, cid, q.get("username"),
+        self._authenticate(msg, cid, named[1],
                            password.encode() if password is not None else None)
         return False
+
+    def _identify(self, msg: Message, q: dict[str, str]) -> tuple[str | None, str | None] | None:
+        """The query's client id and username, checked against the DTLS identity (None
+        after answering 4.01/4.03)."""
+        cid, username = q.get("clientid"), q.get("username")
+        if self.bound is None:
+            return cid, username
+        checked = self.bound.check(cid, username)
+        if isinstance(checked, IdentityRefused):
+            log.warning("%s refused: %s", self._who(), checked.reason)
+            self.context.incr("client.connack.refused")
+            code = Code.UNAUTHORIZED if checked.missing else Code.FORBIDDEN
+            self._respond(msg, code, checked.reason.encode())
+            return None
+        return checked
 
     def _authenticate(
         self, msg: Message, cid: str, username: str | None, password: bytes | None
@@ -624,7 +650,10 @@ class CoapChannel:
     def _connection(self, msg: Message, q: dict[str, str]) -> None:
         code = msg.code
         if code == Code.POST:
-            cid = q.get("clientid")
+            named = self._identify(msg, q)
+            if named is None:
+                return
+            cid, username = named
             if not cid:
                 self._respond(msg, Code.BAD_REQUEST, b"clientid missing")
                 return
@@ -634,7 +663,7 @@ class CoapChannel:
             if self.state is State.OPEN:  # a new connection replaces the old session
                 self._drop_session()
             password = q.get("password")
-            self._authenticate(msg, cid, q.get("username"),
+            self._authenticate(msg, cid, username,
                                password.encode() if password is not None else None)
             return
         if code not in (Code.PUT, Code.DELETE):

@@ -12,6 +12,7 @@ import queue
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,16 +46,45 @@ PSK_ID, PSK_KEY = "dev-psk", "s3cret-key"
 
 
 class CoapGateway:
-    def __init__(self, gw: Gateway, coap: int, coaps: int) -> None:
+    def __init__(self, gw: Gateway, coap: int, coaps: int, certs: int, pki: Path) -> None:
         self.gw = gw
         self.coap = coap
         self.coaps = coaps
+        self.certs = certs  # the DTLS listener with certificates (and PSK)
+        self.pki = pki  # made by gatewayctl certs: ca.crt, server, dev1; other/intruder
 
     def uri(self, path: str) -> str:
         return f"coap://127.0.0.1:{self.coap}{path}"
 
     def suri(self, path: str) -> str:
         return f"coaps://127.0.0.1:{self.coaps}{path}"
+
+    def curi(self, path: str) -> str:
+        return f"coaps://127.0.0.1:{self.certs}{path}"
+
+    def cert_args(self, name: str = "dev1", directory: Path | None = None) -> tuple[str, ...]:
+        """libcoap's PKI options: our certificate and key, and the CA to check the server."""
+        d = directory or self.pki
+        return ("-c", str(d / f"{name}.crt"), "-j", str(d / f"{name}.key"),
+                "-R", str(self.pki / "ca.crt"))
+
+
+def gatewayctl(*args: str | Path) -> None:
+    subprocess.run(
+        [sys.executable, "-m", "gateway.cli.gatewayctl", *map(str, args)],
+        check=True, capture_output=True, timeout=60,
+    )
+
+
+def make_pki(directory: Path) -> Path:
+    """Our own PKI (``gatewayctl certs``): the gateway's CA with a server certificate and
+    a client "dev1"; in ``other`` a second CA with its client "intruder"."""
+    gatewayctl("certs", "init-ca", directory)
+    gatewayctl("certs", "issue", directory, "server", "--server")
+    gatewayctl("certs", "issue", directory, "dev1", "--client")
+    gatewayctl("certs", "init-ca", directory / "other", "--cn", "someone else's CA")
+    gatewayctl("certs", "issue", directory / "other", "intruder", "--client")
+    return directory
 
 
 def _wait_udp_ready(port: int) -> None:
@@ -75,18 +105,34 @@ def _wait_udp_ready(port: int) -> None:
 def cgw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CoapGateway]:
     port = free_port(socket.SOCK_DGRAM)
     dport = free_port(socket.SOCK_DGRAM)
+    cport = free_port(socket.SOCK_DGRAM)
     workdir = tmp_path_factory.mktemp("gatewayd-coap")
     (workdir / "psk.txt").write_text(f"{PSK_ID}:{PSK_KEY}\n")
+    pki = workdir / "pki"
     extra = {"GATEWAY_GATEWAY__COAP__LISTENERS__UDP__DEFAULT__BIND": f"127.0.0.1:{port}"}
     if HAVE_MBEDTLS:
         extra["GATEWAY_GATEWAY__COAP__LISTENERS__DTLS__DEFAULT__BIND"] = f"127.0.0.1:{dport}"
         extra["GATEWAY_GATEWAY__COAP__LISTENERS__DTLS__DEFAULT__PSK_FILE"] = str(
             workdir / "psk.txt"
         )
+        make_pki(pki)
+        certs = {
+            "bind": f"127.0.0.1:{cport}",
+            "certfile": str(pki / "server.crt"),
+            "keyfile": str(pki / "server.key"),
+            "cacertfile": str(pki / "ca.crt"),
+            "verify": "verify_peer",
+            "fail_if_no_peer_cert": "true",
+            "peer_cert_as_clientid": "cn",
+            "psk_file": str(workdir / "psk.txt"),  # PSK devices on the same port
+            "psk_identity_as_clientid": "true",
+        }
+        for key, value in certs.items():
+            extra[f"GATEWAY_GATEWAY__COAP__LISTENERS__DTLS__CERTS__{key.upper()}"] = value
     proc, gw = start_gateway(workdir, **extra)
     try:
         _wait_udp_ready(port)
-        yield CoapGateway(gw, port, dport)
+        yield CoapGateway(gw, port, dport, cport, pki)
     finally:
         stop(proc)
 
@@ -337,3 +383,81 @@ def test_libcoap_dtls_psk_both_directions(cgw: CoapGateway, uid: str) -> None:
         pub.client.publish(f"{topic}/down", b"", 1, retain=True).wait_for_publish(TIMEOUT)
         sub.close()
         pub.close()
+
+
+# ------------------------------------------------------------------ DTLS (certificates)
+
+
+@needs_dtls
+def test_libcoap_dtls_certificates_both_directions(cgw: CoapGateway, uid: str) -> None:
+    """coap-client-openssl with a client certificate from ``gatewayctl certs issue``: POST
+    reaches paho, observe receives MQTT publishes; the client id is the certificate's CN,
+    so naming another is refused 4.03."""
+    sub = paho(cgw, f"s-{uid}")
+    pub = paho(cgw, f"p-{uid}")
+    topic = f"dtlscert/{uid}"
+    certs = cgw.cert_args()
+    try:
+        sub.subscribe(f"{topic}/up", 1)
+        subprocess.run(
+            ["coap-client-openssl", "-m", "post", *certs, "-B", "10", "-e", "over dtls, certified",
+             cgw.curi(f"/ps/{topic}/up")],
+            check=True, timeout=TIMEOUT, capture_output=True,
+        )
+        assert sub.next_message() == (f"{topic}/up", b"over dtls, certified", 1)
+        pub.client.publish(f"{topic}/down", b"ready;", 1, retain=True).wait_for_publish(TIMEOUT)
+        proc, out = observe_with_libcoap(cgw.curi(f"/ps/{topic}/down?qos=1"), certs)
+        try:
+            out.wait_for(b"ready;")
+            pub.publish(f"{topic}/down", b"certified notification;", 1)
+            out.wait_for(b"certified notification;")
+        finally:
+            end(proc)
+        other = subprocess.run(
+            ["coap-client-openssl", "-m", "post", *certs, "-B", "10", "-e", "x",
+             cgw.curi(f"/ps/{topic}/up?clientid=someone-else")],
+            timeout=TIMEOUT, capture_output=True,
+        )
+        assert b"4.03 client id 'someone-else' does not match the certificate cn 'dev1'" in (
+            other.stdout + other.stderr
+        )
+    finally:
+        pub.client.publish(f"{topic}/down", b"", 1, retain=True).wait_for_publish(TIMEOUT)
+        sub.close()
+        pub.close()
+
+
+@needs_dtls
+def test_libcoap_dtls_refused_certificates_and_garbage(cgw: CoapGateway, uid: str) -> None:
+    """A certificate of another CA and a client without one are refused in the handshake;
+    garbage datagrams from another port change nothing; a PSK device shares the port."""
+    sub = paho(cgw, f"s-{uid}")
+    topic = f"dtlsrefuse/{uid}"
+    try:
+        sub.subscribe(f"{topic}/#", 1)
+        intruder = cgw.cert_args("intruder", cgw.pki / "other")
+        for args in (intruder, ("-R", str(cgw.pki / "ca.crt"))):
+            bad = subprocess.run(
+                ["coap-client-openssl", "-m", "post", *args, "-B", "3", "-e", "x",
+                 cgw.curi(f"/ps/{topic}/bad")],
+                timeout=TIMEOUT, capture_output=True,
+            )
+            assert b"2.04" not in bad.stdout
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            for junk in (b"\x16\xfe\xfd" + bytes(range(64)), b"\x17\xfe\xfd\x00\x01" + bytes(40),
+                         b"\xff" * 300):
+                s.sendto(junk, ("127.0.0.1", cgw.certs))
+        subprocess.run(
+            ["coap-client-openssl", "-m", "post", *cgw.cert_args(), "-B", "10", "-e", "fine",
+             cgw.curi(f"/ps/{topic}/good")],
+            check=True, timeout=TIMEOUT, capture_output=True,
+        )
+        assert sub.next_message() == (f"{topic}/good", b"fine", 1)
+        subprocess.run(
+            ["coap-client-openssl", "-m", "post", "-u", PSK_ID, "-k", PSK_KEY, "-B", "10",
+             "-e", "psk too", cgw.curi(f"/ps/{topic}/psk")],
+            check=True, timeout=TIMEOUT, capture_output=True,
+        )
+        assert sub.next_message() == (f"{topic}/psk", b"psk too", 1)
+    finally:
+        sub.close()
