@@ -40,12 +40,14 @@ from gateway.protect.banned import BanGuard
 from gateway.protect.flapping import FlappingDetector, FlappingSettings
 from gateway.store.banned import BannedStore
 from gateway.store.db import db_path, ensure_schema, open_db
+from gateway.store.lwm2m import Lwm2mStore
 from gateway.store.sessions import SCHEMA, SessionStore
 from gateway.store.writer import GroupCommitter
 from protocols.coap.channel import CoapChannel, CoapSettings
 from protocols.context import ConnectionHandle
 from protocols.lwm2m.channel import Lwm2mChannel, Lwm2mSettings
 from protocols.lwm2m.objects import ObjectModel
+from protocols.lwm2m.registry import Registry
 from protocols.mqtt.channel import MqttChannel, MqttSettings
 from protocols.mqttsn.channel import MqttSnChannel, MqttSnSettings
 from protocols.mqttsn.codec import encode as mqttsn_encode
@@ -429,6 +431,7 @@ class Gateway:
                 model.load_dir(cfg.xml_dir)
             except (OSError, ValueError) as exc:
                 raise ConfigError(f"gateway.lwm2m.xml_dir: {exc}") from exc
+        registry = self._lwm2m_registry(node)
         listeners: list[tuple[str, str, UdpListener, DtlsListener | None]] = [
             ("udp", n, lst, None) for n, lst in cfg.listeners.udp.items()
         ] + [("dtls", n, dl, dl) for n, dl in cfg.listeners.dtls.items()]
@@ -437,6 +440,7 @@ class Gateway:
                 continue
             lname = f"lwm2m:{kind}:{name}"
             settings = lwm2m_settings(self.config, lname, model)
+            settings.registry = registry
 
             def inner(
                 handle: ConnectionHandle, addr: tuple[str, int], settings: Lwm2mSettings = settings
@@ -467,6 +471,19 @@ class Gateway:
             self.listeners[lname] = ListenerEntry(
                 kind, name, "lwm2m", lst.bind, limits, [_fmt(local)]
             )
+
+    def _lwm2m_registry(self, node: Node) -> Registry:
+        """LwM2M registrations and unanswered commands, journaled in ``gateway.db`` when
+        durability is on (they survive a restart), in memory otherwise."""
+        store = node.store
+        if store is None:
+            return Registry()
+        journal = Lwm2mStore(store.conn, store.committer)
+        registry = Registry(journal)
+        endpoints, commands = registry.restore(journal.load(), node.now())
+        if endpoints:
+            log.info("lwm2m: %d registrations restored, %d commands waiting", endpoints, commands)
+        return registry
 
     def _advertise(
         self,
@@ -699,6 +716,7 @@ def lwm2m_settings(config: GatewayConfig, listener: str, model: ObjectModel) -> 
         response_timeout=c.response_timeout,
         idle_timeout=c.idle_timeout,
         publish_qos=c.publish_qos,
+        max_queue=c.max_queue,
         model=model,
     )
 

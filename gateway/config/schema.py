@@ -590,7 +590,8 @@ class Lwm2mConfig(_Section):
     """``[gateway.lwm2m]`` (EMQX's shape): LwM2M 1.0/1.1 over CoAP. ``mountpoint`` may use
     ``{ep}`` (the endpoint name); ``xml_dir`` adds object definitions (OMA XML) to the
     shipped core objects 0-7; ``qmode_time_window`` is how long a queue-mode device
-    listens after each message it sends."""
+    listens after each message it sends; ``max_queue`` bounds the commands waiting for
+    one device (the oldest is dropped)."""
 
     enable: bool = True
     mountpoint: str = "lwm2m/{ep}/"
@@ -600,6 +601,7 @@ class Lwm2mConfig(_Section):
     response_timeout: Annotated[Duration, Field(gt=0)] = 60.0
     idle_timeout: Annotated[Duration, Field(gt=0)] = 30.0
     publish_qos: int = Field(default=0, ge=0, le=2)
+    max_queue: int = Field(default=1000, ge=1)
     xml_dir: str = ""
     listeners: Lwm2mListeners = Field(default_factory=Lwm2mListeners)
 

@@ -66,6 +66,7 @@ from protocols.context import Message as BrokerMessage
 from protocols.effects import CancelTimer, Close, Effect, SetTimer
 from protocols.lwm2m import content
 from protocols.lwm2m.objects import ObjectModel
+from protocols.lwm2m.registry import Registry
 
 log = logging.getLogger("protocols.lwm2m.channel")
 
@@ -101,6 +102,8 @@ class Lwm2mSettings:
     max_queue: int = 1000
     publish_qos: int = 0
     model: ObjectModel = field(default_factory=ObjectModel.shipped)
+    # shared by every channel of the node (and journaled when durability is on)
+    registry: Registry = field(default_factory=Registry)
 
 
 class State(Enum):
@@ -117,6 +120,7 @@ class Command:
     path: str
     echo: dict[str, Any]
     request: Message | None = None  # the CoAP request, once built
+    seq: int | None = None  # its place in the registry (None: not kept there)
     partial: bytearray | None = None  # a Block2 answer being collected
     upload: bytes | None = None  # a request body sent with Block1
 
@@ -178,6 +182,8 @@ class Lwm2mChannel:
         self._next_mid = secrets.randbelow(0x10000)
         self._responses: OrderedDict[int, bytes | None] = OrderedDict()
         self._waiting: Message | None = None
+        self._resumed = False
+        self.root_formats: list[int] = []  # ct of the root link (1.1): formats it reads
         self._out: list[Effect] = []
         self._busy = False
         self._core_closed = False
@@ -209,7 +215,7 @@ class Lwm2mChannel:
             self._close("did not register")
         elif name == "lifetime" and self.state is State.REGISTERED:
             log.info("%s: lifetime expired", self._who())
-            self._close("lifetime expired")
+            self._close("lifetime expired", forget=True)
         elif name == "retry":
             self._retransmit()
         elif name == "response":
@@ -273,13 +279,22 @@ class Lwm2mChannel:
         self._next_mid = (mid + 1) & 0xFFFF
         return mid
 
-    def _close(self, reason: str) -> None:
+    def _close(self, reason: str, *, forget: bool = False) -> None:
+        """End this channel. ``forget``: the registration ends too (deregistration,
+        lifetime expiry): waiting commands are answered ``coap_timeout`` and dropped.
+        Otherwise (a takeover, a kick, shutdown) they stay in the registry for the
+        endpoint's next channel, or the next start of gatewayd."""
         if self.state is State.CLOSED:
             return
+        was_registered = self.state is State.REGISTERED
         self.state = State.CLOSED
-        while self.pending:
-            self._answer(self.pending.popleft(), {"code": "coap_timeout",
-                                                  "codeMsg": "device gone"})
+        if forget and was_registered:
+            cur, self.current = self.current, None
+            waiting = ([cur.command] if cur is not None else []) + list(self.pending)
+            self.pending.clear()
+            for c in waiting:
+                self._answer(c, {"code": "coap_timeout", "codeMsg": "device gone"})
+            self.settings.registry.forget(self.ep)
         self._notify_core_closed()
         self._out.append(Close(reason))
         log.info("%s: closed: %s", self._who(), reason)
@@ -346,6 +361,9 @@ class Lwm2mChannel:
         if len(self._responses) > 64:
             self._responses.popitem(last=False)
         path = tuple(msg.opt.uri_path)
+        if path == ("dp",) and msg.code == Code.POST:
+            self._send_op(msg)
+            return
         if not path or path[0] != "rd":
             self._respond(msg, Code.NOT_FOUND)
             return
@@ -356,25 +374,97 @@ class Lwm2mChannel:
                 self._update(msg)
             elif msg.code == Code.DELETE:
                 self._respond(msg, Code.DELETED)
-                self._close("deregistered")
+                self._close("deregistered", forget=True)
             else:
                 self._respond(msg, Code.METHOD_NOT_ALLOWED)
+        elif len(path) == 2 and self.state is State.NEW and msg.code in (Code.POST, Code.DELETE):
+            self._known_elsewhere(msg, path[1])
         else:
             self._respond(msg, Code.NOT_FOUND)
+
+    def _known_elsewhere(self, msg: Message, ep: str) -> None:
+        """An update or deregistration of a registration this channel did not see: the
+        device's address changed, or gatewayd restarted. Accepted while the registration
+        (kept in the registry) lives; 4.04 otherwise, and the device registers again."""
+        reg = self.settings.registry.get(ep, self.context.now())
+        if reg is None:
+            self._respond(msg, Code.NOT_FOUND)
+            return
+        if msg.code == Code.DELETE:
+            n = len(reg.commands)
+            self.settings.registry.forget(ep)
+            if n:
+                log.info("lwm2m endpoint %r deregistered: %d waiting commands dropped", ep, n)
+            self._respond(msg, Code.DELETED)
+            return
+        d = reg.data
+        try:
+            self.lifetime = float(d.get("lt") or 86400)
+        except (TypeError, ValueError):
+            self.lifetime = 86400.0
+        self.version = str(d.get("lwm2m") or "1.0")
+        self.binding = str(d.get("b") or "U")
+        self.queue_mode = "Q" in self.binding
+        self.objects = [str(o) for o in d.get("objectList") or []]
+        self.alternate = str(d.get("alternatePath") or "/")
+        self.root_formats = [int(f) for f in d.get("ct") or [] if str(f).isdigit()]
+        q = _query(msg)
+        if "lt" in q:
+            try:
+                lt = float(q["lt"])
+            except ValueError:
+                lt = -1
+            if not (self.settings.lifetime_min <= lt <= self.settings.lifetime_max):
+                self._respond(msg, Code.BAD_REQUEST)
+                return
+            self.lifetime = lt
+        if "b" in q:
+            self.binding = q["b"]
+            self.queue_mode = "Q" in self.binding
+        if not self._links(msg):
+            self._respond(msg, Code.BAD_REQUEST)
+            return
+        self._start_session(msg, ep, resumed=True)
+
+    def _send_op(self, msg: Message) -> None:
+        """LwM2M 1.1 Send (``POST /dp``, SenML JSON or CBOR): 2.04 and the decoded
+        records on ``up/send``."""
+        if self.state is not State.REGISTERED:
+            self._respond(msg, Code.NOT_FOUND)  # not registered (yet): nobody to publish as
+            return
+        fmt = msg.opt.content_format
+        if fmt not in (content.SENML_JSON, content.SENML_CBOR):
+            self._respond(msg, Code.UNSUPPORTED_CONTENT_FORMAT)
+            return
+        if msg.opt.block1 is not None:  # Block1 uploads to the server are not reassembled
+            self._respond(msg, Code.REQUEST_ENTITY_TOO_LARGE)
+            return
+        try:
+            entries = content.decode(fmt, bytes(msg.payload), "/", self.settings.model.type_of)
+        except content.ContentError as exc:
+            self.context.incr("lwm2m.send.malformed")
+            log.info("%s: undecodable Send: %s", self._who(), exc)
+            self._respond(msg, Code.BAD_REQUEST)
+            return
+        self._respond(msg, Code.CHANGED)
+        self._publish("up/send", {"msgType": "send",
+                                  "data": {"reqPath": "/dp", "content": entries}})
+        self._pump()  # a queue-mode device listens now
 
     def _links(self, msg: Message) -> bool:
         try:
             links = content.parse_links(bytes(msg.payload)) if msg.payload else []
         except (content.ContentError, UnicodeDecodeError):
             return False
-        objects, alternate = [], "/"
+        objects, alternate, formats = [], "/", []
         for target, attrs in links:
             if attrs.get("rt") == "oma.lwm2m":
                 alternate = target
+                formats = [int(f) for f in attrs.get("ct", "").split() if f.isdigit()]
                 continue
             objects.append(target)
         if msg.payload:
-            self.objects, self.alternate = objects, alternate
+            self.objects, self.alternate, self.root_formats = objects, alternate, formats
         return True
 
     def _register(self, msg: Message) -> None:
@@ -390,25 +480,32 @@ class Lwm2mChannel:
             return
         if self.state is State.AUTHENTICATING:
             return  # the first REGISTER is being decided
+        self.lifetime = lt
+        self.version = q.get("lwm2m", "1.0")
+        self.binding = q.get("b", "U")
+        self.queue_mode = "Q" in self.binding or "Q" in q
+        self._start_session(msg, ep, resumed=False)
+
+    def _start_session(self, msg: Message, ep: str, *, resumed: bool) -> None:
+        """Authenticate the endpoint and open its broker session (a register, or an
+        update ``resumed`` from the registry)."""
+        s = self.settings
         if self.state is State.REGISTERED:  # registering again: a new session
             self._notify_core_closed()
             self._core_closed = False
             self.session = None
         self.ep = ep
-        self.lifetime = lt
-        self.version = q.get("lwm2m", "1.0")
-        self.binding = q.get("b", "U")
-        self.queue_mode = "Q" in self.binding or "Q" in q
         self.mount = s.mountpoint.replace("{ep}", ep).replace("%e", ep)
         host, port = self.peer if self.peer else (None, None)
         info = ClientInfo(
             client_id=ep, protocol="lwm2m", proto_ver=1, peer_host=host, peer_port=port,
-            listener=s.listener, mountpoint=self.mount, keepalive=int(lt),
+            listener=s.listener, mountpoint=self.mount, keepalive=int(self.lifetime),
             connected_at=self.context.now(),
         )
         self.info = info
         self.state = State.AUTHENTICATING
         self._waiting = msg
+        self._resumed = resumed
         handle = self.handle
 
         def later(code: int) -> None:
@@ -448,13 +545,44 @@ class Lwm2mChannel:
         dn = self.mount + "dn/#"
         if self.context.authorize(info, "subscribe", dn):
             self.context.subscribe(info, dn, SubOptions(0))
-        self._respond(msg, Code.CREATED, location=("rd", self.ep))
+        if self._resumed:
+            self._respond(msg, Code.CHANGED)
+        else:
+            self._respond(msg, Code.CREATED, location=("rd", self.ep))
         self._out.append(CancelTimer("idle"))
         self._out.append(SetTimer("lifetime", self.lifetime))
-        self._publish("up/resp", {"msgType": "register", "data": self._reg_data()})
+        self._save_registration()
+        if self._resumed:
+            log.info("%s: registration resumed by an update", self._who())
+            self._publish("up/update", {"msgType": "update", "data": self._reg_data()})
+        else:
+            self._publish("up/resp", {"msgType": "register", "data": self._reg_data()})
         assert self.session is not None
         self.session.resume()
+        self._load_commands()
         self._pump()
+
+    def _save_registration(self) -> None:
+        data = self._reg_data()
+        if self.root_formats:
+            data["ct"] = self.root_formats
+        self.settings.registry.register(self.ep, data, self.context.now() + self.lifetime)
+
+    def _load_commands(self) -> None:
+        """The commands waiting for this endpoint (from an earlier channel or an earlier
+        run of gatewayd): they go to the device in the order they came."""
+        if self.current is not None:
+            self._out.append(CancelTimer("retry"))
+            self._out.append(CancelTimer("response"))
+            self.current = None
+        self.pending.clear()
+        waiting = self.settings.registry.commands(self.ep)
+        for seq, payload in waiting:
+            c = self._parse(payload, seq)
+            if c is not None:
+                self.pending.append(c)
+        if waiting:
+            log.info("%s: %d waiting commands", self._who(), len(self.pending))
 
     def _reg_data(self) -> dict[str, Any]:
         return {"ep": self.ep, "lt": int(self.lifetime), "lwm2m": self.version,
@@ -481,12 +609,28 @@ class Lwm2mChannel:
             return
         self._respond(msg, Code.CHANGED)
         self._out.append(SetTimer("lifetime", self.lifetime))
+        self._save_registration()
         self._publish("up/update", {"msgType": "update", "data": self._reg_data()})
         self._pump()
 
     # -- commands (MQTT -> device) -------------------------------------------------
 
     def _command(self, payload: bytes) -> None:
+        c = self._parse(payload, None)
+        if c is None:
+            return
+        if len(self.pending) >= self.settings.max_queue:
+            dropped = self.pending.popleft()
+            self.context.incr("lwm2m.queue.dropped")
+            log.warning("%s: %d commands waiting (max_queue): the oldest (reqID %r) dropped",
+                        self._who(), len(self.pending) + 1, dropped.req_id)
+            self._answer(dropped, {"code": "coap_timeout", "codeMsg": "queue full"})
+        c.seq = self.settings.registry.queue(self.ep, payload, self.context.now())
+        self.pending.append(c)
+
+    def _parse(self, payload: bytes, seq: int | None) -> Command | None:
+        """A command from its JSON; None (answered 4.00 when it has a ``reqID`` to answer
+        to, or only counted) when it cannot become a request."""
         try:
             cmd = json.loads(payload)
             if not isinstance(cmd, dict):
@@ -494,22 +638,21 @@ class Lwm2mChannel:
         except ValueError:
             self.context.incr("lwm2m.command.malformed")
             log.info("%s: a command that is not a JSON object", self._who())
-            return
+            if seq is not None:
+                self.settings.registry.done(self.ep, seq)
+            return None
         raw_data = cmd.get("data")
         data: dict[str, Any] = raw_data if isinstance(raw_data, dict) else {}
         msg_type = str(cmd.get("msgType", ""))
         path = str(data.get("path") or data.get("basePath") or "")
         echo = {k: v for k, v in cmd.items() if k not in ("reqID", "msgType", "data")}
-        c = Command(cmd.get("reqID"), msg_type, path, echo)
+        c = Command(cmd.get("reqID"), msg_type, path, echo, seq=seq)
         try:
             c.request = self._build(msg_type, path, data)
         except (content.ContentError, ValueError, TypeError, KeyError) as exc:
             self._answer(c, {"code": "4.00", "codeMsg": f"bad_request: {exc}"})
-            return
-        if len(self.pending) >= self.settings.max_queue:
-            dropped = self.pending.popleft()
-            self._answer(dropped, {"code": "coap_timeout", "codeMsg": "queue full"})
-        self.pending.append(c)
+            return None
+        return c
 
     def _build(self, msg_type: str, path: str, data: dict[str, Any]) -> Message:
         if msg_type not in COMMANDS:
@@ -726,6 +869,9 @@ class Lwm2mChannel:
         return out
 
     def _answer(self, c: Command, result: dict[str, Any]) -> None:
+        if c.seq is not None:
+            self.settings.registry.done(self.ep, c.seq)
+            c.seq = None
         data = {"reqPath": c.path, **result}
         body: dict[str, Any] = {"reqID": c.req_id, "msgType": c.msg_type, "data": data}
         body.update(c.echo)

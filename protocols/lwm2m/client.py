@@ -18,6 +18,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+import cbor2
 from aiocoap import (
     CHANGED,
     CONTENT,
@@ -105,6 +106,19 @@ class Lwm2mClient:
         req = Message(code=DELETE, uri=self._uri(path))
         return await asyncio.wait_for(self.ctx.request(req).response, timeout)
 
+    async def send(self, paths: list[str], *, cbor: bool = False, timeout: float = 10.0) -> Any:
+        """LwM2M 1.1 Send (``POST /dp``) of these resources' values, SenML JSON or CBOR."""
+        recs = [_senml_record(p, self.values[p]) for p in paths]
+        if cbor:
+            keys = {"n": 0, "v": 2, "vs": 3, "vb": 4}
+            payload = cbor2.dumps([{keys[k]: v for k, v in r.items()} for r in recs])
+            fmt = content.SENML_CBOR
+        else:
+            payload, fmt = json.dumps(recs).encode(), content.SENML_JSON
+        req = Message(code=POST, uri=self._uri("/dp"), payload=payload)
+        req.opt.content_format = fmt
+        return await asyncio.wait_for(self.ctx.request(req).response, timeout)
+
     def set(self, path: str, value: Any) -> None:
         """Change a value; observers of it (or of its instance/object) are notified."""
         self.values[path] = value
@@ -189,6 +203,11 @@ class Lwm2mClient:
         except (content.ContentError, ValueError):
             return Message(code=Code.BAD_REQUEST)
         return Message(code=CHANGED)
+
+
+def _senml_record(name: str, value: Any) -> dict[str, Any]:
+    key = "vb" if isinstance(value, bool) else "v" if isinstance(value, (int, float)) else "vs"
+    return {"n": name, key: value}
 
 
 class _Site(ObservableResource):  # type: ignore[misc]

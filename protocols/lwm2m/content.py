@@ -280,8 +280,10 @@ def _senml_value(rec: dict[Any, Any], keys: dict[str, Any]) -> Any:
     return None
 
 
-_JSON_KEYS = {"bn": "bn", "n": "n", "v": "v", "vs": "vs", "vb": "vb", "vd": "vd", "vlo": "vlo"}
-_CBOR_KEYS = {"bn": -2, "n": 0, "v": 2, "vs": 3, "vb": 4, "vd": 8, "vlo": "vlo"}
+_JSON_KEYS = {"bn": "bn", "bt": "bt", "n": "n", "t": "t", "v": "v", "vs": "vs", "vb": "vb",
+              "vd": "vd", "vlo": "vlo"}
+_CBOR_KEYS = {"bn": -2, "bt": -3, "n": 0, "t": 6, "v": 2, "vs": 3, "vb": 4, "vd": 8,
+              "vlo": "vlo"}
 
 
 def _senml(records: Any, keys: dict[str, Any]) -> list[Entry]:
@@ -289,14 +291,27 @@ def _senml(records: Any, keys: dict[str, Any]) -> list[Entry]:
         raise ContentError("SenML: expected an array")
     out: list[Entry] = []
     bn = ""
+    bt: float | None = None
     for rec in records:
         if not isinstance(rec, dict):
             raise ContentError("SenML: expected records")
         if keys["bn"] in rec:
             bn = str(rec[keys["bn"]])
+        if keys["bt"] in rec:
+            bt = _number(rec[keys["bt"]])
         name = bn + str(rec.get(keys["n"], ""))
-        out.append({"path": name, "value": _senml_value(rec, keys)})
+        entry: Entry = {"path": name, "value": _senml_value(rec, keys)}
+        t = _number(rec[keys["t"]]) if keys["t"] in rec else None
+        if bt is not None or t is not None:
+            entry["time"] = (bt or 0) + (t or 0)  # SenML base time + time (RFC 8428)
+        out.append(entry)
     return out
+
+
+def _number(v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ContentError("SenML: a time must be a number")
+    return v
 
 
 def decode_senml_json(data: bytes) -> list[Entry]:

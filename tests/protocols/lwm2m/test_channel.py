@@ -388,3 +388,47 @@ def test_block1_write_of_a_large_opaque(node: Node, clock: VirtualScheduler) -> 
     assert got == package
     [(_, resp)] = app.up()
     assert resp["data"]["code"] == "2.04"
+
+
+def test_send_senml_json_and_cbor(node: Node, clock: VirtualScheduler) -> None:
+    d, app = registered(node, clock)
+    app.up()
+    body = json.dumps([{"bn": "/3/0/", "n": "9", "v": 87, "bt": 1700000000},
+                       {"n": "0", "vs": "ACME"}]).encode()
+    m = make(CON, Code.POST, 899, b"s", body)
+    m.opt.uri_path = ("dp",)
+    m.opt.content_format = content.SENML_JSON
+    d.send(m)
+    [r] = d.take()
+    assert r.code == Code.CHANGED and r.mid == 899
+    [(topic, ev)] = app.up()
+    assert topic == "up/send" and ev == {"msgType": "send", "data": {"reqPath": "/dp", "content": [
+        {"path": "/3/0/9", "value": 87, "time": 1700000000},
+        {"path": "/3/0/0", "value": "ACME", "time": 1700000000}]}}
+    cbor = cbor2.dumps([{-2: "/3/0/", 0: "9", 2: 12}])
+    m = make(CON, Code.POST, 900, b"s", cbor)
+    m.opt.uri_path = ("dp",)
+    m.opt.content_format = content.SENML_CBOR
+    d.send(m)
+    [r] = d.take()
+    assert r.code == Code.CHANGED
+    [(_, ev)] = app.up()
+    assert ev["data"]["content"][0]["path"] == "/3/0/9" and ev["data"]["content"][0]["value"] == 12
+
+
+def test_send_refusals(node: Node, clock: VirtualScheduler) -> None:
+    stranger = Device(node, clock, Lwm2mSettings())
+    m = make(CON, Code.POST, 1, b"s", b"[]")
+    m.opt.uri_path = ("dp",)
+    m.opt.content_format = content.SENML_JSON
+    stranger.send(m)
+    assert stranger.take()[0].code == Code.NOT_FOUND
+    d, app = registered(node, clock)
+    app.up()
+    for mid, (fmt, body) in enumerate([(content.TEXT, b"1"), (content.SENML_JSON, b"{nope")]):
+        m = make(CON, Code.POST, 100 + mid, b"s", body)
+        m.opt.uri_path = ("dp",)
+        m.opt.content_format = fmt
+        d.send(m)
+    assert [r.code for r in d.take()] == [Code.UNSUPPORTED_CONTENT_FORMAT, Code.BAD_REQUEST]
+    assert app.up() == [] and d.channel.state is State.REGISTERED
