@@ -73,8 +73,12 @@ log = logging.getLogger("protocols.lwm2m.channel")
 MAX_BODY = 4 * 1024 * 1024  # a Block2 answer larger than this is refused (4.08)
 BLOCK_SIZE, BLOCK_SZX = 1024, 6  # Block1 for request bodies larger than one block
 
+COMPOSITE = ("read-composite", "write-composite", "observe-composite",
+             "cancel-observe-composite")  # LwM2M 1.1, SenML bodies on the root path
 COMMANDS = ("read", "discover", "write", "write-attr", "execute", "create", "delete",
-            "observe", "cancel-observe")
+            "observe", "cancel-observe", *COMPOSITE)
+READS = ("read", "discover", "observe", "read-composite", "observe-composite")
+OBSERVES = ("observe", "observe-composite")
 _CODE_MSG = {
     "2.01": "created", "2.02": "deleted", "2.03": "valid", "2.04": "changed",
     "2.05": "content", "2.31": "continue", "4.00": "bad_request", "4.01": "unauthorized",
@@ -121,6 +125,7 @@ class Command:
     echo: dict[str, Any]
     request: Message | None = None  # the CoAP request, once built
     seq: int | None = None  # its place in the registry (None: not kept there)
+    paths: list[str] | None = None  # a composite operation's paths
     partial: bytearray | None = None  # a Block2 answer being collected
     upload: bytes | None = None  # a request body sent with Block1
 
@@ -648,7 +653,11 @@ class Lwm2mChannel:
         echo = {k: v for k, v in cmd.items() if k not in ("reqID", "msgType", "data")}
         c = Command(cmd.get("reqID"), msg_type, path, echo, seq=seq)
         try:
-            c.request = self._build(msg_type, path, data)
+            if msg_type in COMPOSITE:
+                c.path = "/"
+                c.request = self._build_composite(c, data)
+            else:
+                c.request = self._build(msg_type, path, data)
         except (content.ContentError, ValueError, TypeError, KeyError) as exc:
             self._answer(c, {"code": "4.00", "codeMsg": f"bad_request: {exc}"})
             return None
@@ -677,8 +686,7 @@ class Lwm2mChannel:
         elif msg_type == "write":
             if "content" in data:  # several resources of an instance: partial update
                 code = Code.POST
-                payload = content.encode_tlv(list(data["content"]), path, model.type_of)
-                fmt = content.TLV
+                payload, fmt = self._encode_values(list(data["content"]), path)
             else:
                 code = Code.PUT
                 typ = data.get("type") or model.type_of(path)
@@ -696,8 +704,7 @@ class Lwm2mChannel:
             payload = str(data.get("args") or "").encode()
         elif msg_type == "create":
             code = Code.POST
-            payload = content.encode_tlv(list(data.get("content") or []), path, model.type_of)
-            fmt = content.TLV
+            payload, fmt = self._encode_values(list(data.get("content") or []), path)
         elif msg_type == "delete":
             code = Code.DELETE
         req = make(CON, code, 0, secrets.token_bytes(4), payload)
@@ -714,6 +721,60 @@ class Lwm2mChannel:
             for token, c in list(self.observations.items()):
                 if c.path == path:
                     req.token = token  # the observation's own token
+                    del self.observations[token]
+        return req
+
+    def _senml_format(self) -> int | None:
+        """The SenML format the device said it reads (the ``ct`` of its root link, LwM2M
+        1.1): JSON when listed, else CBOR; None for a 1.0 device or no such list."""
+        if self.version.strip() in ("", "1.0"):
+            return None
+        for fmt in (content.SENML_JSON, content.SENML_CBOR):
+            if fmt in self.root_formats:
+                return fmt
+        return None
+
+    def _encode_values(self, entries: list[Any], base: str) -> tuple[bytes, int]:
+        """A multi-resource write or a create: SenML when the device reads it (1.1),
+        TLV otherwise (every 1.0 device reads TLV)."""
+        type_of = self.settings.model.type_of
+        fmt = self._senml_format()
+        if fmt is None:
+            return content.encode_tlv(entries, base, type_of), content.TLV
+        return content.encode_senml(entries, base, type_of,
+                                    cbor=fmt == content.SENML_CBOR), fmt
+
+    def _build_composite(self, c: Command, data: dict[str, Any]) -> Message:
+        """Read-/Write-/Observe-Composite (LwM2M 1.1): FETCH or iPATCH on the root path
+        with a SenML body (JSON unless the device listed only CBOR)."""
+        fmt = self._senml_format() or content.SENML_JSON
+        cbor = fmt == content.SENML_CBOR
+        if c.msg_type == "write-composite":
+            entries = data.get("content")
+            if not isinstance(entries, list) or not entries:
+                raise ValueError("write-composite needs content: [{path, value}]")
+            payload = content.encode_senml(entries, "/", self.settings.model.type_of, cbor=cbor)
+            code = Code.iPATCH
+            c.paths = [str(e.get("path")) for e in entries if isinstance(e, dict)]
+        else:
+            paths = data.get("paths")
+            if not isinstance(paths, list) or not paths:
+                raise ValueError(f"{c.msg_type} needs paths: [...]")
+            payload = content.encode_senml_names([str(p) for p in paths], cbor=cbor)
+            code = Code.FETCH
+            c.paths = ["/" + "/".join(x for x in str(p).split("/") if x) for p in paths]
+        req = make(CON, code, 0, secrets.token_bytes(4), payload)
+        req.opt.uri_path = tuple(p for p in self.alternate.split("/") if p)
+        req.opt.content_format = fmt
+        if code == Code.FETCH:
+            req.opt.accept = fmt
+        if c.msg_type == "observe-composite":
+            req.opt.observe = 0
+        elif c.msg_type == "cancel-observe-composite":
+            req.opt.observe = 1
+            for token, obs in list(self.observations.items()):
+                if obs.msg_type == "observe-composite" and obs.paths == c.paths:
+                    req.token = token
                     del self.observations[token]
         return req
 
@@ -797,7 +858,8 @@ class Lwm2mChannel:
             self._out.append(CancelTimer("retry"))
             self._out.append(CancelTimer("response"))
             c = cur.command
-            if c.msg_type == "observe" and msg.opt.observe is not None and msg.code.is_successful():
+            if (c.msg_type in OBSERVES and msg.opt.observe is not None
+                    and msg.code.is_successful()):
                 self.observations[msg.token] = c
             b1 = msg.opt.block1
             if (msg.code == Code.CONTINUE and c.upload is not None and b1 is not None
@@ -813,8 +875,12 @@ class Lwm2mChannel:
             return
         obs = self.observations.get(msg.token)
         if obs is not None:
+            data: dict[str, Any] = {"reqPath": obs.path}
+            if obs.paths is not None:
+                data["paths"] = obs.paths
+            data.update(self._result(obs, msg))
             body = {"reqID": obs.req_id, "msgType": "notify", "seqNum": msg.opt.observe,
-                    "data": {"reqPath": obs.path, **self._result(obs, msg)}}
+                    "data": data}
             body.update(obs.echo)
             self._publish("up/notify", body)
             return
@@ -842,8 +908,12 @@ class Lwm2mChannel:
         c.partial = partial
         first = c.request
         assert first is not None
-        nxt = make(CON, Code.GET, self._mid(), secrets.token_bytes(4))
+        fetch = first.code == Code.FETCH  # the same FETCH body asks for the next block
+        nxt = make(CON, Code.FETCH if fetch else Code.GET, self._mid(), secrets.token_bytes(4),
+                   first.payload if fetch else b"")
         nxt.opt.uri_path = first.opt.uri_path
+        if fetch and first.opt.content_format is not None:
+            nxt.opt.content_format = first.opt.content_format
         if first.opt.accept is not None:
             nxt.opt.accept = first.opt.accept
         nxt.opt.block2 = Block(b2.block_number + 1, False, b2.size_exponent)
@@ -857,7 +927,7 @@ class Lwm2mChannel:
     def _result(self, c: Command, msg: Message) -> dict[str, Any]:
         code = _code(msg.code)
         out: dict[str, Any] = {"code": code, "codeMsg": _CODE_MSG.get(code, "")}
-        if msg.code.is_successful() and c.msg_type in ("read", "discover", "observe"):
+        if msg.code.is_successful() and c.msg_type in READS:
             try:
                 out["content"] = content.decode(
                     msg.opt.content_format, bytes(msg.payload), c.path,
@@ -872,7 +942,10 @@ class Lwm2mChannel:
         if c.seq is not None:
             self.settings.registry.done(self.ep, c.seq)
             c.seq = None
-        data = {"reqPath": c.path, **result}
+        data: dict[str, Any] = {"reqPath": c.path}
+        if c.paths is not None:
+            data["paths"] = c.paths
+        data.update(result)
         body: dict[str, Any] = {"reqID": c.req_id, "msgType": c.msg_type, "data": data}
         body.update(c.echo)
         self._publish("up/resp", body)

@@ -7,8 +7,10 @@ update, deregister go out from the same address, as LwM2M requires).
 The device holds resource values in a dict (``"/3/0/0" -> value``) typed by the object
 model; it answers Read with text/plain for a resource and TLV (or SenML JSON, with
 ``senml=True``, as 1.1 devices do) for an instance or object, Discover with link format,
-Write (text, opaque, TLV), Execute (recorded in ``executed``), Create and Delete of
-instances, and Observe with notifications when :meth:`set` changes a value.
+Write (text, opaque, TLV, SenML), Execute (recorded in ``executed``), Create and Delete
+of instances, and Observe with notifications when :meth:`set` changes a value. As a 1.1
+device (``version="1.1"``, ``senml=True``) it lists SenML in its registration, answers
+Read-/Observe-Composite (FETCH) and Write-Composite (iPATCH), and sends (``POST /dp``).
 """
 
 from __future__ import annotations
@@ -85,7 +87,10 @@ class Lwm2mClient:
     def links(self) -> str:
         instances = sorted({"/".join(p.split("/")[:3]) for p in self.values},
                            key=lambda p: [int(x) for x in p.split("/")[1:]])
-        return ",".join(['</>;rt="oma.lwm2m"'] + [f"<{p}>" for p in instances])
+        root = '</>;rt="oma.lwm2m"'
+        if self.senml and self.version != "1.0":
+            root += ';ct="110 112 11542"'  # the formats it reads (LwM2M 1.1)
+        return ",".join([root] + [f"<{p}>" for p in instances])
 
     async def register(self, timeout: float = 10.0) -> Any:
         q = f"ep={self.endpoint}&lt={self.lifetime}&lwm2m={self.version}&b={self.binding}"
@@ -155,10 +160,15 @@ class Lwm2mClient:
                 self.executed.append((path, bytes(request.payload)))
                 return Message(code=CHANGED)
             if len(parts) == 1:  # create
-                entries = content.decode_tlv(bytes(request.payload), path, self.model.type_of)
+                entries = content.decode(request.opt.content_format, bytes(request.payload),
+                                         path, self.model.type_of)
                 for e in entries:
                     self.values[e["path"]] = e["value"]
                 return Message(code=CREATED)
+            return self._write(path, request)
+        if code == Code.FETCH:  # Read-/Observe-Composite
+            return self._read_composite(request)
+        if code == Code.iPATCH:  # Write-Composite
             return self._write(path, request)
         if code == DELETE:
             found = self._under(path)
@@ -191,11 +201,29 @@ class Lwm2mClient:
         return Message(code=CONTENT, payload=content.encode_tlv(entries, path, self.model.type_of),
                        content_format=content.TLV)
 
+    def _read_composite(self, request: Any) -> Any:
+        fmt = request.opt.content_format
+        try:
+            names = [e["path"] for e in content.decode(fmt, bytes(request.payload), "/")]
+        except content.ContentError:
+            return Message(code=Code.BAD_REQUEST)
+        found: dict[str, Any] = {}
+        for n in names:
+            found.update(self._under(n))
+        recs = [_senml_record(p, v) for p, v in sorted(found.items())]
+        if (request.opt.accept or fmt) == content.SENML_CBOR:
+            keys = {"n": 0, "v": 2, "vs": 3, "vb": 4}
+            return Message(code=CONTENT, payload=cbor2.dumps(
+                [{keys[k]: v for k, v in r.items()} for r in recs]),
+                content_format=content.SENML_CBOR)
+        return Message(code=CONTENT, payload=json.dumps(recs).encode(),
+                       content_format=content.SENML_JSON)
+
     def _write(self, path: str, request: Any) -> Any:
         fmt = request.opt.content_format
         try:
-            if fmt == content.TLV:
-                for e in content.decode_tlv(bytes(request.payload), path, self.model.type_of):
+            if fmt in (content.TLV, content.SENML_JSON, content.SENML_CBOR):
+                for e in content.decode(fmt, bytes(request.payload), path, self.model.type_of):
                     self.set(e["path"], e["value"])
             else:
                 [e] = content.decode(fmt, bytes(request.payload), path, self.model.type_of)
@@ -227,14 +255,22 @@ class _Site(ObservableResource):  # type: ignore[misc]
         return self.client.render(request)
 
     async def add_observation(self, request: Any, serverobservation: Any) -> None:
-        path = "/" + "/".join(p for p in request.opt.uri_path if p)
-        callbacks = self.client._observers.setdefault(path, [])
+        paths = ["/" + "/".join(p for p in request.opt.uri_path if p)]
+        if request.code == Code.FETCH:  # Observe-Composite: each path of the body
+            paths = [e["path"] for e in content.decode(
+                request.opt.content_format, bytes(request.payload), "/")]
 
         def trigger() -> None:
             serverobservation.trigger()
 
-        callbacks.append(trigger)
-        serverobservation.accept(lambda: callbacks.remove(trigger))
+        lists = [self.client._observers.setdefault(p, []) for p in paths]
+        for callbacks in lists:
+            callbacks.append(trigger)
+        def cancelled() -> None:
+            for callbacks in lists:
+                callbacks.remove(trigger)
+
+        serverobservation.accept(cancelled)
 
     def get_resources_as_linkheader(self) -> str:
         return self.client.links()

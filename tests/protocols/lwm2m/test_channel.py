@@ -432,3 +432,93 @@ def test_send_refusals(node: Node, clock: VirtualScheduler) -> None:
         d.send(m)
     assert [r.code for r in d.take()] == [Code.UNSUPPORTED_CONTENT_FORMAT, Code.BAD_REQUEST]
     assert app.up() == [] and d.channel.state is State.REGISTERED
+
+
+LINKS_11 = b'</>;rt="oma.lwm2m";ct="110 112 11542",</1/0>,</3/0>'
+
+
+def registered_11(node: Node, clock: VirtualScheduler, links: bytes = LINKS_11
+                  ) -> tuple[Device, Mqtt]:
+    app = Mqtt(node, clock, "dev1")
+    d = Device(node, clock, Lwm2mSettings())
+    d.request(Code.POST, ("rd",), ("ep=dev1", "lt=300", "lwm2m=1.1", "b=U"), links)
+    [r] = d.take()
+    assert r.code == Code.CREATED
+    app.up()
+    return d, app
+
+
+def test_composite_read_write_observe(node: Node, clock: VirtualScheduler) -> None:
+    d, app = registered_11(node, clock)
+    app.command(1, "read-composite", paths=["/3/0/0", "1/0/1"])
+    [req] = d.take()
+    assert req.code == Code.FETCH and req.opt.uri_path == ()
+    assert req.opt.content_format == content.SENML_JSON == req.opt.accept
+    assert json.loads(req.payload) == [{"n": "/3/0/0"}, {"n": "/1/0/1"}]
+    d.reply(req, Code.CONTENT, b'[{"n":"/3/0/0","vs":"ACME"},{"n":"/1/0/1","v":300}]',
+            content.SENML_JSON)
+    [(topic, resp)] = app.up()
+    assert topic == "up/resp" and resp == {"reqID": 1, "msgType": "read-composite", "data": {
+        "reqPath": "/", "paths": ["/3/0/0", "/1/0/1"], "code": "2.05", "codeMsg": "content",
+        "content": [{"path": "/3/0/0", "value": "ACME"}, {"path": "/1/0/1", "value": 300}]}}
+    app.command(2, "write-composite", content=[{"path": "/3/0/14", "value": "+02:00"},
+                                                {"path": "/1/0/1", "value": 60}])
+    [req] = d.take()
+    assert req.code == Code.iPATCH and req.opt.content_format == content.SENML_JSON
+    assert json.loads(req.payload) == [{"n": "/3/0/14", "vs": "+02:00"}, {"n": "/1/0/1", "v": 60}]
+    d.reply(req, Code.CHANGED)
+    [(_, resp)] = app.up()
+    assert resp["msgType"] == "write-composite" and resp["data"]["code"] == "2.04"
+    app.command(3, "observe-composite", paths=["/3/0/9", "/3/0/13"])
+    [req] = d.take()
+    assert req.code == Code.FETCH and req.opt.observe == 0
+    d.reply(req, Code.CONTENT, b'[{"n":"/3/0/9","v":80},{"n":"/3/0/13","v":1}]',
+            content.SENML_JSON, observe=7)
+    [(_, resp)] = app.up()
+    assert resp["data"]["code"] == "2.05" and len(resp["data"]["content"]) == 2
+    note = make(NON, Code.CONTENT, 4000, req.token, b'[{"n":"/3/0/9","v":79}]')
+    note.opt.observe, note.opt.content_format = 8, content.SENML_JSON
+    d.send(note)
+    [(topic, ev)] = app.up()
+    assert topic == "up/notify" and ev["reqID"] == 3 and ev["seqNum"] == 8
+    assert ev["data"]["paths"] == ["/3/0/9", "/3/0/13"]
+    assert ev["data"]["content"] == [{"path": "/3/0/9", "value": 79}]
+    app.command(4, "cancel-observe-composite", paths=["/3/0/9", "/3/0/13"])
+    [cancel] = d.take()
+    assert cancel.code == Code.FETCH and cancel.opt.observe == 1 and cancel.token == req.token
+    d.reply(cancel, Code.CONTENT, b"[]", content.SENML_JSON)
+    [(_, resp)] = app.up()
+    assert resp["msgType"] == "cancel-observe-composite"
+    app.command(5, "read-composite", paths=[])
+    app.command(6, "write-composite", content=[{"path": "/3", "value": 1}])
+    assert [r["data"]["code"] for _, r in app.up()] == ["4.00", "4.00"] and d.take() == []
+
+
+def test_writes_in_senml_for_a_11_device_that_reads_it(node: Node, clock: VirtualScheduler
+                                                         ) -> None:
+    d, app = registered_11(node, clock)
+    app.command(1, "write", basePath="/1/0", content=[{"path": "1", "value": 60},
+                                                      {"path": "7", "value": "UQ"}])
+    [req] = d.take()
+    assert req.code == Code.POST and req.opt.content_format == content.SENML_JSON
+    assert json.loads(req.payload) == [{"n": "/1/0/1", "v": 60}, {"n": "/1/0/7", "vs": "UQ"}]
+    d.reply(req, Code.CHANGED)
+    app.command(2, "create", basePath="/5", content=[{"path": "/5/0/1", "value": "coap://x"}])
+    [req] = d.take()
+    assert req.opt.content_format == content.SENML_JSON
+    assert json.loads(req.payload) == [{"n": "/5/0/1", "vs": "coap://x"}]
+
+
+def test_cbor_only_11_device_and_11_without_formats(node: Node, clock: VirtualScheduler
+                                                    ) -> None:
+    d, app = registered_11(node, clock, b'</>;rt="oma.lwm2m";ct=112,</3/0>')
+    app.command(1, "write", basePath="/1/0", content=[{"path": "1", "value": 60}])
+    [req] = d.take()
+    assert req.opt.content_format == content.SENML_CBOR
+    assert cbor2.loads(req.payload) == [{0: "/1/0/1", 2: 60}]
+    d.reply(req, Code.CHANGED)
+    app.up()
+    d2, app2 = registered_11(node, clock, b"</>;rt=\"oma.lwm2m\",</3/0>")
+    app2.command(2, "write", basePath="/1/0", content=[{"path": "1", "value": 60}])
+    [req] = d2.take()
+    assert req.opt.content_format == content.TLV  # no ct: TLV, as for 1.0
