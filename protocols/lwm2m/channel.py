@@ -128,6 +128,10 @@ class Command:
     paths: list[str] | None = None  # a composite operation's paths
     partial: bytearray | None = None  # a Block2 answer being collected
     upload: bytes | None = None  # a request body sent with Block1
+    sent: int = 0  # bytes of ``upload`` sent so far
+    szx: int = BLOCK_SZX  # Block1 size exponent: ours, or smaller if the device asks
+    notify_of: Command | None = None  # fetching the rest of this observation's notification
+    seq_num: int | None = None  # that notification's Observe number
 
 
 @dataclass(slots=True)
@@ -794,6 +798,7 @@ class Lwm2mChannel:
         assert req is not None
         if len(req.payload) > BLOCK_SIZE:  # Block1 (RFC 7959): the body goes block by block
             c.upload = bytes(req.payload)
+            c.sent, c.szx = 0, BLOCK_SZX
             self._send_block1(c, 0)
             return
         req.mid = self._mid()
@@ -809,13 +814,15 @@ class Lwm2mChannel:
     def _send_block1(self, c: Command, num: int) -> None:
         first = c.request
         assert first is not None and c.upload is not None
-        chunk = c.upload[num * BLOCK_SIZE : (num + 1) * BLOCK_SIZE]
-        more = (num + 1) * BLOCK_SIZE < len(c.upload)
+        size = 1 << (c.szx + 4)
+        chunk = c.upload[num * size : (num + 1) * size]
+        c.sent = num * size + len(chunk)
+        more = c.sent < len(c.upload)
         req = make(CON, first.code, self._mid(), first.token, chunk)
         req.opt.uri_path = first.opt.uri_path
         if first.opt.content_format is not None:
             req.opt.content_format = first.opt.content_format
-        req.opt.block1 = Block(num, more, BLOCK_SZX)
+        req.opt.block1 = Block(num, more, c.szx)
         if num == 0:
             req.opt.size1 = len(c.upload)
         self._send_current(c, req)
@@ -863,31 +870,65 @@ class Lwm2mChannel:
                 self.observations[msg.token] = c
             b1 = msg.opt.block1
             if (msg.code == Code.CONTINUE and c.upload is not None and b1 is not None
-                    and (b1.block_number + 1) * BLOCK_SIZE < len(c.upload)):
-                self._send_block1(c, b1.block_number + 1)  # 1024-byte blocks throughout
+                    and c.sent < len(c.upload)):
+                # the device may ask for smaller blocks (RFC 7959 2.5): what was sent is
+                # kept, the rest goes in its size
+                c.szx = min(c.szx, b1.size_exponent)
+                self._send_block1(c, c.sent >> (c.szx + 4))
                 return
             c.upload = None
             if (msg.opt.block2 is not None and msg.code.is_successful()
                     and not self._block2(c, msg)):
                 return  # the next block is on its way
-            self._answer(c, self._result(c, msg))
+            if c.notify_of is not None:
+                self._notify(c.notify_of, msg, c.seq_num)
+            else:
+                self._answer(c, self._result(c, msg))
             self._pump()
             return
         obs = self.observations.get(msg.token)
         if obs is not None:
-            data: dict[str, Any] = {"reqPath": obs.path}
-            if obs.paths is not None:
-                data["paths"] = obs.paths
-            data.update(self._result(obs, msg))
-            body = {"reqID": obs.req_id, "msgType": "notify", "seqNum": msg.opt.observe,
-                    "data": data}
-            body.update(obs.echo)
-            self._publish("up/notify", body)
+            b2 = msg.opt.block2
+            if b2 is not None and b2.more and b2.block_number == 0 and msg.code.is_successful():
+                self._fetch_rest(obs, msg)
+            else:
+                self._notify(obs, msg, msg.opt.observe)
             return
         if msg.mtype == CON:
             return  # acknowledged; nobody asked for it
         if msg.mtype == NON:
             self._out.append(encode(make(RST, Code.EMPTY, msg.mid)))
+
+    def _notify(self, obs: Command, msg: Message, seq_num: int | None) -> None:
+        data: dict[str, Any] = {"reqPath": obs.path}
+        if obs.paths is not None:
+            data["paths"] = obs.paths
+        data.update(self._result(obs, msg))
+        body = {"reqID": obs.req_id, "msgType": "notify", "seqNum": seq_num, "data": data}
+        body.update(obs.echo)
+        self._publish("up/notify", body)
+
+    def _fetch_rest(self, obs: Command, msg: Message) -> None:
+        """A notification larger than a block (its first block, with Block2): ask for the
+        other blocks (GET, or the FETCH of a composite observation, without Observe) and
+        publish the whole body once the last arrives. The request goes before the waiting
+        commands (the device listens now)."""
+        first = obs.request
+        b2 = msg.opt.block2
+        assert first is not None and b2 is not None
+        fetch = first.code == Code.FETCH
+        req = make(CON, Code.FETCH if fetch else Code.GET, 0, secrets.token_bytes(4),
+                   first.payload if fetch else b"")
+        req.opt.uri_path = first.opt.uri_path
+        if fetch and first.opt.content_format is not None:
+            req.opt.content_format = first.opt.content_format
+        if first.opt.accept is not None:
+            req.opt.accept = first.opt.accept
+        req.opt.block2 = Block(1, False, b2.size_exponent)
+        c = Command(obs.req_id, "notify", obs.path, obs.echo, req, paths=obs.paths,
+                    partial=bytearray(msg.payload), notify_of=obs, seq_num=msg.opt.observe)
+        self.pending.appendleft(c)
+        self._pump()
 
     def _block2(self, c: Command, msg: Message) -> bool:
         """A block of a larger answer (RFC 7959): keep it and ask for the next one (False),
@@ -946,6 +987,11 @@ class Lwm2mChannel:
         if c.paths is not None:
             data["paths"] = c.paths
         data.update(result)
+        if c.notify_of is not None:  # the rest of a notification could not be fetched
+            note = {"reqID": c.req_id, "msgType": "notify", "seqNum": c.seq_num, "data": data}
+            note.update(c.echo)
+            self._publish("up/notify", note)
+            return
         body: dict[str, Any] = {"reqID": c.req_id, "msgType": c.msg_type, "data": data}
         body.update(c.echo)
         self._publish("up/resp", body)

@@ -35,6 +35,7 @@ from aiocoap import (
     Context,
     Message,
 )
+from aiocoap.error import BadRequest
 from aiocoap.interfaces import ObservableResource
 from aiocoap.numbers.codes import Code
 
@@ -246,6 +247,19 @@ class _Site(ObservableResource):  # type: ignore[misc]
         self.client = client
 
     async def render_to_pipe(self, pipe: Any) -> None:
+        req = pipe.request
+        b2 = req.opt.block2
+        if b2 is not None and b2.block_number > 0 and req.opt.observe is None:
+            # a later block of a notification: aiocoap serves only blocks of answers it
+            # cached itself, so the current value is cut here
+            full = self.client.render(req.copy(block2=None))
+            if full.code.is_successful():
+                try:
+                    block = full._extract_block(b2.block_number, b2.size_exponent, 1024)
+                except BadRequest:
+                    block = Message(code=Code.BAD_REQUEST)
+                pipe.add_response(block, is_last=True)
+                return
         await self._render_to_pipe(pipe)
 
     async def needs_blockwise_assembly(self, request: Any) -> bool:
@@ -261,7 +275,12 @@ class _Site(ObservableResource):  # type: ignore[misc]
                 request.opt.content_format, bytes(request.payload), "/")]
 
         def trigger() -> None:
-            serverobservation.trigger()
+            # a notification larger than a block goes as its first block (RFC 7959 2.6);
+            # the server asks for the rest (aiocoap would send it whole)
+            resp = self.client.render(request)
+            if len(resp.payload) > 1024:
+                resp = resp._extract_block(0, 6, 1024)
+            serverobservation.trigger(resp)
 
         lists = [self.client._observers.setdefault(p, []) for p in paths]
         for callbacks in lists:

@@ -182,3 +182,33 @@ def test_device_11_composite(lgw: tuple[Gateway, int], uid: str) -> None:
         asyncio.run(_composite(port, app, ep))
     finally:
         app.close()
+
+
+async def _large_notification(port: int, app: App, ep: str) -> None:
+    dev = Lwm2mClient(("127.0.0.1", port), ep)
+    dev.values["/3/0/2"] = "s" * 3000  # serial number: larger than a block
+    await dev.start()
+    nxt = lambda: asyncio.to_thread(app.next)  # noqa: E731
+    try:
+        await dev.register()
+        await nxt()
+        app.command(1, "observe", path="/3/0/2")
+        topic, resp = await nxt()
+        assert resp["data"]["content"] == [{"path": "/3/0/2", "value": "s" * 3000}]
+        dev.set("/3/0/2", "t" * 2900)
+        topic, note = await nxt()
+        assert topic == f"lwm2m/{ep}/up/notify" and note["reqID"] == 1
+        assert note["data"]["content"] == [{"path": "/3/0/2", "value": "t" * 2900}]
+        await dev.deregister()
+    finally:
+        await dev.close()
+
+
+def test_large_notification_published_whole(lgw: tuple[Gateway, int], uid: str) -> None:
+    gw, port = lgw
+    ep = f"big-{uid}"
+    app = App(gw, ep)
+    try:
+        asyncio.run(_large_notification(port, app, ep))
+    finally:
+        app.close()

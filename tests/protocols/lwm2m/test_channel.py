@@ -522,3 +522,74 @@ def test_cbor_only_11_device_and_11_without_formats(node: Node, clock: VirtualSc
     app2.command(2, "write", basePath="/1/0", content=[{"path": "1", "value": 60}])
     [req] = d2.take()
     assert req.opt.content_format == content.TLV  # no ct: TLV, as for 1.0
+
+
+def test_block1_in_the_smaller_blocks_the_device_asks_for(node: Node, clock: VirtualScheduler
+                                                          ) -> None:
+    import base64
+
+    d, app = registered(node, clock)
+    app.up()
+    package = bytes(range(256)) * 5  # 1280 bytes
+    app.command(1, "write", path="/5/0/0", value=base64.b64encode(package).decode())
+    [req] = d.take()
+    assert req.opt.block1 == Block(0, True, 6) and len(req.payload) == 1024
+    got = bytes(req.payload)
+    r = make(ACK, Code.CONTINUE, req.mid, req.token)
+    r.opt.block1 = Block(0, True, 2)  # 64-byte blocks from now on, please
+    d.send(r)
+    sizes = []
+    while True:
+        [req] = d.take()
+        b1 = req.opt.block1
+        assert b1.size_exponent == 2 and b1.block_number * 64 == len(got)
+        sizes.append(len(req.payload))
+        got += req.payload
+        if not b1.more:
+            d.reply(req, Code.CHANGED)
+            break
+        r = make(ACK, Code.CONTINUE, req.mid, req.token)
+        r.opt.block1 = b1
+        d.send(r)
+    assert got == package and sizes == [64] * 4
+    [(_, resp)] = app.up()
+    assert resp["data"]["code"] == "2.04"
+
+
+def test_block2_notification_fetched_and_published_whole(node: Node, clock: VirtualScheduler
+                                                         ) -> None:
+    d, app = registered(node, clock)
+    app.up()
+    app.command(1, "observe", path="/3/0/0")
+    [req] = d.take()
+    d.reply(req, Code.CONTENT, b"small", content.TEXT, observe=3)
+    app.up()
+    app.command(2, "read", path="/3/0/1")  # waits behind the notification's blocks
+    [read] = d.take()
+    body = b"y" * 600
+    note = make(CON, Code.CONTENT, 777, req.token, body[:256])
+    note.opt.observe, note.opt.content_format = 4, content.TEXT
+    note.opt.block2 = Block(0, True, 4)
+    d.send(note)
+    [ack] = d.take()
+    assert ack.mtype == ACK and ack.mid == 777
+    assert app.up() == []
+    d.reply(read, Code.CONTENT, b"m", content.TEXT)
+    [(_, resp)] = app.up()
+    assert resp["reqID"] == 2
+    num = 1
+    while True:
+        [nxt] = d.take()
+        assert nxt.code == Code.GET and nxt.opt.observe is None
+        assert nxt.opt.uri_path == ("3", "0", "0") and nxt.opt.block2 == Block(num, False, 4)
+        more = (num + 1) * 256 < len(body)
+        r = make(ACK, Code.CONTENT, nxt.mid, nxt.token, body[num * 256 : (num + 1) * 256])
+        r.opt.content_format = content.TEXT
+        r.opt.block2 = Block(num, more, 4)
+        d.send(r)
+        if not more:
+            break
+        num += 1
+    [(topic, ev)] = app.up()
+    assert topic == "up/notify" and ev["reqID"] == 1 and ev["seqNum"] == 4
+    assert ev["data"]["content"] == [{"path": "/3/0/0", "value": "y" * 600}]
