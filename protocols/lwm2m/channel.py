@@ -72,6 +72,7 @@ log = logging.getLogger("protocols.lwm2m.channel")
 
 MAX_BODY = 4 * 1024 * 1024  # a Block2 answer larger than this is refused (4.08)
 BLOCK_SIZE, BLOCK_SZX = 1024, 6  # Block1 for request bodies larger than one block
+MAX_UPLOAD = 64 * 1024  # a request body a device sends with Block1 (links, Send)
 
 COMPOSITE = ("read-composite", "write-composite", "observe-composite",
              "cancel-observe-composite")  # LwM2M 1.1, SenML bodies on the root path
@@ -129,6 +130,7 @@ class Command:
     partial: bytearray | None = None  # a Block2 answer being collected
     upload: bytes | None = None  # a request body sent with Block1
     sent: int = 0  # bytes of ``upload`` sent so far
+    block_start: int = 0  # where the last block sent starts
     szx: int = BLOCK_SZX  # Block1 size exponent: ours, or smaller if the device asks
     notify_of: Command | None = None  # fetching the rest of this observation's notification
     seq_num: int | None = None  # that notification's Observe number
@@ -192,6 +194,8 @@ class Lwm2mChannel:
         self._responses: OrderedDict[int, bytes | None] = OrderedDict()
         self._waiting: Message | None = None
         self._resumed = False
+        self._uploads: dict[tuple[str, ...], bytearray] = {}  # Block1 bodies coming in
+        self._last_block1: tuple[int, Block] | None = None
         self.root_formats: list[int] = []  # ct of the root link (1.1): formats it reads
         self._out: list[Effect] = []
         self._busy = False
@@ -323,11 +327,16 @@ class Lwm2mChannel:
                      exc.mid if exc.mtype == CON else self._mid(), exc.token or b"")
         self._out.append(encode(reply))
 
-    def _respond(self, req: Message, code: int, *, location: tuple[str, ...] = ()) -> None:
+    def _respond(self, req: Message, code: int, *, location: tuple[str, ...] = (),
+                 block1: Block | None = None) -> None:
         con = req.mtype == CON
         resp = make(ACK if con else NON, code, req.mid if con else self._mid(), req.token)
         if location:
             resp.opt.location_path = location
+        if block1 is None and self._last_block1 is not None and self._last_block1[0] == req.mid:
+            block1 = self._last_block1[1]  # the final answer of a Block1 transfer echoes it
+        if block1 is not None:
+            resp.opt.block1 = block1
         data = encode(resp)
         if req.mid in self._responses:
             self._responses[req.mid] = data
@@ -370,6 +379,8 @@ class Lwm2mChannel:
         if len(self._responses) > 64:
             self._responses.popitem(last=False)
         path = tuple(msg.opt.uri_path)
+        if msg.opt.block1 is not None and not self._reassembled(msg, path):
+            return  # answered: 2.31 Continue, or an error
         if path == ("dp",) and msg.code == Code.POST:
             self._send_op(msg)
             return
@@ -390,6 +401,35 @@ class Lwm2mChannel:
             self._known_elsewhere(msg, path[1])
         else:
             self._respond(msg, Code.NOT_FOUND)
+
+    def _reassembled(self, msg: Message, path: tuple[str, ...]) -> bool:
+        """A block of a request body sent with Block1 (a register whose links do not fit a
+        device's block size, a large Send): True with the whole body in ``msg`` once the
+        last block is in, False after answering 2.31 Continue or an error."""
+        b1 = msg.opt.block1
+        assert b1 is not None
+        size = 1 << (b1.size_exponent + 4)
+        if b1.block_number == 0:
+            self._uploads[path] = bytearray()
+        body = self._uploads.get(path)
+        if body is None or b1.block_number * size != len(body):
+            self._uploads.pop(path, None)
+            self._respond(msg, Code.REQUEST_ENTITY_INCOMPLETE)
+            return False
+        body += msg.payload
+        if len(body) > MAX_UPLOAD:
+            self._uploads.pop(path, None)
+            self._respond(msg, Code.REQUEST_ENTITY_TOO_LARGE)
+            return False
+        if b1.more:
+            self._respond(msg, Code.CONTINUE, block1=Block(b1.block_number, True,
+                                                           b1.size_exponent))
+            return False
+        del self._uploads[path]
+        msg.payload = bytes(body)
+        msg.opt.block1 = None
+        self._last_block1 = (msg.mid, Block(b1.block_number, False, b1.size_exponent))
+        return True
 
     def _known_elsewhere(self, msg: Message, ep: str) -> None:
         """An update or deregistration of a registration this channel did not see: the
@@ -444,9 +484,6 @@ class Lwm2mChannel:
         fmt = msg.opt.content_format
         if fmt not in (content.SENML_JSON, content.SENML_CBOR):
             self._respond(msg, Code.UNSUPPORTED_CONTENT_FORMAT)
-            return
-        if msg.opt.block1 is not None:  # Block1 uploads to the server are not reassembled
-            self._respond(msg, Code.REQUEST_ENTITY_TOO_LARGE)
             return
         try:
             entries = content.decode(fmt, bytes(msg.payload), "/", self.settings.model.type_of)
@@ -751,6 +788,8 @@ class Lwm2mChannel:
     def _build_composite(self, c: Command, data: dict[str, Any]) -> Message:
         """Read-/Write-/Observe-Composite (LwM2M 1.1): FETCH or iPATCH on the root path
         with a SenML body (JSON unless the device listed only CBOR)."""
+        if self.version.strip() in ("", "1.0"):  # a 1.0 device does not answer FETCH at all
+            raise ValueError("composite operations need LwM2M 1.1 (the device registered 1.0)")
         fmt = self._senml_format() or content.SENML_JSON
         cbor = fmt == content.SENML_CBOR
         if c.msg_type == "write-composite":
@@ -816,6 +855,7 @@ class Lwm2mChannel:
         assert first is not None and c.upload is not None
         size = 1 << (c.szx + 4)
         chunk = c.upload[num * size : (num + 1) * size]
+        c.block_start = num * size
         c.sent = num * size + len(chunk)
         more = c.sent < len(c.upload)
         req = make(CON, first.code, self._mid(), first.token, chunk)
@@ -876,6 +916,9 @@ class Lwm2mChannel:
                 c.szx = min(c.szx, b1.size_exponent)
                 self._send_block1(c, c.sent >> (c.szx + 4))
                 return
+            if (msg.code == Code.REQUEST_ENTITY_TOO_LARGE and b1 is not None
+                    and self._smaller_blocks(c, b1)):
+                return
             c.upload = None
             if (msg.opt.block2 is not None and msg.code.is_successful()
                     and not self._block2(c, msg)):
@@ -898,6 +941,27 @@ class Lwm2mChannel:
             return  # acknowledged; nobody asked for it
         if msg.mtype == NON:
             self._out.append(encode(make(RST, Code.EMPTY, msg.mid)))
+
+    def _smaller_blocks(self, c: Command, b1: Block) -> bool:
+        """A 4.13 with Block1 (RFC 7959 2.9.3): the device takes blocks of that size only.
+        The rejected block (or the whole body, sent without Block1) goes again in that
+        size; False when it is not smaller than what was refused."""
+        req = c.request
+        szx = b1.size_exponent
+        if req is None or szx >= 7:
+            return False
+        if c.upload is None:
+            if len(req.payload) <= 1 << (szx + 4):
+                return False
+            c.upload = bytes(req.payload)
+            c.szx = szx
+            self._send_block1(c, 0)
+            return True
+        if szx >= c.szx:
+            return False
+        c.szx = szx
+        self._send_block1(c, c.block_start >> (szx + 4))
+        return True
 
     def _notify(self, obs: Command, msg: Message, seq_num: int | None) -> None:
         data: dict[str, Any] = {"reqPath": obs.path}

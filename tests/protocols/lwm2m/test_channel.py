@@ -593,3 +593,59 @@ def test_block2_notification_fetched_and_published_whole(node: Node, clock: Virt
     [(topic, ev)] = app.up()
     assert topic == "up/notify" and ev["reqID"] == 1 and ev["seqNum"] == 4
     assert ev["data"]["content"] == [{"path": "/3/0/0", "value": "y" * 600}]
+
+
+def test_413_with_block1_resends_in_the_size_the_device_takes(node: Node, clock: VirtualScheduler
+                                                              ) -> None:
+    import base64
+
+    d, app = registered(node, clock)
+    app.up()
+    package = bytes(range(200))  # fits our block, not the device's 64 bytes
+    app.command(1, "write", path="/5/0/0", value=base64.b64encode(package).decode())
+    [req] = d.take()
+    assert req.opt.block1 is None and len(req.payload) == 200
+    r = make(ACK, Code.REQUEST_ENTITY_TOO_LARGE, req.mid, req.token)
+    r.opt.block1 = Block(0, True, 2)
+    d.send(r)
+    got = b""
+    while True:
+        [req] = d.take()
+        b1 = req.opt.block1
+        assert b1.size_exponent == 2 and b1.block_number * 64 == len(got)
+        got += req.payload
+        if not b1.more:
+            d.reply(req, Code.CHANGED)
+            break
+        r = make(ACK, Code.CONTINUE, req.mid, req.token)
+        r.opt.block1 = b1
+        d.send(r)
+    assert got == package
+    [(_, resp)] = app.up()
+    assert resp["data"]["code"] == "2.04"
+
+
+def test_register_with_block1_links(node: Node, clock: VirtualScheduler) -> None:
+    app = Mqtt(node, clock, "dev1")
+    d = Device(node, clock, Lwm2mSettings())
+    links = b'</>;rt="oma.lwm2m",' + b",".join(b"</%d/0>" % i for i in range(3, 40))
+    chunks = [links[i : i + 64] for i in range(0, len(links), 64)]
+    for num, chunk in enumerate(chunks):
+        d.mid += 1
+        m = make(CON, Code.POST, d.mid, b"r", chunk)
+        m.opt.uri_path = ("rd",)
+        m.opt.uri_query = ("ep=dev1", "lt=300")
+        m.opt.block1 = Block(num, num + 1 < len(chunks), 2)
+        d.send(m)
+        [r] = d.take()
+        if num + 1 < len(chunks):
+            assert r.code == Code.CONTINUE and r.opt.block1 == Block(num, True, 2)
+    assert r.code == Code.CREATED and r.opt.block1 == Block(len(chunks) - 1, False, 2)
+    [(_, ev)] = app.up()
+    assert len(ev["data"]["objectList"]) == 37
+    d.mid += 1
+    m = make(CON, Code.POST, d.mid, b"r", b"x" * 64)
+    m.opt.uri_path = ("dp",)
+    m.opt.block1 = Block(3, True, 2)  # no block 0 before it
+    d.send(m)
+    assert d.take()[0].code == Code.REQUEST_ENTITY_INCOMPLETE
