@@ -10,10 +10,15 @@ Registration interface (device -> us):
   ``rd/{ep}``; the register event goes to ``{mp}up/resp``.
 - ``POST /rd/{ep}?lt=&b=`` (update) -> 2.04; the update event goes to ``{mp}up/update``.
 - ``DELETE /rd/{ep}`` -> 2.02; the session ends. No update within the lifetime: it ends too.
+- An update reaching a new channel (new address, or gatewayd restarted) resumes the
+  registration kept in the :class:`~protocols.lwm2m.registry.Registry` while it lives.
+- ``POST /dp`` (1.1 Send, SenML) -> 2.04; the records go to ``{mp}up/send``.
+- Request bodies sent with Block1 (large link lists, Send) are reassembled.
 
 Device management (MQTT -> us -> device): a JSON command on ``{mp}dn`` (``reqID``,
 ``msgType`` read | discover | write | write-attr | execute | create | delete | observe |
-cancel-observe, ``data``) becomes one CoAP request; its answer is published on
+cancel-observe, and the 1.1 read-composite | write-composite | observe-composite |
+cancel-observe-composite, ``data``) becomes one CoAP request; its answer is published on
 ``{mp}up/resp`` as ``{"reqID", "msgType", "data": {"reqPath", "code", "codeMsg",
 "content"}}`` (keys of the command other than those are echoed); notifications of an
 observation go to ``{mp}up/notify`` with ``seqNum``. No answer: ``"code":
@@ -21,6 +26,13 @@ observation go to ``{mp}up/notify`` with ``seqNum``. No answer: ``"code":
 
 Queue mode (binding with ``Q``): the device listens only for ``qmode_time_window`` after
 each message it sends; commands arriving later wait for its next update (or register).
+Waiting commands belong to the endpoint's registry entry, not to the channel: a takeover,
+a kick or a restart (with the journal) keeps them; a deregistration or lifetime expiry
+answers them ``coap_timeout`` and drops them.
+
+Blockwise: Block2 answers and notifications are collected and published whole; Block1
+request bodies go in 1024-byte blocks, or smaller ones when the device asks (2.31 or 4.13
+with a smaller Block1 size).
 
 Invariants:
 - A malformed datagram is counted and answered 4.00 when its header is readable; it
