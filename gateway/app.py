@@ -45,6 +45,7 @@ from gateway.store.sessions import SCHEMA, SessionStore
 from gateway.store.writer import GroupCommitter
 from protocols.coap.channel import CoapChannel, CoapSettings
 from protocols.context import ConnectionHandle
+from protocols.lwm2m.bootstrap import BootstrapPlan
 from protocols.lwm2m.channel import Lwm2mChannel, Lwm2mSettings
 from protocols.lwm2m.objects import ObjectModel
 from protocols.lwm2m.registry import Registry
@@ -718,6 +719,10 @@ def lwm2m_settings(config: GatewayConfig, listener: str, model: ObjectModel) -> 
         publish_qos=c.publish_qos,
         max_queue=c.max_queue,
         model=model,
+        bootstrap={
+            ep: BootstrapPlan(plan.delete, [(w.path, list(w.content)) for w in plan.writes])
+            for ep, plan in c.bootstrap.endpoints.items()
+        } if c.bootstrap.enable else {},
     )
 
 

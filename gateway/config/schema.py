@@ -18,7 +18,7 @@ import ipaddress
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -586,6 +586,36 @@ class Lwm2mListeners(_Section):
     dtls: dict[str, DtlsListener] = Field(default_factory=dict)
 
 
+class Lwm2mBootstrapWrite(_Section):
+    """One Bootstrap-Write: the resources of object instance ``path`` (``"/0/1"``)."""
+
+    path: Annotated[str, Field(pattern=r"^/\d+/\d+$")]
+    content: list[dict[str, Any]]
+
+    @field_validator("content")
+    @classmethod
+    def _entries(cls, v: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        for e in v:
+            if "path" not in e or "value" not in e:
+                raise ValueError("each entry needs a path and a value")
+        return v
+
+
+class Lwm2mBootstrapPlan(_Section):
+    """What one endpoint (or every endpoint: ``"*"``) is told when it bootstraps."""
+
+    delete: bool = True
+    writes: list[Lwm2mBootstrapWrite] = Field(default_factory=list)
+
+
+class Lwm2mBootstrap(_Section):
+    """``[gateway.lwm2m.bootstrap]``: a bootstrap server on the LwM2M listeners (``POST
+    /bs?ep=``); off unless ``enable``; endpoints without a plan (and no ``"*"``) get 4.00."""
+
+    enable: bool = False
+    endpoints: dict[str, Lwm2mBootstrapPlan] = Field(default_factory=dict)
+
+
 class Lwm2mConfig(_Section):
     """``[gateway.lwm2m]`` (EMQX's shape): LwM2M 1.0/1.1 over CoAP. ``mountpoint`` may use
     ``{ep}`` (the endpoint name); ``xml_dir`` adds object definitions (OMA XML) to the
@@ -603,6 +633,7 @@ class Lwm2mConfig(_Section):
     publish_qos: int = Field(default=0, ge=0, le=2)
     max_queue: int = Field(default=1000, ge=1)
     xml_dir: str = ""
+    bootstrap: Lwm2mBootstrap = Field(default_factory=Lwm2mBootstrap)
     listeners: Lwm2mListeners = Field(default_factory=Lwm2mListeners)
 
 

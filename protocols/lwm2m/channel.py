@@ -76,7 +76,7 @@ from protocols.context import (
 )
 from protocols.context import Message as BrokerMessage
 from protocols.effects import CancelTimer, Close, Effect, SetTimer
-from protocols.lwm2m import content
+from protocols.lwm2m import bootstrap, content
 from protocols.lwm2m.objects import ObjectModel
 from protocols.lwm2m.registry import Registry
 
@@ -121,11 +121,14 @@ class Lwm2mSettings:
     model: ObjectModel = field(default_factory=ObjectModel.shipped)
     # shared by every channel of the node (and journaled when durability is on)
     registry: Registry = field(default_factory=Registry)
+    # the bootstrap server (POST /bs): endpoint name or "*" -> what the device is told
+    bootstrap: dict[str, bootstrap.BootstrapPlan] = field(default_factory=dict)
 
 
 class State(Enum):
     NEW = "new"
     AUTHENTICATING = "authenticating"
+    BOOTSTRAPPING = "bootstrapping"
     REGISTERED = "registered"
     CLOSED = "closed"
 
@@ -206,6 +209,7 @@ class Lwm2mChannel:
         self._responses: OrderedDict[int, bytes | None] = OrderedDict()
         self._waiting: Message | None = None
         self._resumed = False
+        self._bootstrap_failed = False
         self._uploads: dict[tuple[str, ...], bytearray] = {}  # Block1 bodies coming in
         self._last_block1: tuple[int, Block] | None = None
         self.root_formats: list[int] = []  # ct of the root link (1.1): formats it reads
@@ -393,6 +397,9 @@ class Lwm2mChannel:
         path = tuple(msg.opt.uri_path)
         if msg.opt.block1 is not None and not self._reassembled(msg, path):
             return  # answered: 2.31 Continue, or an error
+        if path == ("bs",) and msg.code == Code.POST:
+            self._bootstrap_request(msg)
+            return
         if path == ("dp",) and msg.code == Code.POST:
             self._send_op(msg)
             return
@@ -486,6 +493,50 @@ class Lwm2mChannel:
             self._respond(msg, Code.BAD_REQUEST)
             return
         self._start_session(msg, ep, resumed=True)
+
+    def _bootstrap_request(self, msg: Message) -> None:
+        """Client-initiated bootstrap (``POST /bs?ep=``): 2.04, then the endpoint's plan
+        (Bootstrap-Delete, -Writes, -Finish), one request at a time."""
+        ep = _query(msg).get("ep", "")
+        plan = bootstrap.plan_for(self.settings.bootstrap, ep) if ep else None
+        if self.state is not State.NEW or plan is None:
+            log.info("%s: bootstrap request for %r refused (%s)", self._who(), ep,
+                     "no plan for it" if self.state is State.NEW else self.state.value)
+            self._respond(msg, Code.BAD_REQUEST)
+            return
+        try:
+            steps = bootstrap.requests(plan, self.settings.model.type_of)
+        except (content.ContentError, ValueError) as exc:
+            log.error("bootstrap plan for %r cannot be sent: %s", ep, exc)
+            self._respond(msg, Code.INTERNAL_SERVER_ERROR)
+            return
+        self.ep = ep
+        self.state = State.BOOTSTRAPPING
+        self._bootstrap_failed = False
+        self._respond(msg, Code.CHANGED)
+        self._out.append(CancelTimer("idle"))
+        log.info("%s: bootstrapping (%d operations)", self._who(), len(steps))
+        for op, req in steps:
+            path = "/" + "/".join(req.opt.uri_path)
+            self.pending.append(Command(None, op, path, {}, req))
+        self._pump()
+
+    def _bootstrap_step(self, c: Command, result: dict[str, Any]) -> None:
+        code = str(result.get("code"))
+        if not code.startswith("2."):
+            self._bootstrap_failed = True
+            log.warning("%s: %s %s: %s", self._who(), c.msg_type, c.path, code)
+        if c.msg_type != "bootstrap-finish" and code != "coap_timeout":
+            return
+        self.pending.clear()
+        if self._bootstrap_failed:
+            self.context.incr("lwm2m.bootstrap.failed")
+        else:
+            self.context.incr("lwm2m.bootstrap.finished")
+            log.info("%s: bootstrap finished", self._who())
+        self.state = State.NEW  # it registers next (perhaps here, from this address)
+        self.ep = ""
+        self._out.append(SetTimer("idle", self.settings.idle_timeout))
 
     def _send_op(self, msg: Message) -> None:
         """LwM2M 1.1 Send (``POST /dp``, SenML JSON or CBOR): 2.04 and the decoded
@@ -840,7 +891,8 @@ class Lwm2mChannel:
 
     def _pump(self) -> None:
         """Send the next command when none is outstanding and the device listens."""
-        if self.current is not None or self.state is not State.REGISTERED:
+        if self.current is not None or self.state not in (State.REGISTERED,
+                                                          State.BOOTSTRAPPING):
             return
         if not self.pending or not self._awake():
             return
@@ -1056,6 +1108,9 @@ class Lwm2mChannel:
         return out
 
     def _answer(self, c: Command, result: dict[str, Any]) -> None:
+        if c.msg_type.startswith("bootstrap-"):
+            self._bootstrap_step(c, result)
+            return
         if c.seq is not None:
             self.settings.registry.done(self.ep, c.seq)
             c.seq = None

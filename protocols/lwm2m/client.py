@@ -72,6 +72,7 @@ class Lwm2mClient:
         self.location: tuple[str, ...] = ()
         self.ctx: Any = None
         self._observers: dict[str, list[Callable[[], None]]] = {}
+        self.bootstrapped = asyncio.Event()
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -100,6 +101,16 @@ class Lwm2mClient:
         resp = await asyncio.wait_for(self.ctx.request(req).response, timeout)
         if resp.code == CREATED:
             self.location = tuple(resp.opt.location_path)
+        return resp
+
+    async def bootstrap(self, timeout: float = 10.0) -> Any:
+        """Client-initiated bootstrap: ``POST /bs?ep=``, then wait for Bootstrap-Finish
+        (the server's deletes and writes land in ``values`` meanwhile)."""
+        self.bootstrapped = asyncio.Event()
+        req = Message(code=POST, uri=self._uri(f"/bs?ep={self.endpoint}"))
+        resp = await asyncio.wait_for(self.ctx.request(req).response, timeout)
+        if resp.code == CHANGED:
+            await asyncio.wait_for(self.bootstrapped.wait(), timeout)
         return resp
 
     async def update(self, timeout: float = 10.0) -> Any:
@@ -155,6 +166,13 @@ class Lwm2mClient:
             if request.opt.uri_query:  # write-attributes
                 return Message(code=CHANGED)
             return self._write(path, request)
+        if code == POST and parts == ["bs"]:  # Bootstrap-Finish
+            self.bootstrapped.set()
+            return Message(code=CHANGED)
+        if code == DELETE and not parts:  # Bootstrap-Delete: the server accounts go
+            for p in [p for p in self.values if p.startswith(("/0/", "/1/"))]:
+                del self.values[p]
+            return Message(code=DELETED)
         if code == POST:
             if len(parts) == 3 and self.model.resource(path) is not None and \
                     "E" in self.model.resource(path).operations:  # type: ignore[union-attr]

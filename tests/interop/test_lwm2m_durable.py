@@ -150,3 +150,47 @@ def test_send_reaches_mqtt(tmp_path: Path) -> None:
     finally:
         app.close()
         stop(proc)
+
+
+def test_bootstrap_then_register(tmp_path: Path) -> None:
+    port = free_port(socket.SOCK_DGRAM)
+    plan = (
+        '{"*" = {writes = ['
+        f'{{path = "/0/1", content = [{{path = "0", value = "coap://127.0.0.1:{port}"}}, '
+        '{path = "1", value = false}, {path = "2", value = 3}, {path = "10", value = 123}]}, '
+        '{path = "/1/1", content = [{path = "0", value = 123}, {path = "1", value = 120}, '
+        '{path = "7", value = "U"}]}]}}'
+    )
+    proc, gw = start_gateway(
+        tmp_path,
+        GATEWAY_GATEWAY__LWM2M__LISTENERS__UDP__DEFAULT__BIND=f"127.0.0.1:{port}",
+        GATEWAY_GATEWAY__LWM2M__BOOTSTRAP__ENABLE="true",
+        GATEWAY_GATEWAY__LWM2M__BOOTSTRAP__ENDPOINTS=plan,
+    )
+    ep = "fresh-1"
+    app = App(gw, ep)
+
+    async def scenario() -> None:
+        dev = Lwm2mClient(("127.0.0.1", port), ep)
+        await dev.start()
+        try:
+            r = await dev.bootstrap(TIMEOUT)
+            assert str(r.code) == "2.04 Changed"
+            assert dev.values["/0/1/0"] == f"coap://127.0.0.1:{port}"
+            assert dev.values["/0/1/10"] == 123 and dev.values["/1/1/1"] == 120
+            assert "/1/0/1" not in dev.values  # Bootstrap-Delete went first
+            dev.lifetime = dev.values["/1/1/1"]
+            r = await dev.register()
+            assert str(r.code) == "2.01 Created"
+            await dev.deregister()
+        finally:
+            await dev.close()
+
+    try:
+        asyncio.run(scenario())
+        _, ev = app.next()
+        assert ev["msgType"] == "register" and ev["data"]["lt"] == 120
+        assert "/1/1" in ev["data"]["objectList"]
+    finally:
+        app.close()
+        stop(proc)

@@ -649,3 +649,57 @@ def test_register_with_block1_links(node: Node, clock: VirtualScheduler) -> None
     m.opt.block1 = Block(3, True, 2)  # no block 0 before it
     d.send(m)
     assert d.take()[0].code == Code.REQUEST_ENTITY_INCOMPLETE
+
+
+def test_bootstrap_then_register(node: Node, clock: VirtualScheduler) -> None:
+    from protocols.lwm2m.bootstrap import BootstrapPlan
+
+    plan = BootstrapPlan(True, [
+        ("/0/1", [{"path": "0", "value": "coap://127.0.0.1:5783"}, {"path": "1", "value": False},
+                  {"path": "2", "value": 3}, {"path": "10", "value": 123}]),
+        ("/1/1", [{"path": "0", "value": 123}, {"path": "1", "value": 300},
+                  {"path": "7", "value": "U"}]),
+    ])
+    app = Mqtt(node, clock, "dev1")
+    d = Device(node, clock, Lwm2mSettings(bootstrap={"dev1": plan}))
+    d.request(Code.POST, ("bs",), ("ep=other",))
+    assert d.take()[0].code == Code.BAD_REQUEST  # no plan for it, no "*"
+    d.request(Code.POST, ("bs",), ("ep=dev1",))
+    changed, delete = d.take()
+    assert changed.code == Code.CHANGED and "idle" not in d.timers
+    assert delete.code == Code.DELETE and delete.opt.uri_path == ()
+    d.reply(delete, Code.DELETED)
+    [w0] = d.take()
+    model = d.channel.settings.model
+    assert w0.code == Code.PUT and w0.opt.uri_path == ("0", "1")
+    assert w0.opt.content_format == content.TLV
+    assert content.decode_tlv(w0.payload, "/0/1", model.type_of)[0] == {
+        "path": "/0/1/0", "value": "coap://127.0.0.1:5783"}
+    d.reply(w0, Code.CHANGED)
+    [w1] = d.take()
+    assert w1.opt.uri_path == ("1", "1")
+    d.reply(w1, Code.CHANGED)
+    [finish] = d.take()
+    assert finish.code == Code.POST and finish.opt.uri_path == ("bs",)
+    d.reply(finish, Code.CHANGED)
+    assert node.metrics.get("lwm2m.bootstrap.finished") == 1
+    assert d.channel.state is State.NEW and "idle" in d.timers
+    assert app.up() == []  # nothing on MQTT while bootstrapping
+    d.request(Code.POST, ("rd",), ("ep=dev1", "lt=300"), LINKS)
+    assert d.take()[0].code == Code.CREATED
+    [(_, ev)] = app.up()
+    assert ev["msgType"] == "register"
+
+
+def test_bootstrap_failure_counted(node: Node, clock: VirtualScheduler) -> None:
+    from protocols.lwm2m.bootstrap import BootstrapPlan
+
+    d = Device(node, clock, Lwm2mSettings(bootstrap={"*": BootstrapPlan(False, [
+        ("/1/1", [{"path": "1", "value": 300}])])}))
+    d.request(Code.POST, ("bs",), ("ep=any",))
+    _, w = d.take()
+    d.reply(w, Code.BAD_REQUEST)
+    [finish] = d.take()
+    d.reply(finish, Code.CHANGED)
+    assert node.metrics.get("lwm2m.bootstrap.failed") == 1
+    assert d.channel.state is State.NEW
