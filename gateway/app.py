@@ -56,6 +56,8 @@ from protocols.mqttsn.packets import Advertise
 
 log = logging.getLogger("gateway")
 
+LWM2M_SWEEP = 60.0  # seconds between sweeps of expired LwM2M registrations
+
 
 def core_settings(config: GatewayConfig) -> CoreSettings:
     m = config.mqtt
@@ -149,6 +151,7 @@ class Gateway:
         self.servers: list[asyncio.Server] = []
         self.tls: dict[str, ReloadableContext] = {}
         self.datagrams: list[DatagramShell] = []  # MQTT-SN (UDP) listeners
+        self.lwm2m_sweeper: asyncio.TimerHandle | None = None
         self.advertisers: list[asyncio.TimerHandle] = []  # ssl listener name -> its contexts
         self.stopped = asyncio.Event()
         self.cluster: Cluster | None = None  # gateway.cluster, when [cluster] is enabled
@@ -478,13 +481,26 @@ class Gateway:
         durability is on (they survive a restart), in memory otherwise."""
         store = node.store
         if store is None:
-            return Registry()
-        journal = Lwm2mStore(store.conn, store.committer)
-        registry = Registry(journal)
-        endpoints, commands = registry.restore(journal.load(), node.now())
-        if endpoints:
-            log.info("lwm2m: %d registrations restored, %d commands waiting", endpoints, commands)
+            registry = Registry()
+        else:
+            journal = Lwm2mStore(store.conn, store.committer)
+            registry = Registry(journal)
+            endpoints, commands = registry.restore(journal.load(), node.now())
+            if endpoints:
+                log.info("lwm2m: %d registrations restored, %d commands waiting",
+                         endpoints, commands)
+        self._sweep_lwm2m(node, registry)
         return registry
+
+    def _sweep_lwm2m(self, node: Node, registry: Registry) -> None:
+        """Every minute: forget registrations whose lifetime ended with no channel left
+        to notice (the device never came back after a kick or a restart)."""
+        n = registry.sweep(node.now())
+        if n:
+            log.info("lwm2m: %d registrations expired (their waiting commands dropped)", n)
+        self.lwm2m_sweeper = asyncio.get_running_loop().call_later(
+            LWM2M_SWEEP, self._sweep_lwm2m, node, registry
+        )
 
     def _advertise(
         self,
@@ -535,6 +551,8 @@ class Gateway:
         for server in self.servers:
             await server.wait_closed()
         self.servers.clear()
+        if self.lwm2m_sweeper is not None:
+            self.lwm2m_sweeper.cancel()
         for timer in self.advertisers:
             timer.cancel()
         self.advertisers.clear()

@@ -75,6 +75,14 @@ class Registry:
             return None
         return r
 
+    def sweep(self, now: float) -> int:
+        """Forget the registrations whose lifetime ended (their device never came back
+        after a kick or a restart); how many."""
+        gone = [ep for ep, r in self.endpoints.items() if r.expires_at <= now]
+        for ep in gone:
+            self.forget(ep)
+        return len(gone)
+
     def register(self, ep: str, data: dict[str, Any], expires_at: float) -> Registration:
         r = self.endpoints.get(ep)
         if r is None:

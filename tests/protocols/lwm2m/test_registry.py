@@ -165,3 +165,14 @@ def test_expired_registrations_are_not_restored(tmp_path: Path) -> None:
     assert again.queue("new", b"{}", 500.0) == 2  # seq keeps growing
     committer2.commit()
     assert [ep for (ep,) in store2.conn.execute("SELECT ep FROM lwm2m_registrations")] == ["new"]
+
+
+def test_sweep_forgets_expired_registrations(tmp_path: Path) -> None:
+    store, committer = _journal(tmp_path)
+    registry = Registry(store)
+    registry.register("gone", {}, expires_at=100.0)
+    registry.queue("gone", b"{}", 10.0)
+    registry.register("here", {}, expires_at=300.0)
+    assert registry.sweep(now=200.0) == 1 and set(registry.endpoints) == {"here"}
+    committer.commit()
+    assert _rows(store) == []
