@@ -85,6 +85,7 @@ log = logging.getLogger("protocols.lwm2m.channel")
 MAX_BODY = 4 * 1024 * 1024  # a Block2 answer larger than this is refused (4.08)
 BLOCK_SIZE, BLOCK_SZX = 1024, 6  # Block1 for request bodies larger than one block
 MAX_UPLOAD = 64 * 1024  # a request body a device sends with Block1 (links, Send)
+MAX_UPLOADS = 4  # Block1 bodies being received from one peer at once (different paths)
 
 COMPOSITE = ("read-composite", "write-composite", "observe-composite",
              "cancel-observe-composite")  # LwM2M 1.1, SenML bodies on the root path
@@ -429,6 +430,9 @@ class Lwm2mChannel:
         assert b1 is not None
         size = 1 << (b1.size_exponent + 4)
         if b1.block_number == 0:
+            self._uploads.pop(path, None)
+            while len(self._uploads) >= MAX_UPLOADS:  # one peer's partial bodies are few
+                del self._uploads[next(iter(self._uploads))]
             self._uploads[path] = bytearray()
         body = self._uploads.get(path)
         if body is None or b1.block_number * size != len(body):
