@@ -15,7 +15,7 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from protocols.lwm2m.client import Lwm2mClient
-from tests.interop.conftest import Gateway, free_port, start_gateway, stop
+from tests.interop.conftest import Gateway, free_port, start_gateway, stop, wait_lwm2m
 
 TIMEOUT = 10.0
 
@@ -28,6 +28,7 @@ def lgw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Gateway, int
         GATEWAY_GATEWAY__LWM2M__LISTENERS__UDP__DEFAULT__BIND=f"127.0.0.1:{port}",
         GATEWAY_GATEWAY__LWM2M__QMODE_TIME_WINDOW="2s",
     )
+    wait_lwm2m(port)
     try:
         yield gw, port
     finally:

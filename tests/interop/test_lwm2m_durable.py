@@ -17,7 +17,7 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from protocols.lwm2m.client import Lwm2mClient
-from tests.interop.conftest import Gateway, free_port, start_gateway, stop
+from tests.interop.conftest import Gateway, free_port, start_gateway, stop, wait_lwm2m
 
 TIMEOUT = 15.0
 WINDOW = 0.2  # qmode_time_window: the device sleeps this long after each message
@@ -55,12 +55,15 @@ class App:
         self.c.loop_stop()
 
 
-def _start(workdir: Path, port: int) -> tuple[Any, Gateway]:
-    return start_gateway(
+def _start(workdir: Path, port: int, **extra: str) -> tuple[Any, Gateway]:
+    proc, gw = start_gateway(
         workdir,
         GATEWAY_GATEWAY__LWM2M__LISTENERS__UDP__DEFAULT__BIND=f"127.0.0.1:{port}",
         GATEWAY_GATEWAY__LWM2M__QMODE_TIME_WINDOW=f"{int(WINDOW * 1000)}ms",
+        **extra,
     )
+    wait_lwm2m(port)
+    return proc, gw
 
 
 @pytest.mark.slow
@@ -161,9 +164,8 @@ def test_bootstrap_then_register(tmp_path: Path) -> None:
         '{path = "/1/1", content = [{path = "0", value = 123}, {path = "1", value = 120}, '
         '{path = "7", value = "U"}]}]}}'
     )
-    proc, gw = start_gateway(
-        tmp_path,
-        GATEWAY_GATEWAY__LWM2M__LISTENERS__UDP__DEFAULT__BIND=f"127.0.0.1:{port}",
+    proc, gw = _start(
+        tmp_path, port,
         GATEWAY_GATEWAY__LWM2M__BOOTSTRAP__ENABLE="true",
         GATEWAY_GATEWAY__LWM2M__BOOTSTRAP__ENDPOINTS=plan,
     )
