@@ -46,18 +46,23 @@ from gateway.protect.banned import BanGuard
 from gateway.protect.flapping import FlappingDetector, FlappingSettings
 from gateway.store.banned import BannedStore
 from gateway.store.db import db_path, ensure_schema, open_db
+from gateway.store.lwm2m import Lwm2mStore
 from gateway.store.sessions import SCHEMA, SessionStore
 from gateway.store.writer import GroupCommitter
 from protocols.coap.channel import CoapChannel, CoapSettings
 from protocols.context import ConnectionHandle
+from protocols.lwm2m.bootstrap import BootstrapPlan
 from protocols.lwm2m.channel import Lwm2mChannel, Lwm2mSettings
 from protocols.lwm2m.objects import ObjectModel
+from protocols.lwm2m.registry import Registry
 from protocols.mqtt.channel import MqttChannel, MqttSettings
 from protocols.mqttsn.channel import MqttSnChannel, MqttSnSettings
 from protocols.mqttsn.codec import encode as mqttsn_encode
 from protocols.mqttsn.packets import Advertise
 
 log = logging.getLogger("gateway")
+
+LWM2M_SWEEP = 60.0  # seconds between sweeps of expired LwM2M registrations
 
 
 def core_settings(config: GatewayConfig) -> CoreSettings:
@@ -153,6 +158,7 @@ class Gateway:
         self.tls: dict[str, ReloadableContext] = {}
         self.dtls: dict[str, DtlsServer] = {}  # DTLS listener id -> its reloadable keys
         self.datagrams: list[DatagramShell] = []  # MQTT-SN (UDP) listeners
+        self.lwm2m_sweeper: asyncio.TimerHandle | None = None
         self.advertisers: list[asyncio.TimerHandle] = []  # ssl listener name -> its contexts
         self.stopped = asyncio.Event()
         self.cluster: Cluster | None = None  # gateway.cluster, when [cluster] is enabled
@@ -440,6 +446,7 @@ class Gateway:
                 model.load_dir(cfg.xml_dir)
             except (OSError, ValueError) as exc:
                 raise ConfigError(f"gateway.lwm2m.xml_dir: {exc}") from exc
+        registry = self._lwm2m_registry(node)
         listeners: list[tuple[str, str, UdpListener, DtlsListener | None]] = [
             ("udp", n, lst, None) for n, lst in cfg.listeners.udp.items()
         ] + [("dtls", n, dl, dl) for n, dl in cfg.listeners.dtls.items()]
@@ -448,6 +455,7 @@ class Gateway:
                 continue
             lname = f"lwm2m:{kind}:{name}"
             settings = lwm2m_settings(self.config, lname, model)
+            settings.registry = registry
 
             inner = _lwm2m_inner(node, settings, monotonic, dl)
             factory: Callable[[DatagramPeer, tuple[str, int]], Any]
@@ -476,6 +484,32 @@ class Gateway:
             self.listeners[lname] = ListenerEntry(
                 kind, name, "lwm2m", lst.bind, limits, [_fmt(local)]
             )
+
+    def _lwm2m_registry(self, node: Node) -> Registry:
+        """LwM2M registrations and unanswered commands, journaled in ``gateway.db`` when
+        durability is on (they survive a restart), in memory otherwise."""
+        store = node.store
+        if store is None:
+            registry = Registry()
+        else:
+            journal = Lwm2mStore(store.conn, store.committer)
+            registry = Registry(journal)
+            endpoints, commands = registry.restore(journal.load(), node.now())
+            if endpoints:
+                log.info("lwm2m: %d registrations restored, %d commands waiting",
+                         endpoints, commands)
+        self._sweep_lwm2m(node, registry)
+        return registry
+
+    def _sweep_lwm2m(self, node: Node, registry: Registry) -> None:
+        """Every minute: forget registrations whose lifetime ended with no channel left
+        to notice (the device never came back after a kick or a restart)."""
+        n = registry.sweep(node.now())
+        if n:
+            log.info("lwm2m: %d registrations expired (their waiting commands dropped)", n)
+        self.lwm2m_sweeper = asyncio.get_running_loop().call_later(
+            LWM2M_SWEEP, self._sweep_lwm2m, node, registry
+        )
 
     def _advertise(
         self,
@@ -526,6 +560,8 @@ class Gateway:
         for server in self.servers:
             await server.wait_closed()
         self.servers.clear()
+        if self.lwm2m_sweeper is not None:
+            self.lwm2m_sweeper.cancel()
         for timer in self.advertisers:
             timer.cancel()
         self.advertisers.clear()
@@ -732,7 +768,12 @@ def lwm2m_settings(config: GatewayConfig, listener: str, model: ObjectModel) -> 
         response_timeout=c.response_timeout,
         idle_timeout=c.idle_timeout,
         publish_qos=c.publish_qos,
+        max_queue=c.max_queue,
         model=model,
+        bootstrap={
+            ep: BootstrapPlan(plan.delete, [(w.path, list(w.content)) for w in plan.writes])
+            for ep, plan in c.bootstrap.endpoints.items()
+        } if c.bootstrap.enable else {},
     )
 
 

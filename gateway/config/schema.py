@@ -18,7 +18,7 @@ import ipaddress
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -640,11 +640,42 @@ class Lwm2mListeners(_Section):
     dtls: dict[str, DtlsListener] = Field(default_factory=dict)
 
 
+class Lwm2mBootstrapWrite(_Section):
+    """One Bootstrap-Write: the resources of object instance ``path`` (``"/0/1"``)."""
+
+    path: Annotated[str, Field(pattern=r"^/\d+/\d+$")]
+    content: list[dict[str, Any]]
+
+    @field_validator("content")
+    @classmethod
+    def _entries(cls, v: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        for e in v:
+            if "path" not in e or "value" not in e:
+                raise ValueError("each entry needs a path and a value")
+        return v
+
+
+class Lwm2mBootstrapPlan(_Section):
+    """What one endpoint (or every endpoint: ``"*"``) is told when it bootstraps."""
+
+    delete: bool = True
+    writes: list[Lwm2mBootstrapWrite] = Field(default_factory=list)
+
+
+class Lwm2mBootstrap(_Section):
+    """``[gateway.lwm2m.bootstrap]``: a bootstrap server on the LwM2M listeners (``POST
+    /bs?ep=``); off unless ``enable``; endpoints without a plan (and no ``"*"``) get 4.00."""
+
+    enable: bool = False
+    endpoints: dict[str, Lwm2mBootstrapPlan] = Field(default_factory=dict)
+
+
 class Lwm2mConfig(_Section):
     """``[gateway.lwm2m]`` (EMQX's shape): LwM2M 1.0/1.1 over CoAP. ``mountpoint`` may use
     ``{ep}`` (the endpoint name); ``xml_dir`` adds object definitions (OMA XML) to the
     shipped core objects 0-7; ``qmode_time_window`` is how long a queue-mode device
-    listens after each message it sends."""
+    listens after each message it sends; ``max_queue`` bounds the commands waiting for
+    one device (the oldest is dropped)."""
 
     enable: bool = True
     mountpoint: str = "lwm2m/{ep}/"
@@ -654,7 +685,9 @@ class Lwm2mConfig(_Section):
     response_timeout: Annotated[Duration, Field(gt=0)] = 60.0
     idle_timeout: Annotated[Duration, Field(gt=0)] = 30.0
     publish_qos: int = Field(default=0, ge=0, le=2)
+    max_queue: int = Field(default=1000, ge=1)
     xml_dir: str = ""
+    bootstrap: Lwm2mBootstrap = Field(default_factory=Lwm2mBootstrap)
     listeners: Lwm2mListeners = Field(default_factory=Lwm2mListeners)
 
 

@@ -10,10 +10,15 @@ Registration interface (device -> us):
   ``rd/{ep}``; the register event goes to ``{mp}up/resp``.
 - ``POST /rd/{ep}?lt=&b=`` (update) -> 2.04; the update event goes to ``{mp}up/update``.
 - ``DELETE /rd/{ep}`` -> 2.02; the session ends. No update within the lifetime: it ends too.
+- An update reaching a new channel (new address, or gatewayd restarted) resumes the
+  registration kept in the :class:`~protocols.lwm2m.registry.Registry` while it lives.
+- ``POST /dp`` (1.1 Send, SenML) -> 2.04; the records go to ``{mp}up/send``.
+- Request bodies sent with Block1 (large link lists, Send) are reassembled.
 
 Device management (MQTT -> us -> device): a JSON command on ``{mp}dn`` (``reqID``,
 ``msgType`` read | discover | write | write-attr | execute | create | delete | observe |
-cancel-observe, ``data``) becomes one CoAP request; its answer is published on
+cancel-observe, and the 1.1 read-composite | write-composite | observe-composite |
+cancel-observe-composite, ``data``) becomes one CoAP request; its answer is published on
 ``{mp}up/resp`` as ``{"reqID", "msgType", "data": {"reqPath", "code", "codeMsg",
 "content"}}`` (keys of the command other than those are echoed); notifications of an
 observation go to ``{mp}up/notify`` with ``seqNum``. No answer: ``"code":
@@ -21,6 +26,13 @@ observation go to ``{mp}up/notify`` with ``seqNum``. No answer: ``"code":
 
 Queue mode (binding with ``Q``): the device listens only for ``qmode_time_window`` after
 each message it sends; commands arriving later wait for its next update (or register).
+Waiting commands belong to the endpoint's registry entry, not to the channel: a takeover,
+a kick or a restart (with the journal) keeps them; a deregistration or lifetime expiry
+answers them ``coap_timeout`` and drops them.
+
+Blockwise: Block2 answers and notifications are collected and published whole; Block1
+request bodies go in 1024-byte blocks, or smaller ones when the device asks (2.31 or 4.13
+with a smaller Block1 size).
 
 Invariants:
 - A malformed datagram is counted and answered 4.00 when its header is readable; it
@@ -64,16 +76,23 @@ from protocols.context import (
 )
 from protocols.context import Message as BrokerMessage
 from protocols.effects import CancelTimer, Close, Effect, SetTimer
-from protocols.lwm2m import content
+from protocols.lwm2m import bootstrap, content
 from protocols.lwm2m.objects import ObjectModel
+from protocols.lwm2m.registry import Registry
 
 log = logging.getLogger("protocols.lwm2m.channel")
 
 MAX_BODY = 4 * 1024 * 1024  # a Block2 answer larger than this is refused (4.08)
 BLOCK_SIZE, BLOCK_SZX = 1024, 6  # Block1 for request bodies larger than one block
+MAX_UPLOAD = 64 * 1024  # a request body a device sends with Block1 (links, Send)
+MAX_UPLOADS = 4  # Block1 bodies being received from one peer at once (different paths)
 
+COMPOSITE = ("read-composite", "write-composite", "observe-composite",
+             "cancel-observe-composite")  # LwM2M 1.1, SenML bodies on the root path
 COMMANDS = ("read", "discover", "write", "write-attr", "execute", "create", "delete",
-            "observe", "cancel-observe")
+            "observe", "cancel-observe", *COMPOSITE)
+READS = ("read", "discover", "observe", "read-composite", "observe-composite")
+OBSERVES = ("observe", "observe-composite")
 _CODE_MSG = {
     "2.01": "created", "2.02": "deleted", "2.03": "valid", "2.04": "changed",
     "2.05": "content", "2.31": "continue", "4.00": "bad_request", "4.01": "unauthorized",
@@ -101,11 +120,16 @@ class Lwm2mSettings:
     max_queue: int = 1000
     publish_qos: int = 0
     model: ObjectModel = field(default_factory=ObjectModel.shipped)
+    # shared by every channel of the node (and journaled when durability is on)
+    registry: Registry = field(default_factory=Registry)
+    # the bootstrap server (POST /bs): endpoint name or "*" -> what the device is told
+    bootstrap: dict[str, bootstrap.BootstrapPlan] = field(default_factory=dict)
 
 
 class State(Enum):
     NEW = "new"
     AUTHENTICATING = "authenticating"
+    BOOTSTRAPPING = "bootstrapping"
     REGISTERED = "registered"
     CLOSED = "closed"
 
@@ -117,8 +141,15 @@ class Command:
     path: str
     echo: dict[str, Any]
     request: Message | None = None  # the CoAP request, once built
+    seq: int | None = None  # its place in the registry (None: not kept there)
+    paths: list[str] | None = None  # a composite operation's paths
     partial: bytearray | None = None  # a Block2 answer being collected
     upload: bytes | None = None  # a request body sent with Block1
+    sent: int = 0  # bytes of ``upload`` sent so far
+    block_start: int = 0  # where the last block sent starts
+    szx: int = BLOCK_SZX  # Block1 size exponent: ours, or smaller if the device asks
+    notify_of: Command | None = None  # fetching the rest of this observation's notification
+    seq_num: int | None = None  # that notification's Observe number
 
 
 @dataclass(slots=True)
@@ -178,6 +209,11 @@ class Lwm2mChannel:
         self._next_mid = secrets.randbelow(0x10000)
         self._responses: OrderedDict[int, bytes | None] = OrderedDict()
         self._waiting: Message | None = None
+        self._resumed = False
+        self._bootstrap_failed = False
+        self._uploads: dict[tuple[str, ...], bytearray] = {}  # Block1 bodies coming in
+        self._last_block1: tuple[int, Block] | None = None
+        self.root_formats: list[int] = []  # ct of the root link (1.1): formats it reads
         self._out: list[Effect] = []
         self._busy = False
         self._core_closed = False
@@ -209,7 +245,7 @@ class Lwm2mChannel:
             self._close("did not register")
         elif name == "lifetime" and self.state is State.REGISTERED:
             log.info("%s: lifetime expired", self._who())
-            self._close("lifetime expired")
+            self._close("lifetime expired", forget=True)
         elif name == "retry":
             self._retransmit()
         elif name == "response":
@@ -273,13 +309,22 @@ class Lwm2mChannel:
         self._next_mid = (mid + 1) & 0xFFFF
         return mid
 
-    def _close(self, reason: str) -> None:
+    def _close(self, reason: str, *, forget: bool = False) -> None:
+        """End this channel. ``forget``: the registration ends too (deregistration,
+        lifetime expiry): waiting commands are answered ``coap_timeout`` and dropped.
+        Otherwise (a takeover, a kick, shutdown) they stay in the registry for the
+        endpoint's next channel, or the next start of gatewayd."""
         if self.state is State.CLOSED:
             return
+        was_registered = self.state is State.REGISTERED
         self.state = State.CLOSED
-        while self.pending:
-            self._answer(self.pending.popleft(), {"code": "coap_timeout",
-                                                  "codeMsg": "device gone"})
+        if forget and was_registered:
+            cur, self.current = self.current, None
+            waiting = ([cur.command] if cur is not None else []) + list(self.pending)
+            self.pending.clear()
+            for c in waiting:
+                self._answer(c, {"code": "coap_timeout", "codeMsg": "device gone"})
+            self.settings.registry.forget(self.ep)
         self._notify_core_closed()
         self._out.append(Close(reason))
         log.info("%s: closed: %s", self._who(), reason)
@@ -299,11 +344,16 @@ class Lwm2mChannel:
                      exc.mid if exc.mtype == CON else self._mid(), exc.token or b"")
         self._out.append(encode(reply))
 
-    def _respond(self, req: Message, code: int, *, location: tuple[str, ...] = ()) -> None:
+    def _respond(self, req: Message, code: int, *, location: tuple[str, ...] = (),
+                 block1: Block | None = None) -> None:
         con = req.mtype == CON
         resp = make(ACK if con else NON, code, req.mid if con else self._mid(), req.token)
         if location:
             resp.opt.location_path = location
+        if block1 is None and self._last_block1 is not None and self._last_block1[0] == req.mid:
+            block1 = self._last_block1[1]  # the final answer of a Block1 transfer echoes it
+        if block1 is not None:
+            resp.opt.block1 = block1
         data = encode(resp)
         if req.mid in self._responses:
             self._responses[req.mid] = data
@@ -346,6 +396,14 @@ class Lwm2mChannel:
         if len(self._responses) > 64:
             self._responses.popitem(last=False)
         path = tuple(msg.opt.uri_path)
+        if msg.opt.block1 is not None and not self._reassembled(msg, path):
+            return  # answered: 2.31 Continue, or an error
+        if path == ("bs",) and msg.code == Code.POST:
+            self._bootstrap_request(msg)
+            return
+        if path == ("dp",) and msg.code == Code.POST:
+            self._send_op(msg)
+            return
         if not path or path[0] != "rd":
             self._respond(msg, Code.NOT_FOUND)
             return
@@ -356,25 +414,170 @@ class Lwm2mChannel:
                 self._update(msg)
             elif msg.code == Code.DELETE:
                 self._respond(msg, Code.DELETED)
-                self._close("deregistered")
+                self._close("deregistered", forget=True)
             else:
                 self._respond(msg, Code.METHOD_NOT_ALLOWED)
+        elif len(path) == 2 and self.state is State.NEW and msg.code in (Code.POST, Code.DELETE):
+            self._known_elsewhere(msg, path[1])
         else:
             self._respond(msg, Code.NOT_FOUND)
+
+    def _reassembled(self, msg: Message, path: tuple[str, ...]) -> bool:
+        """A block of a request body sent with Block1 (a register whose links do not fit a
+        device's block size, a large Send): True with the whole body in ``msg`` once the
+        last block is in, False after answering 2.31 Continue or an error."""
+        b1 = msg.opt.block1
+        assert b1 is not None
+        size = 1 << (b1.size_exponent + 4)
+        if b1.block_number == 0:
+            self._uploads.pop(path, None)
+            while len(self._uploads) >= MAX_UPLOADS:  # one peer's partial bodies are few
+                del self._uploads[next(iter(self._uploads))]
+            self._uploads[path] = bytearray()
+        body = self._uploads.get(path)
+        if body is None or b1.block_number * size != len(body):
+            self._uploads.pop(path, None)
+            self._respond(msg, Code.REQUEST_ENTITY_INCOMPLETE)
+            return False
+        body += msg.payload
+        if len(body) > MAX_UPLOAD:
+            self._uploads.pop(path, None)
+            self._respond(msg, Code.REQUEST_ENTITY_TOO_LARGE)
+            return False
+        if b1.more:
+            self._respond(msg, Code.CONTINUE, block1=Block(b1.block_number, True,
+                                                           b1.size_exponent))
+            return False
+        del self._uploads[path]
+        msg.payload = bytes(body)
+        msg.opt.block1 = None
+        self._last_block1 = (msg.mid, Block(b1.block_number, False, b1.size_exponent))
+        return True
+
+    def _known_elsewhere(self, msg: Message, ep: str) -> None:
+        """An update or deregistration of a registration this channel did not see: the
+        device's address changed, or gatewayd restarted. Accepted while the registration
+        (kept in the registry) lives; 4.04 otherwise, and the device registers again."""
+        reg = self.settings.registry.get(ep, self.context.now())
+        if reg is None:
+            self._respond(msg, Code.NOT_FOUND)
+            return
+        if msg.code == Code.DELETE:
+            n = len(reg.commands)
+            self.settings.registry.forget(ep)
+            if n:
+                log.info("lwm2m endpoint %r deregistered: %d waiting commands dropped", ep, n)
+            self._respond(msg, Code.DELETED)
+            return
+        d = reg.data
+        try:
+            self.lifetime = float(d.get("lt") or 86400)
+        except (TypeError, ValueError):
+            self.lifetime = 86400.0
+        self.version = str(d.get("lwm2m") or "1.0")
+        self.binding = str(d.get("b") or "U")
+        self.queue_mode = "Q" in self.binding
+        self.objects = [str(o) for o in d.get("objectList") or []]
+        self.alternate = str(d.get("alternatePath") or "/")
+        self.root_formats = [int(f) for f in d.get("ct") or [] if str(f).isdigit()]
+        q = _query(msg)
+        if "lt" in q:
+            try:
+                lt = float(q["lt"])
+            except ValueError:
+                lt = -1
+            if not (self.settings.lifetime_min <= lt <= self.settings.lifetime_max):
+                self._respond(msg, Code.BAD_REQUEST)
+                return
+            self.lifetime = lt
+        if "b" in q:
+            self.binding = q["b"]
+            self.queue_mode = "Q" in self.binding
+        if not self._links(msg):
+            self._respond(msg, Code.BAD_REQUEST)
+            return
+        self._start_session(msg, ep, resumed=True)
+
+    def _bootstrap_request(self, msg: Message) -> None:
+        """Client-initiated bootstrap (``POST /bs?ep=``): 2.04, then the endpoint's plan
+        (Bootstrap-Delete, -Writes, -Finish), one request at a time."""
+        ep = _query(msg).get("ep", "")
+        plan = bootstrap.plan_for(self.settings.bootstrap, ep) if ep else None
+        if self.state is not State.NEW or plan is None:
+            log.info("%s: bootstrap request for %r refused (%s)", self._who(), ep,
+                     "no plan for it" if self.state is State.NEW else self.state.value)
+            self._respond(msg, Code.BAD_REQUEST)
+            return
+        try:
+            steps = bootstrap.requests(plan, self.settings.model.type_of)
+        except (content.ContentError, ValueError) as exc:
+            log.error("bootstrap plan for %r cannot be sent: %s", ep, exc)
+            self._respond(msg, Code.INTERNAL_SERVER_ERROR)
+            return
+        self.ep = ep
+        self.state = State.BOOTSTRAPPING
+        self._bootstrap_failed = False
+        self._respond(msg, Code.CHANGED)
+        self._out.append(CancelTimer("idle"))
+        log.info("%s: bootstrapping (%d operations)", self._who(), len(steps))
+        for op, req in steps:
+            path = "/" + "/".join(req.opt.uri_path)
+            self.pending.append(Command(None, op, path, {}, req))
+        self._pump()
+
+    def _bootstrap_step(self, c: Command, result: dict[str, Any]) -> None:
+        code = str(result.get("code"))
+        if not code.startswith("2."):
+            self._bootstrap_failed = True
+            log.warning("%s: %s %s: %s", self._who(), c.msg_type, c.path, code)
+        if c.msg_type != "bootstrap-finish" and code != "coap_timeout":
+            return
+        self.pending.clear()
+        if self._bootstrap_failed:
+            self.context.incr("lwm2m.bootstrap.failed")
+        else:
+            self.context.incr("lwm2m.bootstrap.finished")
+            log.info("%s: bootstrap finished", self._who())
+        self.state = State.NEW  # it registers next (perhaps here, from this address)
+        self.ep = ""
+        self._out.append(SetTimer("idle", self.settings.idle_timeout))
+
+    def _send_op(self, msg: Message) -> None:
+        """LwM2M 1.1 Send (``POST /dp``, SenML JSON or CBOR): 2.04 and the decoded
+        records on ``up/send``."""
+        if self.state is not State.REGISTERED:
+            self._respond(msg, Code.NOT_FOUND)  # not registered (yet): nobody to publish as
+            return
+        fmt = msg.opt.content_format
+        if fmt not in (content.SENML_JSON, content.SENML_CBOR):
+            self._respond(msg, Code.UNSUPPORTED_CONTENT_FORMAT)
+            return
+        try:
+            entries = content.decode(fmt, bytes(msg.payload), "/", self.settings.model.type_of)
+        except content.ContentError as exc:
+            self.context.incr("lwm2m.send.malformed")
+            log.info("%s: undecodable Send: %s", self._who(), exc)
+            self._respond(msg, Code.BAD_REQUEST)
+            return
+        self._respond(msg, Code.CHANGED)
+        self._publish("up/send", {"msgType": "send",
+                                  "data": {"reqPath": "/dp", "content": entries}})
+        self._pump()  # a queue-mode device listens now
 
     def _links(self, msg: Message) -> bool:
         try:
             links = content.parse_links(bytes(msg.payload)) if msg.payload else []
         except (content.ContentError, UnicodeDecodeError):
             return False
-        objects, alternate = [], "/"
+        objects, alternate, formats = [], "/", []
         for target, attrs in links:
             if attrs.get("rt") == "oma.lwm2m":
                 alternate = target
+                formats = [int(f) for f in attrs.get("ct", "").split() if f.isdigit()]
                 continue
             objects.append(target)
         if msg.payload:
-            self.objects, self.alternate = objects, alternate
+            self.objects, self.alternate, self.root_formats = objects, alternate, formats
         return True
 
     def _register(self, msg: Message) -> None:
@@ -390,25 +593,32 @@ class Lwm2mChannel:
             return
         if self.state is State.AUTHENTICATING:
             return  # the first REGISTER is being decided
+        self.lifetime = lt
+        self.version = q.get("lwm2m", "1.0")
+        self.binding = q.get("b", "U")
+        self.queue_mode = "Q" in self.binding or "Q" in q
+        self._start_session(msg, ep, resumed=False)
+
+    def _start_session(self, msg: Message, ep: str, *, resumed: bool) -> None:
+        """Authenticate the endpoint and open its broker session (a register, or an
+        update ``resumed`` from the registry)."""
+        s = self.settings
         if self.state is State.REGISTERED:  # registering again: a new session
             self._notify_core_closed()
             self._core_closed = False
             self.session = None
         self.ep = ep
-        self.lifetime = lt
-        self.version = q.get("lwm2m", "1.0")
-        self.binding = q.get("b", "U")
-        self.queue_mode = "Q" in self.binding or "Q" in q
         self.mount = s.mountpoint.replace("{ep}", ep).replace("%e", ep)
         host, port = self.peer if self.peer else (None, None)
         info = ClientInfo(
             client_id=ep, protocol="lwm2m", proto_ver=1, peer_host=host, peer_port=port,
-            listener=s.listener, mountpoint=self.mount, keepalive=int(lt),
+            listener=s.listener, mountpoint=self.mount, keepalive=int(self.lifetime),
             connected_at=self.context.now(),
         )
         self.info = info
         self.state = State.AUTHENTICATING
         self._waiting = msg
+        self._resumed = resumed
         handle = self.handle
 
         def later(code: int) -> None:
@@ -448,13 +658,44 @@ class Lwm2mChannel:
         dn = self.mount + "dn/#"
         if self.context.authorize(info, "subscribe", dn):
             self.context.subscribe(info, dn, SubOptions(0))
-        self._respond(msg, Code.CREATED, location=("rd", self.ep))
+        if self._resumed:
+            self._respond(msg, Code.CHANGED)
+        else:
+            self._respond(msg, Code.CREATED, location=("rd", self.ep))
         self._out.append(CancelTimer("idle"))
         self._out.append(SetTimer("lifetime", self.lifetime))
-        self._publish("up/resp", {"msgType": "register", "data": self._reg_data()})
+        self._save_registration()
+        if self._resumed:
+            log.info("%s: registration resumed by an update", self._who())
+            self._publish("up/update", {"msgType": "update", "data": self._reg_data()})
+        else:
+            self._publish("up/resp", {"msgType": "register", "data": self._reg_data()})
         assert self.session is not None
         self.session.resume()
+        self._load_commands()
         self._pump()
+
+    def _save_registration(self) -> None:
+        data = self._reg_data()
+        if self.root_formats:
+            data["ct"] = self.root_formats
+        self.settings.registry.register(self.ep, data, self.context.now() + self.lifetime)
+
+    def _load_commands(self) -> None:
+        """The commands waiting for this endpoint (from an earlier channel or an earlier
+        run of gatewayd): they go to the device in the order they came."""
+        if self.current is not None:
+            self._out.append(CancelTimer("retry"))
+            self._out.append(CancelTimer("response"))
+            self.current = None
+        self.pending.clear()
+        waiting = self.settings.registry.commands(self.ep)
+        for seq, payload in waiting:
+            c = self._parse(payload, seq)
+            if c is not None:
+                self.pending.append(c)
+        if waiting:
+            log.info("%s: %d waiting commands", self._who(), len(self.pending))
 
     def _reg_data(self) -> dict[str, Any]:
         return {"ep": self.ep, "lt": int(self.lifetime), "lwm2m": self.version,
@@ -481,12 +722,28 @@ class Lwm2mChannel:
             return
         self._respond(msg, Code.CHANGED)
         self._out.append(SetTimer("lifetime", self.lifetime))
+        self._save_registration()
         self._publish("up/update", {"msgType": "update", "data": self._reg_data()})
         self._pump()
 
     # -- commands (MQTT -> device) -------------------------------------------------
 
     def _command(self, payload: bytes) -> None:
+        c = self._parse(payload, None)
+        if c is None:
+            return
+        if len(self.pending) >= self.settings.max_queue:
+            dropped = self.pending.popleft()
+            self.context.incr("lwm2m.queue.dropped")
+            log.warning("%s: %d commands waiting (max_queue): the oldest (reqID %r) dropped",
+                        self._who(), len(self.pending) + 1, dropped.req_id)
+            self._answer(dropped, {"code": "coap_timeout", "codeMsg": "queue full"})
+        c.seq = self.settings.registry.queue(self.ep, payload, self.context.now())
+        self.pending.append(c)
+
+    def _parse(self, payload: bytes, seq: int | None) -> Command | None:
+        """A command from its JSON; None (answered 4.00 when it has a ``reqID`` to answer
+        to, or only counted) when it cannot become a request."""
         try:
             cmd = json.loads(payload)
             if not isinstance(cmd, dict):
@@ -494,22 +751,25 @@ class Lwm2mChannel:
         except ValueError:
             self.context.incr("lwm2m.command.malformed")
             log.info("%s: a command that is not a JSON object", self._who())
-            return
+            if seq is not None:
+                self.settings.registry.done(self.ep, seq)
+            return None
         raw_data = cmd.get("data")
         data: dict[str, Any] = raw_data if isinstance(raw_data, dict) else {}
         msg_type = str(cmd.get("msgType", ""))
         path = str(data.get("path") or data.get("basePath") or "")
         echo = {k: v for k, v in cmd.items() if k not in ("reqID", "msgType", "data")}
-        c = Command(cmd.get("reqID"), msg_type, path, echo)
+        c = Command(cmd.get("reqID"), msg_type, path, echo, seq=seq)
         try:
-            c.request = self._build(msg_type, path, data)
+            if msg_type in COMPOSITE:
+                c.path = "/"
+                c.request = self._build_composite(c, data)
+            else:
+                c.request = self._build(msg_type, path, data)
         except (content.ContentError, ValueError, TypeError, KeyError) as exc:
             self._answer(c, {"code": "4.00", "codeMsg": f"bad_request: {exc}"})
-            return
-        if len(self.pending) >= self.settings.max_queue:
-            dropped = self.pending.popleft()
-            self._answer(dropped, {"code": "coap_timeout", "codeMsg": "queue full"})
-        self.pending.append(c)
+            return None
+        return c
 
     def _build(self, msg_type: str, path: str, data: dict[str, Any]) -> Message:
         if msg_type not in COMMANDS:
@@ -534,8 +794,7 @@ class Lwm2mChannel:
         elif msg_type == "write":
             if "content" in data:  # several resources of an instance: partial update
                 code = Code.POST
-                payload = content.encode_tlv(list(data["content"]), path, model.type_of)
-                fmt = content.TLV
+                payload, fmt = self._encode_values(list(data["content"]), path)
             else:
                 code = Code.PUT
                 typ = data.get("type") or model.type_of(path)
@@ -553,8 +812,7 @@ class Lwm2mChannel:
             payload = str(data.get("args") or "").encode()
         elif msg_type == "create":
             code = Code.POST
-            payload = content.encode_tlv(list(data.get("content") or []), path, model.type_of)
-            fmt = content.TLV
+            payload, fmt = self._encode_values(list(data.get("content") or []), path)
         elif msg_type == "delete":
             code = Code.DELETE
         req = make(CON, code, 0, secrets.token_bytes(4), payload)
@@ -574,6 +832,62 @@ class Lwm2mChannel:
                     del self.observations[token]
         return req
 
+    def _senml_format(self) -> int | None:
+        """The SenML format the device said it reads (the ``ct`` of its root link, LwM2M
+        1.1): JSON when listed, else CBOR; None for a 1.0 device or no such list."""
+        if self.version.strip() in ("", "1.0"):
+            return None
+        for fmt in (content.SENML_JSON, content.SENML_CBOR):
+            if fmt in self.root_formats:
+                return fmt
+        return None
+
+    def _encode_values(self, entries: list[Any], base: str) -> tuple[bytes, int]:
+        """A multi-resource write or a create: SenML when the device reads it (1.1),
+        TLV otherwise (every 1.0 device reads TLV)."""
+        type_of = self.settings.model.type_of
+        fmt = self._senml_format()
+        if fmt is None:
+            return content.encode_tlv(entries, base, type_of), content.TLV
+        return content.encode_senml(entries, base, type_of,
+                                    cbor=fmt == content.SENML_CBOR), fmt
+
+    def _build_composite(self, c: Command, data: dict[str, Any]) -> Message:
+        """Read-/Write-/Observe-Composite (LwM2M 1.1): FETCH or iPATCH on the root path
+        with a SenML body (JSON unless the device listed only CBOR)."""
+        if self.version.strip() in ("", "1.0"):  # a 1.0 device does not answer FETCH at all
+            raise ValueError("composite operations need LwM2M 1.1 (the device registered 1.0)")
+        fmt = self._senml_format() or content.SENML_JSON
+        cbor = fmt == content.SENML_CBOR
+        if c.msg_type == "write-composite":
+            entries = data.get("content")
+            if not isinstance(entries, list) or not entries:
+                raise ValueError("write-composite needs content: [{path, value}]")
+            payload = content.encode_senml(entries, "/", self.settings.model.type_of, cbor=cbor)
+            code = Code.iPATCH
+            c.paths = [str(e.get("path")) for e in entries if isinstance(e, dict)]
+        else:
+            paths = data.get("paths")
+            if not isinstance(paths, list) or not paths:
+                raise ValueError(f"{c.msg_type} needs paths: [...]")
+            payload = content.encode_senml_names([str(p) for p in paths], cbor=cbor)
+            code = Code.FETCH
+            c.paths = ["/" + "/".join(x for x in str(p).split("/") if x) for p in paths]
+        req = make(CON, code, 0, secrets.token_bytes(4), payload)
+        req.opt.uri_path = tuple(p for p in self.alternate.split("/") if p)
+        req.opt.content_format = fmt
+        if code == Code.FETCH:
+            req.opt.accept = fmt
+        if c.msg_type == "observe-composite":
+            req.opt.observe = 0
+        elif c.msg_type == "cancel-observe-composite":
+            req.opt.observe = 1
+            for token, obs in list(self.observations.items()):
+                if obs.msg_type == "observe-composite" and obs.paths == c.paths:
+                    req.token = token
+                    del self.observations[token]
+        return req
+
     def _awake(self) -> bool:
         if not self.queue_mode:
             return True
@@ -581,7 +895,8 @@ class Lwm2mChannel:
 
     def _pump(self) -> None:
         """Send the next command when none is outstanding and the device listens."""
-        if self.current is not None or self.state is not State.REGISTERED:
+        if self.current is not None or self.state not in (State.REGISTERED,
+                                                          State.BOOTSTRAPPING):
             return
         if not self.pending or not self._awake():
             return
@@ -590,6 +905,7 @@ class Lwm2mChannel:
         assert req is not None
         if len(req.payload) > BLOCK_SIZE:  # Block1 (RFC 7959): the body goes block by block
             c.upload = bytes(req.payload)
+            c.sent, c.szx = 0, BLOCK_SZX
             self._send_block1(c, 0)
             return
         req.mid = self._mid()
@@ -605,13 +921,16 @@ class Lwm2mChannel:
     def _send_block1(self, c: Command, num: int) -> None:
         first = c.request
         assert first is not None and c.upload is not None
-        chunk = c.upload[num * BLOCK_SIZE : (num + 1) * BLOCK_SIZE]
-        more = (num + 1) * BLOCK_SIZE < len(c.upload)
+        size = 1 << (c.szx + 4)
+        chunk = c.upload[num * size : (num + 1) * size]
+        c.block_start = num * size
+        c.sent = num * size + len(chunk)
+        more = c.sent < len(c.upload)
         req = make(CON, first.code, self._mid(), first.token, chunk)
         req.opt.uri_path = first.opt.uri_path
         if first.opt.content_format is not None:
             req.opt.content_format = first.opt.content_format
-        req.opt.block1 = Block(num, more, BLOCK_SZX)
+        req.opt.block1 = Block(num, more, c.szx)
         if num == 0:
             req.opt.size1 = len(c.upload)
         self._send_current(c, req)
@@ -654,31 +973,94 @@ class Lwm2mChannel:
             self._out.append(CancelTimer("retry"))
             self._out.append(CancelTimer("response"))
             c = cur.command
-            if c.msg_type == "observe" and msg.opt.observe is not None and msg.code.is_successful():
+            if (c.msg_type in OBSERVES and msg.opt.observe is not None
+                    and msg.code.is_successful()):
                 self.observations[msg.token] = c
             b1 = msg.opt.block1
             if (msg.code == Code.CONTINUE and c.upload is not None and b1 is not None
-                    and (b1.block_number + 1) * BLOCK_SIZE < len(c.upload)):
-                self._send_block1(c, b1.block_number + 1)  # 1024-byte blocks throughout
+                    and c.sent < len(c.upload)):
+                # the device may ask for smaller blocks (RFC 7959 2.5): what was sent is
+                # kept, the rest goes in its size
+                c.szx = min(c.szx, b1.size_exponent)
+                self._send_block1(c, c.sent >> (c.szx + 4))
+                return
+            if (msg.code == Code.REQUEST_ENTITY_TOO_LARGE and b1 is not None
+                    and self._smaller_blocks(c, b1)):
                 return
             c.upload = None
             if (msg.opt.block2 is not None and msg.code.is_successful()
                     and not self._block2(c, msg)):
                 return  # the next block is on its way
-            self._answer(c, self._result(c, msg))
+            if c.notify_of is not None:
+                self._notify(c.notify_of, msg, c.seq_num)
+            else:
+                self._answer(c, self._result(c, msg))
             self._pump()
             return
         obs = self.observations.get(msg.token)
         if obs is not None:
-            body = {"reqID": obs.req_id, "msgType": "notify", "seqNum": msg.opt.observe,
-                    "data": {"reqPath": obs.path, **self._result(obs, msg)}}
-            body.update(obs.echo)
-            self._publish("up/notify", body)
+            b2 = msg.opt.block2
+            if b2 is not None and b2.more and b2.block_number == 0 and msg.code.is_successful():
+                self._fetch_rest(obs, msg)
+            else:
+                self._notify(obs, msg, msg.opt.observe)
             return
         if msg.mtype == CON:
             return  # acknowledged; nobody asked for it
         if msg.mtype == NON:
             self._out.append(encode(make(RST, Code.EMPTY, msg.mid)))
+
+    def _smaller_blocks(self, c: Command, b1: Block) -> bool:
+        """A 4.13 with Block1 (RFC 7959 2.9.3): the device takes blocks of that size only.
+        The rejected block (or the whole body, sent without Block1) goes again in that
+        size; False when it is not smaller than what was refused."""
+        req = c.request
+        szx = b1.size_exponent
+        if req is None or szx >= 7:
+            return False
+        if c.upload is None:
+            if len(req.payload) <= 1 << (szx + 4):
+                return False
+            c.upload = bytes(req.payload)
+            c.szx = szx
+            self._send_block1(c, 0)
+            return True
+        if szx >= c.szx:
+            return False
+        c.szx = szx
+        self._send_block1(c, c.block_start >> (szx + 4))
+        return True
+
+    def _notify(self, obs: Command, msg: Message, seq_num: int | None) -> None:
+        data: dict[str, Any] = {"reqPath": obs.path}
+        if obs.paths is not None:
+            data["paths"] = obs.paths
+        data.update(self._result(obs, msg))
+        body = {"reqID": obs.req_id, "msgType": "notify", "seqNum": seq_num, "data": data}
+        body.update(obs.echo)
+        self._publish("up/notify", body)
+
+    def _fetch_rest(self, obs: Command, msg: Message) -> None:
+        """A notification larger than a block (its first block, with Block2): ask for the
+        other blocks (GET, or the FETCH of a composite observation, without Observe) and
+        publish the whole body once the last arrives. The request goes before the waiting
+        commands (the device listens now)."""
+        first = obs.request
+        b2 = msg.opt.block2
+        assert first is not None and b2 is not None
+        fetch = first.code == Code.FETCH
+        req = make(CON, Code.FETCH if fetch else Code.GET, 0, secrets.token_bytes(4),
+                   first.payload if fetch else b"")
+        req.opt.uri_path = first.opt.uri_path
+        if fetch and first.opt.content_format is not None:
+            req.opt.content_format = first.opt.content_format
+        if first.opt.accept is not None:
+            req.opt.accept = first.opt.accept
+        req.opt.block2 = Block(1, False, b2.size_exponent)
+        c = Command(obs.req_id, "notify", obs.path, obs.echo, req, paths=obs.paths,
+                    partial=bytearray(msg.payload), notify_of=obs, seq_num=msg.opt.observe)
+        self.pending.appendleft(c)
+        self._pump()
 
     def _block2(self, c: Command, msg: Message) -> bool:
         """A block of a larger answer (RFC 7959): keep it and ask for the next one (False),
@@ -699,8 +1081,12 @@ class Lwm2mChannel:
         c.partial = partial
         first = c.request
         assert first is not None
-        nxt = make(CON, Code.GET, self._mid(), secrets.token_bytes(4))
+        fetch = first.code == Code.FETCH  # the same FETCH body asks for the next block
+        nxt = make(CON, Code.FETCH if fetch else Code.GET, self._mid(), secrets.token_bytes(4),
+                   first.payload if fetch else b"")
         nxt.opt.uri_path = first.opt.uri_path
+        if fetch and first.opt.content_format is not None:
+            nxt.opt.content_format = first.opt.content_format
         if first.opt.accept is not None:
             nxt.opt.accept = first.opt.accept
         nxt.opt.block2 = Block(b2.block_number + 1, False, b2.size_exponent)
@@ -714,7 +1100,7 @@ class Lwm2mChannel:
     def _result(self, c: Command, msg: Message) -> dict[str, Any]:
         code = _code(msg.code)
         out: dict[str, Any] = {"code": code, "codeMsg": _CODE_MSG.get(code, "")}
-        if msg.code.is_successful() and c.msg_type in ("read", "discover", "observe"):
+        if msg.code.is_successful() and c.msg_type in READS:
             try:
                 out["content"] = content.decode(
                     msg.opt.content_format, bytes(msg.payload), c.path,
@@ -726,7 +1112,21 @@ class Lwm2mChannel:
         return out
 
     def _answer(self, c: Command, result: dict[str, Any]) -> None:
-        data = {"reqPath": c.path, **result}
+        if c.msg_type.startswith("bootstrap-"):
+            self._bootstrap_step(c, result)
+            return
+        if c.seq is not None:
+            self.settings.registry.done(self.ep, c.seq)
+            c.seq = None
+        data: dict[str, Any] = {"reqPath": c.path}
+        if c.paths is not None:
+            data["paths"] = c.paths
+        data.update(result)
+        if c.notify_of is not None:  # the rest of a notification could not be fetched
+            note = {"reqID": c.req_id, "msgType": "notify", "seqNum": c.seq_num, "data": data}
+            note.update(c.echo)
+            self._publish("up/notify", note)
+            return
         body: dict[str, Any] = {"reqID": c.req_id, "msgType": c.msg_type, "data": data}
         body.update(c.echo)
         self._publish("up/resp", body)

@@ -7,8 +7,10 @@ update, deregister go out from the same address, as LwM2M requires).
 The device holds resource values in a dict (``"/3/0/0" -> value``) typed by the object
 model; it answers Read with text/plain for a resource and TLV (or SenML JSON, with
 ``senml=True``, as 1.1 devices do) for an instance or object, Discover with link format,
-Write (text, opaque, TLV), Execute (recorded in ``executed``), Create and Delete of
-instances, and Observe with notifications when :meth:`set` changes a value.
+Write (text, opaque, TLV, SenML), Execute (recorded in ``executed``), Create and Delete
+of instances, and Observe with notifications when :meth:`set` changes a value. As a 1.1
+device (``version="1.1"``, ``senml=True``) it lists SenML in its registration, answers
+Read-/Observe-Composite (FETCH) and Write-Composite (iPATCH), and sends (``POST /dp``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+import cbor2
 from aiocoap import (
     CHANGED,
     CONTENT,
@@ -32,6 +35,7 @@ from aiocoap import (
     Context,
     Message,
 )
+from aiocoap.error import BadRequest
 from aiocoap.interfaces import ObservableResource
 from aiocoap.numbers.codes import Code
 
@@ -68,6 +72,7 @@ class Lwm2mClient:
         self.location: tuple[str, ...] = ()
         self.ctx: Any = None
         self._observers: dict[str, list[Callable[[], None]]] = {}
+        self.bootstrapped = asyncio.Event()
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -84,7 +89,10 @@ class Lwm2mClient:
     def links(self) -> str:
         instances = sorted({"/".join(p.split("/")[:3]) for p in self.values},
                            key=lambda p: [int(x) for x in p.split("/")[1:]])
-        return ",".join(['</>;rt="oma.lwm2m"'] + [f"<{p}>" for p in instances])
+        root = '</>;rt="oma.lwm2m"'
+        if self.senml and self.version != "1.0":
+            root += ';ct="110 112 11542"'  # the formats it reads (LwM2M 1.1)
+        return ",".join([root] + [f"<{p}>" for p in instances])
 
     async def register(self, timeout: float = 10.0) -> Any:
         q = f"ep={self.endpoint}&lt={self.lifetime}&lwm2m={self.version}&b={self.binding}"
@@ -95,6 +103,16 @@ class Lwm2mClient:
             self.location = tuple(resp.opt.location_path)
         return resp
 
+    async def bootstrap(self, timeout: float = 10.0) -> Any:
+        """Client-initiated bootstrap: ``POST /bs?ep=``, then wait for Bootstrap-Finish
+        (the server's deletes and writes land in ``values`` meanwhile)."""
+        self.bootstrapped = asyncio.Event()
+        req = Message(code=POST, uri=self._uri(f"/bs?ep={self.endpoint}"))
+        resp = await asyncio.wait_for(self.ctx.request(req).response, timeout)
+        if resp.code == CHANGED:
+            await asyncio.wait_for(self.bootstrapped.wait(), timeout)
+        return resp
+
     async def update(self, timeout: float = 10.0) -> Any:
         path = "/" + "/".join(self.location)
         req = Message(code=POST, uri=self._uri(f"{path}?lt={self.lifetime}"))
@@ -103,6 +121,19 @@ class Lwm2mClient:
     async def deregister(self, timeout: float = 10.0) -> Any:
         path = "/" + "/".join(self.location)
         req = Message(code=DELETE, uri=self._uri(path))
+        return await asyncio.wait_for(self.ctx.request(req).response, timeout)
+
+    async def send(self, paths: list[str], *, cbor: bool = False, timeout: float = 10.0) -> Any:
+        """LwM2M 1.1 Send (``POST /dp``) of these resources' values, SenML JSON or CBOR."""
+        recs = [_senml_record(p, self.values[p]) for p in paths]
+        if cbor:
+            keys = {"n": 0, "v": 2, "vs": 3, "vb": 4}
+            payload = cbor2.dumps([{keys[k]: v for k, v in r.items()} for r in recs])
+            fmt = content.SENML_CBOR
+        else:
+            payload, fmt = json.dumps(recs).encode(), content.SENML_JSON
+        req = Message(code=POST, uri=self._uri("/dp"), payload=payload)
+        req.opt.content_format = fmt
         return await asyncio.wait_for(self.ctx.request(req).response, timeout)
 
     def set(self, path: str, value: Any) -> None:
@@ -135,16 +166,28 @@ class Lwm2mClient:
             if request.opt.uri_query:  # write-attributes
                 return Message(code=CHANGED)
             return self._write(path, request)
+        if code == POST and parts == ["bs"]:  # Bootstrap-Finish
+            self.bootstrapped.set()
+            return Message(code=CHANGED)
+        if code == DELETE and not parts:  # Bootstrap-Delete: the server accounts go
+            for p in [p for p in self.values if p.startswith(("/0/", "/1/"))]:
+                del self.values[p]
+            return Message(code=DELETED)
         if code == POST:
             if len(parts) == 3 and self.model.resource(path) is not None and \
                     "E" in self.model.resource(path).operations:  # type: ignore[union-attr]
                 self.executed.append((path, bytes(request.payload)))
                 return Message(code=CHANGED)
             if len(parts) == 1:  # create
-                entries = content.decode_tlv(bytes(request.payload), path, self.model.type_of)
+                entries = content.decode(request.opt.content_format, bytes(request.payload),
+                                         path, self.model.type_of)
                 for e in entries:
                     self.values[e["path"]] = e["value"]
                 return Message(code=CREATED)
+            return self._write(path, request)
+        if code == Code.FETCH:  # Read-/Observe-Composite
+            return self._read_composite(request)
+        if code == Code.iPATCH:  # Write-Composite
             return self._write(path, request)
         if code == DELETE:
             found = self._under(path)
@@ -177,11 +220,29 @@ class Lwm2mClient:
         return Message(code=CONTENT, payload=content.encode_tlv(entries, path, self.model.type_of),
                        content_format=content.TLV)
 
+    def _read_composite(self, request: Any) -> Any:
+        fmt = request.opt.content_format
+        try:
+            names = [e["path"] for e in content.decode(fmt, bytes(request.payload), "/")]
+        except content.ContentError:
+            return Message(code=Code.BAD_REQUEST)
+        found: dict[str, Any] = {}
+        for n in names:
+            found.update(self._under(n))
+        recs = [_senml_record(p, v) for p, v in sorted(found.items())]
+        if (request.opt.accept or fmt) == content.SENML_CBOR:
+            keys = {"n": 0, "v": 2, "vs": 3, "vb": 4}
+            return Message(code=CONTENT, payload=cbor2.dumps(
+                [{keys[k]: v for k, v in r.items()} for r in recs]),
+                content_format=content.SENML_CBOR)
+        return Message(code=CONTENT, payload=json.dumps(recs).encode(),
+                       content_format=content.SENML_JSON)
+
     def _write(self, path: str, request: Any) -> Any:
         fmt = request.opt.content_format
         try:
-            if fmt == content.TLV:
-                for e in content.decode_tlv(bytes(request.payload), path, self.model.type_of):
+            if fmt in (content.TLV, content.SENML_JSON, content.SENML_CBOR):
+                for e in content.decode(fmt, bytes(request.payload), path, self.model.type_of):
                     self.set(e["path"], e["value"])
             else:
                 [e] = content.decode(fmt, bytes(request.payload), path, self.model.type_of)
@@ -189,6 +250,11 @@ class Lwm2mClient:
         except (content.ContentError, ValueError):
             return Message(code=Code.BAD_REQUEST)
         return Message(code=CHANGED)
+
+
+def _senml_record(name: str, value: Any) -> dict[str, Any]:
+    key = "vb" if isinstance(value, bool) else "v" if isinstance(value, (int, float)) else "vs"
+    return {"n": name, key: value}
 
 
 class _Site(ObservableResource):  # type: ignore[misc]
@@ -199,6 +265,19 @@ class _Site(ObservableResource):  # type: ignore[misc]
         self.client = client
 
     async def render_to_pipe(self, pipe: Any) -> None:
+        req = pipe.request
+        b2 = req.opt.block2
+        if b2 is not None and b2.block_number > 0 and req.opt.observe is None:
+            # a later block of a notification: aiocoap serves only blocks of answers it
+            # cached itself, so the current value is cut here
+            full = self.client.render(req.copy(block2=None))
+            if full.code.is_successful():
+                try:
+                    block = full._extract_block(b2.block_number, b2.size_exponent, 1024)
+                except BadRequest:
+                    block = Message(code=Code.BAD_REQUEST)
+                pipe.add_response(block, is_last=True)
+                return
         await self._render_to_pipe(pipe)
 
     async def needs_blockwise_assembly(self, request: Any) -> bool:
@@ -208,14 +287,27 @@ class _Site(ObservableResource):  # type: ignore[misc]
         return self.client.render(request)
 
     async def add_observation(self, request: Any, serverobservation: Any) -> None:
-        path = "/" + "/".join(p for p in request.opt.uri_path if p)
-        callbacks = self.client._observers.setdefault(path, [])
+        paths = ["/" + "/".join(p for p in request.opt.uri_path if p)]
+        if request.code == Code.FETCH:  # Observe-Composite: each path of the body
+            paths = [e["path"] for e in content.decode(
+                request.opt.content_format, bytes(request.payload), "/")]
 
         def trigger() -> None:
-            serverobservation.trigger()
+            # a notification larger than a block goes as its first block (RFC 7959 2.6);
+            # the server asks for the rest (aiocoap would send it whole)
+            resp = self.client.render(request)
+            if len(resp.payload) > 1024:
+                resp = resp._extract_block(0, 6, 1024)
+            serverobservation.trigger(resp)
 
-        callbacks.append(trigger)
-        serverobservation.accept(lambda: callbacks.remove(trigger))
+        lists = [self.client._observers.setdefault(p, []) for p in paths]
+        for callbacks in lists:
+            callbacks.append(trigger)
+        def cancelled() -> None:
+            for callbacks in lists:
+                callbacks.remove(trigger)
+
+        serverobservation.accept(cancelled)
 
     def get_resources_as_linkheader(self) -> str:
         return self.client.links()

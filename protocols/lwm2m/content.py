@@ -2,8 +2,9 @@
 
 Decoded: text/plain (0), opaque (42), TLV (11542), OMA-JSON (11543), SenML JSON (110),
 SenML CBOR (112), CoRE link format (40, for Discover). Encoded (writes, create): text,
-opaque and TLV. Values become JSON values: integers, floats and booleans as such,
-strings as strings, opaque values as base64, object links as ``"obj:inst"``.
+opaque, TLV, and SenML JSON/CBOR (1.1 writes and composite operations). Values become
+JSON values: integers, floats and booleans as such, strings as strings, opaque values
+as base64, object links as ``"obj:inst"``.
 
 Types come from the object model (:mod:`protocols.lwm2m.objects`) when the resource is
 known; an unknown resource in TLV is given as a UTF-8 string when it decodes as one,
@@ -280,8 +281,10 @@ def _senml_value(rec: dict[Any, Any], keys: dict[str, Any]) -> Any:
     return None
 
 
-_JSON_KEYS = {"bn": "bn", "n": "n", "v": "v", "vs": "vs", "vb": "vb", "vd": "vd", "vlo": "vlo"}
-_CBOR_KEYS = {"bn": -2, "n": 0, "v": 2, "vs": 3, "vb": 4, "vd": 8, "vlo": "vlo"}
+_JSON_KEYS = {"bn": "bn", "bt": "bt", "n": "n", "t": "t", "v": "v", "vs": "vs", "vb": "vb",
+              "vd": "vd", "vlo": "vlo"}
+_CBOR_KEYS = {"bn": -2, "bt": -3, "n": 0, "t": 6, "v": 2, "vs": 3, "vb": 4, "vd": 8,
+              "vlo": "vlo"}  # SenML CBOR labels (RFC 8428); vlo is a string label in 1.1
 
 
 def _senml(records: Any, keys: dict[str, Any]) -> list[Entry]:
@@ -289,14 +292,90 @@ def _senml(records: Any, keys: dict[str, Any]) -> list[Entry]:
         raise ContentError("SenML: expected an array")
     out: list[Entry] = []
     bn = ""
+    bt: float | None = None
     for rec in records:
         if not isinstance(rec, dict):
             raise ContentError("SenML: expected records")
         if keys["bn"] in rec:
             bn = str(rec[keys["bn"]])
+        if keys["bt"] in rec:
+            bt = _number(rec[keys["bt"]])
         name = bn + str(rec.get(keys["n"], ""))
-        out.append({"path": name, "value": _senml_value(rec, keys)})
+        entry: Entry = {"path": name, "value": _senml_value(rec, keys)}
+        t = _number(rec[keys["t"]]) if keys["t"] in rec else None
+        if bt is not None or t is not None:
+            entry["time"] = (bt or 0) + (t or 0)  # SenML base time + time (RFC 8428)
+        out.append(entry)
     return out
+
+
+def _number(v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ContentError("SenML: a time must be a number")
+    return v
+
+
+def _resource_path(path: str, base: str) -> list[str]:
+    """``path`` (absolute, or relative to ``base`` when shorter than a resource path) as
+    the numeric parts of a resource or resource-instance path."""
+    p = [x for x in str(path).split("/") if x]
+    full = p if len(p) >= 3 else [x for x in base.split("/") if x] + p
+    if not 3 <= len(full) <= 4 or not all(x.isdigit() for x in full):
+        raise ContentError(f"{path!r} is not a resource path")
+    return full
+
+
+def _senml_out(name: str, value: Any, typ: str | None, cbor: bool) -> dict[Any, Any]:
+    t = (typ or "").lower()
+    v: Any
+    if not t:
+        t = ("boolean" if isinstance(value, bool) else "float" if isinstance(value, float)
+             else "integer" if isinstance(value, int) else "string")
+    try:
+        if t in ("integer", "time", "unsigned integer"):
+            key, v = "v", int(value)
+        elif t == "float":
+            key, v = "v", float(value)
+        elif t == "boolean":
+            key = "vb"
+            v = value.lower() in ("true", "1") if isinstance(value, str) else bool(value)
+        elif t == "opaque":
+            raw = value_to_bytes(value, "opaque")
+            key, v = "vd", raw if cbor else base64.urlsafe_b64encode(raw).decode().rstrip("=")
+        elif t == "objlnk":
+            a, _, b = str(value).partition(":")
+            key, v = "vlo", f"{int(a)}:{int(b)}"
+        else:
+            key, v = "vs", str(value)
+    except (ValueError, TypeError) as exc:
+        raise ContentError(f"{value!r} is not a valid {typ}") from exc
+    keys = _CBOR_KEYS if cbor else _JSON_KEYS
+    return {keys["n"]: name, keys[key]: v}
+
+
+def encode_senml(entries: list[Entry], base: str, type_of: TypeOf = _no_types, *,
+                 cbor: bool = False) -> bytes:
+    """Resource values as SenML JSON (or CBOR) records with absolute names (1.1 writes,
+    Write-Composite); paths as in :func:`encode_tlv`."""
+    recs = []
+    for e in entries:
+        full = _resource_path(e["path"], base)
+        typ = e.get("type") or type_of("/" + "/".join(full[:3]))
+        recs.append(_senml_out("/" + "/".join(full), e.get("value"), typ, cbor))
+    return cbor2.dumps(recs) if cbor else json.dumps(recs, separators=(",", ":")).encode()
+
+
+def encode_senml_names(paths: list[str], *, cbor: bool = False) -> bytes:
+    """The body of a Read-/Observe-Composite (FETCH): one record per path, name only."""
+    names = []
+    for p in paths:
+        parts = [x for x in str(p).split("/") if x]
+        if not parts or len(parts) > 4 or not all(x.isdigit() for x in parts):
+            raise ContentError(f"{p!r} is not an LwM2M path")
+        names.append("/" + "/".join(parts))
+    if cbor:
+        return cbor2.dumps([{_CBOR_KEYS["n"]: n} for n in names])
+    return json.dumps([{"n": n} for n in names], separators=(",", ":")).encode()
 
 
 def decode_senml_json(data: bytes) -> list[Entry]:

@@ -220,3 +220,20 @@ def pytest_runtest_makereport(
             with contextlib.suppress(OSError):
                 report.sections.append(("gatewayd log", log.read_text()[-8000:]))
     return report
+
+
+def wait_lwm2m(port: int) -> None:
+    """Until the LwM2M listener answers a CoAP ping (an empty CON gets RST): start_gateway
+    waits for the TCP listeners only, and a request to a UDP port not yet bound fails at
+    once (ICMP port unreachable) instead of being retransmitted."""
+    deadline = time.monotonic() + READY_TIMEOUT
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.settimeout(0.2)
+        while time.monotonic() < deadline:
+            try:
+                s.sendto(b"\x40\x00\x12\x34", ("127.0.0.1", port))
+                if s.recv(64)[:1] == b"\x70":  # RST
+                    return
+            except OSError:  # refused (not bound yet) or no answer within 0.2 s
+                continue
+    raise TimeoutError(f"no LwM2M listener on port {port}")

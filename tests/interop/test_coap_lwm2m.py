@@ -15,7 +15,7 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from protocols.lwm2m.client import Lwm2mClient
-from tests.interop.conftest import Gateway, free_port, start_gateway, stop
+from tests.interop.conftest import Gateway, free_port, start_gateway, stop, wait_lwm2m
 
 TIMEOUT = 10.0
 
@@ -28,6 +28,7 @@ def lgw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Gateway, int
         GATEWAY_GATEWAY__LWM2M__LISTENERS__UDP__DEFAULT__BIND=f"127.0.0.1:{port}",
         GATEWAY_GATEWAY__LWM2M__QMODE_TIME_WINDOW="2s",
     )
+    wait_lwm2m(port)
     try:
         yield gw, port
     finally:
@@ -129,5 +130,86 @@ def test_device_every_command(lgw: tuple[Gateway, int], uid: str, senml: bool) -
     app = App(gw, ep)
     try:
         asyncio.run(_scenario(gw, port, app, ep, senml))
+    finally:
+        app.close()
+
+
+async def _composite(port: int, app: App, ep: str) -> None:
+    dev = Lwm2mClient(("127.0.0.1", port), ep, version="1.1", senml=True)
+    await dev.start()
+    nxt = lambda: asyncio.to_thread(app.next)  # noqa: E731
+    try:
+        await dev.register()
+        topic, ev = await nxt()
+        assert ev["data"]["lwm2m"] == "1.1"
+
+        async def roundtrip(req_id: int, msg_type: str, **data: Any) -> dict[str, Any]:
+            app.command(req_id, msg_type, **data)
+            topic, resp = await nxt()
+            assert topic == f"lwm2m/{ep}/up/resp", resp
+            assert resp["reqID"] == req_id and resp["msgType"] == msg_type, resp
+            return resp["data"]
+
+        d = await roundtrip(1, "read-composite", paths=["/3/0/0", "/1/0/1"])
+        assert d["code"] == "2.05" and d["content"] == [
+            {"path": "/1/0/1", "value": 300}, {"path": "/3/0/0", "value": "gatewayd simulator"}]
+        d = await roundtrip(2, "write-composite", content=[
+            {"path": "/3/0/14", "value": "+03:00"}, {"path": "/1/0/1", "value": 120}])
+        assert d["code"] == "2.04" and dev.values["/3/0/14"] == "+03:00"
+        assert dev.values["/1/0/1"] == 120
+        d = await roundtrip(3, "write", basePath="/1/0", content=[{"path": "1", "value": 90}])
+        assert d["code"] == "2.04" and dev.values["/1/0/1"] == 90  # sent as SenML JSON
+        d = await roundtrip(4, "create", basePath="/5",
+                            content=[{"path": "/5/0/1", "value": "coap://fw"}])
+        assert d["code"] == "2.01" and dev.values["/5/0/1"] == "coap://fw"
+        d = await roundtrip(5, "observe-composite", paths=["/3/0/9", "/1/0/1"])
+        assert d["code"] == "2.05" and {"path": "/3/0/9", "value": 100} in d["content"]
+        dev.set("/3/0/9", 55)
+        topic, note = await nxt()
+        assert topic == f"lwm2m/{ep}/up/notify" and note["reqID"] == 5
+        assert {"path": "/3/0/9", "value": 55} in note["data"]["content"]
+        d = await roundtrip(6, "cancel-observe-composite", paths=["/3/0/9", "/1/0/1"])
+        assert d["code"].startswith("2.")
+        await dev.deregister()
+    finally:
+        await dev.close()
+
+
+def test_device_11_composite(lgw: tuple[Gateway, int], uid: str) -> None:
+    gw, port = lgw
+    ep = f"dev11-{uid}"
+    app = App(gw, ep)
+    try:
+        asyncio.run(_composite(port, app, ep))
+    finally:
+        app.close()
+
+
+async def _large_notification(port: int, app: App, ep: str) -> None:
+    dev = Lwm2mClient(("127.0.0.1", port), ep)
+    dev.values["/3/0/2"] = "s" * 3000  # serial number: larger than a block
+    await dev.start()
+    nxt = lambda: asyncio.to_thread(app.next)  # noqa: E731
+    try:
+        await dev.register()
+        await nxt()
+        app.command(1, "observe", path="/3/0/2")
+        topic, resp = await nxt()
+        assert resp["data"]["content"] == [{"path": "/3/0/2", "value": "s" * 3000}]
+        dev.set("/3/0/2", "t" * 2900)
+        topic, note = await nxt()
+        assert topic == f"lwm2m/{ep}/up/notify" and note["reqID"] == 1
+        assert note["data"]["content"] == [{"path": "/3/0/2", "value": "t" * 2900}]
+        await dev.deregister()
+    finally:
+        await dev.close()
+
+
+def test_large_notification_published_whole(lgw: tuple[Gateway, int], uid: str) -> None:
+    gw, port = lgw
+    ep = f"big-{uid}"
+    app = App(gw, ep)
+    try:
+        asyncio.run(_large_notification(port, app, ep))
     finally:
         app.close()

@@ -563,3 +563,28 @@ keyfile = "certs/edge.key"
     disabled = write(conf_dir, text.replace("enable = true", "enable = false").replace(
         "certs/ca.crt", "certs/nope.crt"), "disabled.toml")
     load_config(disabled, {})  # not used, not loaded
+
+
+def test_lwm2m_bootstrap_plan(tmp_path):
+    path = write(tmp_path, """
+[gateway.lwm2m]
+max_queue = 50
+[gateway.lwm2m.bootstrap]
+enable = true
+[gateway.lwm2m.bootstrap.endpoints."*"]
+writes = [{path = "/1/1", content = [{path = "1", value = 300}, {path = "7", value = "U"}]}]
+""")
+    lw = load_config(path, {}).gateway.lwm2m
+    assert lw is not None and lw.max_queue == 50
+    [w] = lw.bootstrap.endpoints["*"].writes
+    assert w.path == "/1/1" and w.content[0] == {"path": "1", "value": 300}
+    bad = write(tmp_path, """
+[gateway.lwm2m.bootstrap.endpoints.ep1]
+writes = [{path = "/1", content = []}]
+""", "bad.toml")
+    assert "gateway.lwm2m.bootstrap.endpoints.ep1.writes" in error_of(bad)
+    bad2 = write(tmp_path, """
+[gateway.lwm2m.bootstrap.endpoints.ep1]
+writes = [{path = "/1/0", content = [{value = 1}]}]
+""", "bad2.toml")
+    assert "path and a value" in error_of(bad2)
