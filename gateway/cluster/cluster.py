@@ -427,12 +427,15 @@ class Cluster:
         if raft is None or raft.members() == {self.name}:
             return
         deadline = time.monotonic() + timeout
-        if raft.is_leader():
-            raft.transfer_leadership()
+        asked = 0.0
         while time.monotonic() < deadline:  # bounded: a new leader, or give up
             leader = raft.leader()
             if leader is not None and leader != self.name:
                 break
+            if raft.is_leader() and time.monotonic() - asked > 0.25:
+                # denied while the other voters are not caught up: asked again
+                asked = time.monotonic()
+                raft.transfer_leadership()
             await asyncio.sleep(0.05)
         else:
             log.warning("cluster: leaving without leaving the Raft group (no other leader)")
