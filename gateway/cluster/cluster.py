@@ -491,7 +491,7 @@ class Cluster:
         else:
             reply(False, f"unknown call {msg.get('op')!r}")
 
-    def forget(self, name: str, why: str) -> bool:
+    def forget(self, name: str, why: str, *, claims: bool = True) -> bool:
         """Remove a member (it left, ``force-leave``, or autoclean): links, routes,
         outbox (its unacknowledged messages are dropped, and counted in the log). With
         Raft, a voter is removed from the group: here when this node leads, else by a
@@ -508,7 +508,7 @@ class Cluster:
         self._drop(self.session_ann, self.registry, name, reps)
         self._schedule_routes()
         self.parked.drop_node(name)
-        if self.raft_sessions is not None:
+        if self.raft_sessions is not None and claims:
             self.raft_sessions.forget(name, sync=False)
         raft = self.raft
         if raft is not None and name in raft.members():
@@ -1446,7 +1446,9 @@ class Cluster:
         limit = self.settings.autoclean
         down = peer.down_since
         if limit and peer.state == "down" and down is not None and time.time() - down > limit:
-            self.forget(peer.name, f"down for more than {limit:g}s (autoclean)")
+            # a replicant down here may be attached to another core: its sessions stay
+            self.forget(peer.name, f"down for more than {limit:g}s (autoclean)",
+                        claims=peer.role != "replicant")
 
     def _state_changed(self, peer: Peer) -> None:
         new = peer.update_state()

@@ -5,6 +5,7 @@ to another core and delivery goes on. With and without ``cluster.raft``."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -48,6 +49,51 @@ def check_delivery(pub_nodes: list[Node], subs: dict[str, Client], tag: str) -> 
             p.close()
 
 
+def check_takeover_and_shared(r: Node, core: Node, others: list[Node]) -> None:
+    """A session on the replicant taken over on another core (two hops: its core relays
+    the takeover); a shared group with members on the replicant and on another core:
+    each message to exactly one of them, whichever node publishes."""
+    far = others[0]
+    mover = Client(r, "mover", clean=False, session_expiry=600).subscribe("mv/t", qos=1)
+    mover.close()
+    watcher = Client(r, "watcher").subscribe("mv/t")  # says when it reached the replicant
+    wait_until(lambda: far.remote_routes(core) == 3, what="the mover's route on the far core")
+    pub = Client(far, "pub-mover")
+    pub.publish("mv/t", "queued", qos=1)
+    pub.close()
+    assert watcher.next_message().payload == b"queued"
+    watcher.close()
+    moved = Client(far, "mover", clean=False, session_expiry=600)
+    try:
+        assert moved.session_present
+        assert moved.next_message().payload == b"queued"
+    finally:
+        moved.close()
+
+    members = {n.short: Client(n, f"member-{n.short}").subscribe("$share/g/sh/#", qos=1)
+               for n in (r, far)}
+    try:
+        wait_until(lambda: far.remote_routes(core) == 3 and r.remote_routes(core) == 3,
+                   what="the group known on both sides")
+        sent = []
+        for n in (r, core, far):
+            p = Client(n, f"pub-sh-{n.short}")
+            for i in range(4):
+                p.publish(f"sh/{n.short}", f"{n.short}{i}", qos=1)
+                sent.append(f"{n.short}{i}")
+            p.close()
+        got: list[str] = []
+        end = time.monotonic() + 20.0
+        while len(got) < len(sent) and time.monotonic() < end:
+            for m in members.values():
+                got.extend(x.payload.decode() for x in m.drain())
+            time.sleep(0.05)  # bounded poll of two queues
+        assert sorted(got) == sorted(sent)
+    finally:
+        for m in members.values():
+            m.close()
+
+
 @pytest.mark.parametrize("raft", [False, True], ids=["announced", "raft"])
 def test_replicant_attaches_to_one_core_and_switches_when_it_dies(
         nodes: Callable[..., Node], raft: bool) -> None:
@@ -79,6 +125,7 @@ def test_replicant_attaches_to_one_core_and_switches_when_it_dies(
         wait_until(lambda: all(o.remote_routes(core) == 2 for o in others),
                    what="the replicant's route announced by its core")
         check_delivery([r, *cores.values()], subs, "before")
+        check_takeover_and_shared(r, core, others)
         if raft:
             dev = Client(r, "dev-on-replicant", clean=False, session_expiry=600)
             dev.close()
@@ -101,8 +148,10 @@ def test_replicant_attaches_to_one_core_and_switches_when_it_dies(
                        and r.cluster()["raft"]["core"] == new, what="the log from the new core")
         # the replicant's route reaches the other core through the new one
         new_core = next(x for x in others if x.name == new)
-        wait_until(lambda: all(o.remote_routes(new_core) == 2 for o in others
-                               if o is not new_core),
+        # (its own keys plus the replicant's one key that no core has)
+        wait_until(lambda: all(o.remote_routes(new_core)
+                               == new_core.cluster()["routes"]["local"] + 1
+                               for o in others if o is not new_core),
                    what="the replicant's route re-announced by its new core")
         check_delivery([r, *others], subs, "after")
     finally:
