@@ -496,6 +496,7 @@ class Cluster:
         outbox (its unacknowledged messages are dropped, and counted in the log). With
         Raft, a voter is removed from the group: here when this node leads, else by a
         CALL to the leader."""
+        reps = self._reps()  # before it goes: a replicant's keys are announced by us
         peer = self.peers.pop(name, None)
         if peer is None:
             return False
@@ -503,7 +504,6 @@ class Cluster:
         self._close_peer(peer, why)
         if peer.task is not None:
             peer.task.cancel()
-        reps = self._reps()
         removed = self._drop(self.route_ann, self.routes, name, reps)
         self._drop(self.session_ann, self.registry, name, reps)
         self._schedule_routes()
