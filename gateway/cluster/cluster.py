@@ -132,6 +132,8 @@ class Cluster:
         self._calls: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._call_id = 0
         self._raft_removed: set[str] = set()  # voters removed here; not re-added while up
+        self._raft_forget: set[str] = set()  # voters forgotten here, for the leader to remove
+        self._raft_asking: set[str] = set()  # ... a CALL for them under way
         self._rlog_seq = 0  # entries of the Raft session table applied here (cores)
         # a replicant: the one core it is attached to
         self.core: str | None = None
@@ -256,6 +258,7 @@ class Cluster:
             return peer
         peer = Peer(name, addr, self.store.outbox(name, self.settings.outbox_max))
         peer.role = role
+        self._raft_forget.discard(name)  # a member again
         self.peers[name] = peer
         if persist:
             self.store.member_saved(name, addr)
@@ -347,13 +350,22 @@ class Cluster:
         return peer is not None and peer.state == "up"
 
     def _raft_membership(self) -> None:
-        """On the leader: add one up core member the group lacks, or remove one voter
-        that is no member any more (one change at a time; the next heartbeat does the
-        next)."""
+        """Every heartbeat. On the leader: add one up core member the group lacks, or
+        remove one voter that is no member any more (one change at a time; the next
+        heartbeat does the next). Elsewhere: ask the leader (a CALL) to remove the
+        voters this node forgot, until they are out of the group."""
         raft = self.raft
-        if raft is None or not raft.is_leader():
+        if raft is None:
             return
         members = raft.members()
+        if not raft.is_leader():
+            self._raft_forget &= members
+            leader = raft.leader()
+            for name in self._raft_forget - self._raft_asking:
+                if leader is not None and leader not in (name, self.name):
+                    self._raft_asking.add(name)
+                    self._spawn(self._forward_removal(leader, name))
+            return
         for name in sorted(members - {self.name}):
             if name not in self.peers:
                 log.info("cluster: removing %s from the Raft group (no member)", name)
@@ -481,6 +493,8 @@ class Cluster:
             raft = self.raft
             if raft is None or not raft.is_leader():
                 reply(False, "not the Raft leader")
+            elif node == self.name:
+                reply(False, "the leader cannot remove itself (it hands over when it leaves)")
             elif node not in raft.members():
                 reply(True)
             else:
@@ -514,11 +528,8 @@ class Cluster:
         if raft is not None and name in raft.members():
             if raft.is_leader():
                 raft.remove(name)  # a voter that left: the majority shrinks with it
-            else:
-                leader = raft.leader()
-                if (leader is not None and leader != name and not self.stopping
-                        and not self._leaving):
-                    self._spawn(self._forward_removal(leader, name))
+            elif not self._leaving:  # the leader removes it (next heartbeat, a CALL)
+                self._raft_forget.add(name)
         self._reroute_shared(peer)
         pending = len(peer.outbox)
         self.store.outbox_deleted(name)
@@ -530,10 +541,13 @@ class Cluster:
         return True
 
     async def _forward_removal(self, leader: str, name: str) -> None:
-        reply = await self.call(leader, {"op": "raft_remove", "node": name}, 5.0)
+        try:
+            reply = await self.call(leader, {"op": "raft_remove", "node": name}, 5.0)
+        finally:
+            self._raft_asking.discard(name)
         if reply.get("ok"):
             log.info("cluster: %s removed from the Raft group by the leader %s", name, leader)
-        else:
+        else:  # asked again at a later heartbeat while it is in the group
             log.warning("cluster: the Raft leader %s did not remove %s: %s", leader, name,
                         reply.get("error"))
 
