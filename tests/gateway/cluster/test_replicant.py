@@ -5,13 +5,21 @@ to another core and delivery goes on. With and without ``cluster.raft``."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from tests.gateway.cluster.harness import Client, Node, free_port, wait_mesh, wait_until
+from tests.gateway.cluster.harness import (
+    Client,
+    Node,
+    free_port,
+    gatewayctl,
+    wait_mesh,
+    wait_until,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -113,6 +121,9 @@ def test_replicant_attaches_to_one_core_and_switches_when_it_dies(
     assert core.cluster()["replicants"] == [r.name]
     view: dict[str, Any] = r.cluster()["replicant"]
     assert view["lag"] == 0 and view["switches"] == 0
+    text = gatewayctl("cluster", "status", env=r.ctl_env())
+    assert text.returncode == 0, text.stderr
+    assert "Attached to" in text.stdout and core.name in text.stdout, text.stdout
 
     subs = {n.short: Client(n, f"sub-{n.short}").subscribe("r/#", qos=1)
             for n in [r, *cores.values()]}
@@ -140,8 +151,10 @@ def test_replicant_attaches_to_one_core_and_switches_when_it_dies(
         new = wait_until(lambda: (a := attached(r)) not in (None, core.name) and a,
                          what="the replicant attached to another core")
         assert new in {o.name for o in others}
-        view = r.cluster()["replicant"]
-        assert view["switches"] == 1 and view["lag"] == 0
+        out = gatewayctl("cluster", "status", "--json", env=r.ctl_env())
+        assert out.returncode == 0, out.stderr
+        view = json.loads(out.stdout)["replicant"]
+        assert view["core"] == new and view["switches"] == 1 and view["lag"] == 0
         wait_until(lambda: links_up(r) == {new}, what="links to the new core only")
         if raft:
             wait_until(lambda: r.cluster()["raft"]["state"] == "normal"
