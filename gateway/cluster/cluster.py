@@ -6,8 +6,10 @@ How the pieces fit (docs/cluster.md has the full picture):
   and nodes learnt from peers (every WELCOME and MEMBERS frame lists the members the
   sender knows) are dialled and kept in ``cluster_members``; ``leave`` tells every peer
   and forgets them all.
-- **Links** (:mod:`gateway.cluster.link`): each node dials a control and a data link to
-  every member, over mutual TLS on the one cluster port. Heartbeats (PING/PONG) run on
+- **Links** (:mod:`gateway.cluster.link`): each core dials a control and a data link to
+  every other core, over mutual TLS on the one cluster port. A replicant dials one core
+  (its attach loop; the next core when those links go), which dials it back while it is
+  attached and stands in for it (:mod:`gateway.cluster.relay`). Heartbeats (PING/PONG) run on
   the control links; a link silent for ``heartbeat_timeout`` is closed and redialled with
   backoff.
 - **Routes** (:mod:`gateway.cluster.routes`): the broker reports every route key that
@@ -18,12 +20,14 @@ How the pieces fit (docs/cluster.md has the full picture):
   which looks the topic up in the route table and queues the message for each matching
   node: QoS 0 in memory, QoS 1/2 in the peer's durable outbox
   (:mod:`gateway.cluster.outbox`). Once per loop turn each peer's queue goes out as DATA
-  batches. The receiving node routes the message locally only (``Node.inject``), never
-  onwards.
+  batches. The receiving node routes the message locally (``Node.inject``); only a core
+  relays: what a replicant sent it onwards to the other nodes with routes, what a core
+  sent it to its attached replicants.
 
 Invariants:
-- A forwarded message is delivered to each node at most once per route match, and a
-  node that receives one never forwards it again.
+- A forwarded message is delivered to each node at most once per route match; it takes
+  at most three hops (replicant -> core -> core -> replicant) and is never sent back
+  towards where it came from.
 - QoS 1/2 forwards are acknowledged to the publisher only when committed to the
   outbox (same group commit as its session writes), sent only once committed, and
   removed only when the receiver acknowledged after committing its own writes.
