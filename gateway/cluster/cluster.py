@@ -682,6 +682,15 @@ class Cluster:
                 attached = True
                 self._attached(peer, last)
                 self._links_up(peer, ctl, data)
+                # the core's snapshot comes on its link back to us: without it (it
+                # cannot reach us) this core is no use; try the next one
+                boot = 2 * max(self.settings.connect_timeout, self.settings.heartbeat_timeout)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(ctl.done.wait(), boot)
+                if not ctl.closed and not self.routes_bootstrapped:
+                    log.warning("cluster: no route snapshot from %s in %gs (can it reach "
+                                "%s?)", name, boot, self.settings.advertise)
+                    ctl.close("no route snapshot from the core")
                 await ctl.done.wait()
                 await data.done.wait()
                 self._detached(peer)
