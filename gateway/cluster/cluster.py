@@ -132,7 +132,8 @@ class Cluster:
                                    lambda k: self.routes.nodes_of.get(k, ()))
         self.session_ann = Announcer(lambda: self.local_sessions,
                                      lambda: self.registry.by_node, self.registry.holders)
-        self._takeovers: dict[str, Link] = {}  # cid -> link a relayed takeover came on
+        # cid -> (link a relayed takeover came on, when); forgotten after a minute
+        self._takeovers: dict[str, tuple[Link, float]] = {}
         self._calls: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._call_id = 0
         self._raft_removed: set[str] = set()  # voters removed here; not re-added while up
@@ -855,7 +856,7 @@ class Cluster:
             msg = F.parse_control(body)
             cid, export = msg.get("cid"), msg.get("export")
             if msg.get("op") == "session" and isinstance(cid, str) and isinstance(export, dict):
-                via = self._takeovers.pop(cid, None)
+                via = self._takeovers.pop(cid, (None, 0.0))[0]
                 if via is not None:  # a takeover relayed for a replicant or its peer
                     if not via.closed:
                         via.send(F.control(F.CAST, msg))
@@ -1107,7 +1108,7 @@ class Cluster:
                 other.ctl_out.send(F.control(F.CAST, msg))
                 asked += 1
         if asked and not msg.get("clean"):
-            self._takeovers[cid] = link
+            self._takeovers[cid] = (link, time.monotonic())
 
     def _on_rlog(self, msg: dict[str, Any]) -> None:
         view = self.raft_view
@@ -1467,6 +1468,8 @@ class Cluster:
             self._autoclean(peer)
         if self.raft is not None:
             self._raft_membership()
+        if self._takeovers:  # relayed takeovers nobody answered (no session there)
+            self._takeovers = {c: v for c, v in self._takeovers.items() if now - v[1] < 60}
         self._tick = self._loop.call_later(self.settings.heartbeat_interval, self._heartbeat)
 
     def _autoclean(self, peer: Peer) -> None:
