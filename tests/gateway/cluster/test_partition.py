@@ -96,3 +96,42 @@ def test_autoclean_forgets_a_node_down_too_long(nodes) -> None:
     wait_until(lambda: a.state_of(b) == "down", what="b down")
     wait_until(lambda: a.member(b.name) is None, what="b forgotten by autoclean")
     assert "autoclean" in a.log()
+
+
+def test_replicant_cut_off_from_its_core_moves_what_it_acknowledged(nodes) -> None:
+    """A replicant whose core is cut off (black hole: the links it dials to its core
+    stall) finds out by its heartbeat timeout, attaches to the other core, and the QoS 1
+    messages it acknowledged meanwhile (queued for the old core, never applied there)
+    reach the subscriber on the other core through the new one, exactly once."""
+    a, pa = proxied(nodes, "a")
+    b, pb = proxied(nodes, "b", seed=(a, pa))
+    r = nodes("e", role="replicant",
+              extra={**FAST, "GATEWAY_CLUSTER__SEEDS": f"{a.name}:{pa.port}"})
+    clients: list[Client] = []
+    try:
+        wait_mesh([a, b])
+        sub = Client(b, "sub-b", clean=False, session_expiry=600).subscribe("q/#", 1)
+        pub = Client(r, "pub-r")
+        clients += [sub, pub]
+        wait_until(lambda: (r.cluster()["replicant"] or {}).get("core") == a.name
+                   and r.remote_routes(a) == 1, what="the replicant on a, b's route through a")
+        pub.publish("q/x", "warm", qos=1)
+        assert sub.next_message().payload == b"warm"
+        pa.cut()  # every link dialled to a stalls: the replicant's and b's
+        for i in range(3):
+            pub.publish("q/x", f"cut{i}", qos=1)  # acknowledged by the replicant
+        wait_until(lambda: (r.cluster()["replicant"] or {}).get("core") == b.name,
+                   what="the replicant attached to b")
+        got = sorted(m.payload.decode() for m in sub.collect(3))
+        assert got == ["cut0", "cut1", "cut2"]
+        pa.restore()
+        wait_mesh([a, b])
+        pub.publish("q/x", "after", qos=1)
+        assert sub.next_message().payload == b"after"
+        assert sub.drain() == []  # nothing twice
+        assert "unacknowledged forwards for a@127.0.0.1 go through b@127.0.0.1" in r.log()
+    finally:
+        for cl in clients:
+            cl.close()
+        pa.close()
+        pb.close()
