@@ -976,6 +976,9 @@ class Cluster:
             self._schedule_routes()
             if peer.role == "replicant" and peer.ctl_out is not None:
                 peer.ctl_out.close("the replicant detached")  # it may attach elsewhere
+            if self.replicant and peer.name == self.core and peer.ctl_out is not None:
+                # its core's link back went: no routes come any more; attach afresh
+                peer.ctl_out.close("the core's link to us closed")
             if not self.stopping:
                 log.info("cluster: %r closed (%s): %d routes of %s removed",
                          link, link.reason, removed, peer.name)
