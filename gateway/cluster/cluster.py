@@ -142,6 +142,7 @@ class Cluster:
         self._rlog_seq = 0  # entries of the Raft session table applied here (cores)
         # a replicant: the one core it is attached to
         self.core: str | None = None
+        self._candidate: str | None = None  # the core being dialled or attached to
         self.core_since: float | None = None
         self.core_switches = 0
         self.routes_bootstrapped = False  # the core's route snapshot arrived
@@ -556,27 +557,57 @@ class Cluster:
             log.warning("cluster: the Raft leader %s did not remove %s: %s", leader, name,
                         reply.get("error"))
 
-    def _learn(self, members: Any) -> None:
+    def _learn(self, members: Any, sender: str | None = None) -> None:
+        """Members a peer listed: ``[name, addr]``, ``[name, addr, role]``, or for a
+        replicant attached to the sender ``[name, addr, "replicant", sender]``."""
         if not isinstance(members, list):
             return
         for item in members:
-            if (
-                isinstance(item, list) and len(item) in (2, 3)
-                and all(isinstance(x, str) for x in item)
-                and item[0] and item[0] != self.name and item[0] not in self.peers
+            if not (isinstance(item, list) and 2 <= len(item) <= 4
+                    and all(isinstance(x, str) for x in item)
+                    and item[0] and item[0] != self.name):
+                continue
+            if len(item) >= 3 and item[2] == "replicant":
                 # a replicant is linked to its core only; the core learns it when it
-                # dials in
-                and (len(item) == 2 or item[2] != "replicant")
-            ):
+                # dials in. One attached to the sender is no longer ours.
+                if len(item) == 4 and sender is not None and item[3] == sender:
+                    self._replicant_moved(item[0], sender)
+                continue
+            if item[0] not in self.peers:
                 self._member(item[0], item[1])
                 if not self.replicant:
                     self._announce_members()
 
     def members_list(self) -> list[list[str]]:
-        """``[name, addr, role]`` of this node and every member it knows."""
+        """``[name, addr, role]`` of this node and every member it knows (and this node's
+        name after its attached replicants)."""
         out = [[self.name, self.settings.advertise, self.settings.role]]
-        out.extend([p.name, p.addr, p.role] for p in self.peers.values())
+        for p in self.peers.values():
+            if p.role == "replicant" and p.ctl_in is not None and not self.replicant:
+                out.append([p.name, p.addr, p.role, self.name])
+            else:
+                out.append([p.name, p.addr, p.role])
         return out
+
+    def _replicant_moved(self, name: str, core: str) -> None:
+        """A replicant that was attached here is attached to ``core`` now: what this
+        node still had queued for it goes to that core, marked for it (at least once),
+        and it is forgotten here."""
+        peer = self.peers.get(name)
+        via = self.peers.get(core)
+        if (self.replicant or peer is None or via is None or peer.role != "replicant"
+                or peer.ctl_in is not None):
+            return
+        records = list(peer.outbox.records)
+        if records:
+            peer.outbox.take({seq for seq, _ in records})
+            for _, body in records:
+                fwd = F.decode_body(body)
+                via.outbox.append(F.encode_message(fwd.message, fwd.share, target=name),
+                                  lambda p=via: self._schedule_flush(p))  # type: ignore[misc]
+            log.warning("cluster: %d unacknowledged forwards for %s go through its core %s",
+                        len(records), name, core)
+        self.forget(name, f"attached to {core}", claims=False)
 
     def _announce_members(self) -> None:
         frame = F.control(F.MEMBERS, {"members": self.members_list()})
@@ -662,7 +693,7 @@ class Cluster:
                 peer = self.peers.get(name)
                 if peer is None or self.stopping:
                     continue
-                self.core = name  # its links to us (it dials back) are accepted
+                self._candidate = name  # its links to us (it dials back) are accepted
                 ctl: Link | None = None
                 try:
                     ctl = await self._dial_link(peer.addr, "control", name)
@@ -670,7 +701,7 @@ class Cluster:
                 except (TimeoutError, OSError, ssl.SSLError, HandshakeError) as exc:
                     if ctl is not None:
                         ctl.close("data link failed")
-                    self.core = None
+                    self._candidate = None
                     why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
                     if why != peer.last_error:
                         log.info("cluster: cannot attach to %s at %s: %s", name, peer.addr, why)
@@ -731,7 +762,7 @@ class Cluster:
 
     def _detached(self, peer: Peer) -> None:
         log.warning("cluster: replicant lost its core %s", peer.name)
-        self.core = None
+        self.core = self._candidate = None
         self.core_since = None
         self.routes_bootstrapped = False
         if self.raft_view is not None:
@@ -773,7 +804,9 @@ class Cluster:
         self._sent_rev(peer)
         if peer.role == "replicant":
             self._rlog_snapshot(peer)
-        self._learn(ctl.info.get("members", []))
+        self._learn(ctl.info.get("members", []), peer.name)
+        if not self.replicant and peer.role != "replicant":  # incl. who is attached here
+            ctl.send(F.control(F.MEMBERS, {"members": self.members_list()}))
         # resend every unacknowledged forward the peer has not applied
         box = peer.outbox
         applied = data.info.get("applied")
@@ -817,7 +850,7 @@ class Cluster:
                 peer.connections = conns
             rlog = pong.get("rlog")
             view = self.raft_view
-            if view is not None and isinstance(rlog, dict) and link.peer == self.core:
+            if view is not None and isinstance(rlog, dict) and link.peer == self._candidate:
                 seq = rlog.get("seq")
                 if isinstance(seq, int):
                     view.core_seq = max(view.core_seq, seq)
@@ -851,7 +884,7 @@ class Cluster:
                     peer.route_lag_ms = (now - sent_at) * 1000
                 peer.unacked_since = times[0][1] if times else None
         elif kind == F.MEMBERS:
-            self._learn(F.parse_control(body).get("members"))
+            self._learn(F.parse_control(body).get("members"), link.peer)
         elif kind == F.CAST:
             msg = F.parse_control(body)
             cid, export = msg.get("cid"), msg.get("export")
@@ -909,7 +942,7 @@ class Cluster:
         if why is None and self.replicant and not hello.get("probe"):
             if hello.get("role") == "replicant":
                 why = "a replicant attaches to a core, not to another replicant"
-            elif name != self.core:
+            elif name != self._candidate:
                 why = f"{self.name} is {NOT_MY_CORE}"
         if why is not None and NOT_MY_CORE in why:
             log.debug("cluster: refused %s: %s", name, why)
@@ -950,6 +983,7 @@ class Cluster:
                 peer.wake.set()  # it is back: dial it now rather than at the next backoff
             if role == "replicant":
                 log.info("cluster: replicant %s attached", name)
+                self._announce_members()  # its former core hands over what it queued
         else:
             old, peer.data_in = peer.data_in, link
             if old is not None:
@@ -976,7 +1010,7 @@ class Cluster:
             self._schedule_routes()
             if peer.role == "replicant" and peer.ctl_out is not None:
                 peer.ctl_out.close("the replicant detached")  # it may attach elsewhere
-            if self.replicant and peer.name == self.core and peer.ctl_out is not None:
+            if self.replicant and peer.name == self._candidate and peer.ctl_out is not None:
                 # its core's link back went: no routes come any more; attach afresh
                 peer.ctl_out.close("the core's link to us closed")
             if not self.stopping:
@@ -1011,7 +1045,7 @@ class Cluster:
         elif kind == F.CALL:
             self._on_call(link, F.parse_control(body))
         elif kind == F.MEMBERS:
-            self._learn(F.parse_control(body).get("members"))
+            self._learn(F.parse_control(body).get("members"), peer.name)
         elif kind == F.LEAVE:
             self.forget(peer.name, "it left the cluster")
         elif kind == F.CAST:
@@ -1026,7 +1060,7 @@ class Cluster:
                 elif not self.replicant:
                     self._relay_takeover(peer, link, cid, msg)
             elif msg.get("op") == "rlog" and self.raft_view is not None and (
-                    peer.name == self.core):
+                    peer.name == self._candidate):
                 self._on_rlog(msg)
 
     def _on_routes(self, peer: Peer, link: Link, msg: dict[str, Any]) -> None:
@@ -1040,7 +1074,7 @@ class Cluster:
             self.parked.drop_node(name)
             self._replace(self.route_ann, self.routes, name,
                           [k for k in snapshot if isinstance(k, str)], reps)
-            if self.replicant and name == self.core:
+            if self.replicant and name == self._candidate:
                 self.routes_bootstrapped = True
         for op, key in msg.get("ops", ()):
             self._apply(self.route_ann, self.routes, name, key, op == "+", reps)
@@ -1113,6 +1147,22 @@ class Cluster:
         if asked and not msg.get("clean"):
             self._takeovers[cid] = (link, time.monotonic())
 
+    def _relay_to(self, fwd: F.Forwarded) -> None:
+        """A record for one replicant attached here (its former core's queue)."""
+        assert fwd.target is not None
+        peer = self.peers.get(fwd.target)
+        if peer is None or peer.role != "replicant" or peer.ctl_in is None:
+            log.warning("cluster: a message for %s, which is not attached here, dropped",
+                        fwd.target)
+            return
+        body = F.encode_message(fwd.message, fwd.share)
+        peer.forwarded += 1
+        if fwd.message.qos == 0:
+            peer.qos0.append(F.record(0, body))
+            self._schedule_flush(peer)
+        else:
+            peer.outbox.append(body, lambda p=peer: self._schedule_flush(p))  # type: ignore[misc]
+
     def _on_rlog(self, msg: dict[str, Any]) -> None:
         view = self.raft_view
         assert view is not None
@@ -1124,7 +1174,7 @@ class Cluster:
             view.snapshot(seq, {str(k): str(v) for k, v in snapshot.items()})
             leader = msg.get("leader")
             view.leader = leader if isinstance(leader, str) else None
-            log.info("cluster: replicant bootstrapped from %s: %d sessions at %d", self.core,
+            log.info("cluster: replicant bootstrapped from %s: %d sessions at %d", self._candidate,
                      len(view), seq)
             return
         entry = msg.get("e")
@@ -1156,7 +1206,9 @@ class Cluster:
                     continue
                 applied = seq
             peer.received += 1
-            if fwd.share is None:
+            if fwd.target is not None and fwd.target != self.name:
+                self._relay_to(fwd)  # queued by its former core for a replicant of ours
+            elif fwd.share is None:
                 inject(fwd.message)
                 if allow is not None:
                     self._forward_plain(fwd.message, allow)

@@ -80,3 +80,16 @@ def test_replica_log_states() -> None:
     assert log.status()["state"] == "normal"
     log.reset()
     assert log.status()["state"] == "bootstrap"
+
+
+def test_target_and_share_round_trip_in_a_record() -> None:
+    from gateway.cluster import frames as F
+    from protocols.context import Message
+
+    m = Message("t/x", b"p", 1)
+    body = F.encode_message(m, ("g", "t/#"), target="r@127.0.0.1")
+    got = F.decode_body(body)
+    assert got.target == "r@127.0.0.1" and got.share == ("g", "t/#")
+    assert got.message.payload == b"p" and got.message.topic == "t/x"
+    again = F.decode_body(F.encode_message(got.message, got.share, target=None))
+    assert again.target is None and again.share == ("g", "t/#")
