@@ -11,7 +11,7 @@ Invariants:
   (the link is closed: the peer is broken or not one of us).
 - ``decode_batch(encode_batch(batch)) == batch`` for every message field the cluster
   carries (topic, payload, QoS, retain, publish properties, publisher, user name,
-  timestamp, expiry).
+  timestamp, expiry), and the optional shared-group and target trailers.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ PING = 3  # {"t": sender's clock}
 PONG = 4  # {"t": echoed}
 ROUTES = 5  # {"snapshot": bool, "add": [...], "del": [...], "rev": int}
 ROUTES_ACK = 6  # {"rev": int}
-MEMBERS = 7  # {"members": [[name, addr], ...]}
+MEMBERS = 7  # {"members": [[name, addr, role(, core of an attached replicant)], ...]}
 LEAVE = 8  # {"name"}: the sender leaves the cluster
 DATA = 9  # binary batch of messages
 ACK = 10  # {"seq": int} on the data channel
