@@ -651,13 +651,13 @@ class Cluster:
             except (TimeoutError, OSError, ssl.SSLError, HandshakeError) as exc:
                 if ctl is not None:
                     ctl.close("data link failed")
-                if isinstance(exc, HandshakeError) and NOT_MY_CORE in str(exc):
-                    peer.role = "replicant"  # it is attached to another core
-                    self.store.member_deleted(peer.name)
-                    continue
+                not_ours = isinstance(exc, HandshakeError) and NOT_MY_CORE in str(exc)
+                if not_ours and peer.role != "replicant":
+                    peer.role = "replicant"  # it is attached to another core: we wait
+                    self.store.member_deleted(peer.name)  # until it dials us (loop top)
                 why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
                 peer.failures += 1
-                if why != peer.last_error or peer.failures == 1:
+                if (why != peer.last_error or peer.failures == 1) and not not_ours:
                     level = logging.WARNING if isinstance(exc, HandshakeError) else logging.INFO
                     log.log(level, "cluster: cannot reach %s at %s: %s", peer.name, peer.addr, why)
                 peer.last_error = why
