@@ -65,5 +65,7 @@ def from_config(
             refresh=c.dns.refresh,
         ) if c.discovery == "dns" and c.dns.name else None,
         raft=c.raft,
+        raft_compact_entries=c.raft_compact_entries,
+        data_dir=str(config.node.data_dir),
     )
     return Cluster(settings, node, tls, ClusterStore(conn, committer))

@@ -11,7 +11,7 @@ Invariants:
   (the link is closed: the peer is broken or not one of us).
 - ``decode_batch(encode_batch(batch)) == batch`` for every message field the cluster
   carries (topic, payload, QoS, retain, publish properties, publisher, user name,
-  timestamp, expiry).
+  timestamp, expiry), and the optional shared-group and target trailers.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ PING = 3  # {"t": sender's clock}
 PONG = 4  # {"t": echoed}
 ROUTES = 5  # {"snapshot": bool, "add": [...], "del": [...], "rev": int}
 ROUTES_ACK = 6  # {"rev": int}
-MEMBERS = 7  # {"members": [[name, addr], ...]}
+MEMBERS = 7  # {"members": [[name, addr, role(, core of an attached replicant)], ...]}
 LEAVE = 8  # {"name"}: the sender leaves the cluster
 DATA = 9  # binary batch of messages
 ACK = 10  # {"seq": int} on the data channel
@@ -105,6 +105,7 @@ class Forwarded:
     seq: int
     message: Message
     share: tuple[str, str] | None = None  # (group, filter): for one member of that group
+    target: str | None = None  # for that node only (a core relays it to its replicant)
 
 
 _SEQ = struct.Struct(">Q")
@@ -115,10 +116,13 @@ _NONE = 0xFFFF
 _SHARE_LEN = struct.Struct(">H")
 
 
-def encode_message(m: Message, share: tuple[str, str] | None = None) -> bytes:
+def encode_message(m: Message, share: tuple[str, str] | None = None,
+                   target: str | None = None) -> bytes:
     """A message's record body; a DATA record is ``seq (8 bytes) | body``. With ``share``
     (group, filter) flag bit 2 is set and ``len (2 bytes) | group NUL filter`` follows the
-    payload: the receiver gives it to one member of that shared group only."""
+    payload: the receiver gives it to one member of that shared group only. With
+    ``target`` (a node name) flag bit 4 is set and ``len (2 bytes) | name`` follows: the
+    receiving core hands it to that replicant only."""
     topic = m.topic.encode()
     publisher = m.publisher.encode()
     username = b"" if m.username is None else m.username.encode()
@@ -129,11 +133,15 @@ def encode_message(m: Message, share: tuple[str, str] | None = None) -> bytes:
     if share is not None:
         key = f"{share[0]}\0{share[1]}".encode()
         trailer = _SHARE_LEN.pack(len(key)) + key
+    if target is not None:
+        name = target.encode()
+        trailer += _SHARE_LEN.pack(len(name)) + name
     return b"".join(
         (
             _REC.pack(
                 m.qos,
-                (1 if m.retain else 0) | (2 if share is not None else 0),
+                (1 if m.retain else 0) | (2 if share is not None else 0)
+                | (4 if target is not None else 0),
                 len(topic),
                 len(publisher),
                 _NONE if m.username is None else len(username),
@@ -154,6 +162,11 @@ def encode_message(m: Message, share: tuple[str, str] | None = None) -> bytes:
 
 def record(seq: int, body: bytes) -> bytes:
     return _SEQ.pack(seq) + body
+
+
+def decode_body(body: bytes) -> Forwarded:
+    """One record body made by :func:`encode_message` (``seq`` 0)."""
+    return decode_batch(struct.pack(">I", 1) + record(0, body))[0]
 
 
 def encode_batch(records: list[bytes]) -> bytes:
@@ -193,6 +206,13 @@ def decode_batch(body: bytes) -> list[Forwarded]:
                     raise FrameError("bad shared-group trailer")
                 share = (group, real)
                 pos += 2 + ls
+            target: str | None = None
+            if flags & 4:
+                (ln,) = _SHARE_LEN.unpack_from(body, pos)
+                target = body[pos + 2 : pos + 2 + ln].decode()
+                if len(target.encode()) != ln or not target:
+                    raise FrameError("bad target trailer")
+                pos += 2 + ln
             m = Message(
                 topic,
                 payload,
@@ -204,7 +224,7 @@ def decode_batch(body: bytes) -> list[Forwarded]:
                 ts,
                 None if math.isnan(exp) else exp,
             )
-            out.append(Forwarded(seq, m, share))
+            out.append(Forwarded(seq, m, share, target))
     except (struct.error, UnicodeDecodeError, ValueError, TypeError) as exc:
         raise FrameError(f"bad DATA frame: {exc}") from None
     return out

@@ -1,5 +1,8 @@
 """Raft among core nodes through pysyncobj, carried by the cluster's own links (stage 5,
-with ``cluster.raft`` on; docs/cluster.md says what remains).
+with ``cluster.raft`` on; docs/cluster.md says what remains). Replicants do not run Raft:
+their core streams its applied session table to them (:mod:`gateway.cluster.relay`).
+With a data directory the log is journalled there and compacted into a full dump, so a
+restarted core resumes from its own log.
 
 pysyncobj's own ``TCPTransport`` opens its own port without TLS. Here a
 :class:`LinkTransport` (a pysyncobj ``Transport``) hands every Raft message to a
@@ -21,11 +24,13 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import os
 import pickle
 from collections.abc import Callable
 from typing import Any
 
 from pysyncobj import (  # type: ignore[import-untyped]
+    FAIL_REASON,
     SyncObj,
     SyncObjConf,
     SyncObjConsumer,
@@ -47,7 +52,6 @@ class LinkTransport(Transport):  # type: ignore[misc]
         super().__init__(syncObj, selfNode, otherNodes)
         self.nodes: dict[str, Any] = {n.id: n for n in otherNodes}
         self.connected: set[str] = set()
-        self.replicas: dict[str, Any] = {}  # replicant nodes (pysyncobj read-only nodes)
 
     def addNode(self, node: Any) -> None:
         """A membership change added ``node``: connected at once if its links are up."""
@@ -71,7 +75,7 @@ class LinkTransport(Transport):  # type: ignore[misc]
     # -- from the cluster ------------------------------------------------------------
 
     def received(self, name: str, payload: bytes) -> None:
-        node = self.nodes.get(name) or self.replicas.get(name)
+        node = self.nodes.get(name)
         if node is not None:
             self._onMessageReceived(node, pickle.loads(payload))
 
@@ -86,35 +90,34 @@ class LinkTransport(Transport):  # type: ignore[misc]
         if node is not None and name in self.connected:
             self.connected.discard(name)
             self._onNodeDisconnected(node)
-        replica = self.replicas.pop(name, None)
-        if replica is not None:
-            self.connected.discard(name)
-            self._onReadonlyNodeDisconnected(replica)
-
-    def replica_up(self, name: str) -> None:
-        """A replicant's links are up: the leader sends it every entry (no vote)."""
-        if name not in self.replicas and name not in self.nodes:
-            node = self.replicas[name] = RaftNode(name)
-            self.connected.add(name)
-            self._onReadonlyNodeConnected(node)
 
 
 class RaftGroup:
     """One node's member of the core nodes' Raft group: a pysyncobj ``SyncObj`` over
     :class:`LinkTransport`, ticked from the event loop."""
 
-    def __init__(self, name: str | None, others: list[str], send: Send,
+    def __init__(self, name: str, others: list[str], send: Send,
                  consumers: list[SyncObjConsumer], *, tick: float = 0.02,
-                 journal: str | None = None,
+                 data_dir: str | None = None, compact_entries: int = 5000,
                  is_up: Callable[[str], bool] = lambda _name: False) -> None:
+        """``data_dir``: journal (``raft.journal``) and full dump (``raft.dump``) there,
+        so a restarted node resumes from its own log; None: memory only."""
         transport_class = type("BoundLinkTransport", (LinkTransport,), {
             "send_payload": staticmethod(send), "is_up": staticmethod(is_up)})
-        conf = SyncObjConf(autoTick=False, journalFile=journal, dynamicMembershipChange=True)
+        journal = dump = None
+        if data_dir is not None:
+            journal = os.path.join(data_dir, "raft.journal")
+            dump = os.path.join(data_dir, "raft.dump")
+        self.resumed = journal is not None and os.path.isfile(journal)
+        # useFork off: the node has threads (the group committer); the dump is written
+        # from the tick (small tables); compaction by size, and at least hourly
+        conf = SyncObjConf(autoTick=False, journalFile=journal, fullDumpFile=dump,
+                           dynamicMembershipChange=True, useFork=False,
+                           logCompactionMinEntries=compact_entries,
+                           logCompactionMinTime=3600)
         self.name = name
         self.tick_interval = tick
-        self.replicant = name is None  # a read-only member: follows the log, never votes
-        self.sync = SyncObj(None if name is None else RaftNode(name),
-                            [RaftNode(o) for o in others], conf=conf,
+        self.sync = SyncObj(RaftNode(name), [RaftNode(o) for o in others], conf=conf,
                             consumers=consumers, transportClass=transport_class)
         self._handle: asyncio.Handle | None = None
 
@@ -144,14 +147,24 @@ class RaftGroup:
         return bool(self.sync._isLeader())
 
     def members(self) -> set[str]:
-        return {*([] if self.name is None else [self.name]), *self.transport.nodes}
+        return {self.name, *self.transport.nodes}
+
+    def leader(self) -> str | None:
+        leader = self.sync._getLeader()
+        return None if leader is None else str(leader.id)
 
     def add(self, name: str) -> None:
         """On the leader: make ``name`` a voting member (one change at a time)."""
         self.sync.addNodeToCluster(RaftNode(name))
 
-    def remove(self, name: str) -> None:
-        self.sync.removeNodeFromCluster(RaftNode(name))
+    def remove(self, name: str, done: Callable[[bool], None] | None = None) -> None:
+        """On the leader: ``name`` is no longer a voter; ``done(ok)`` once committed."""
+        cb = None if done is None else (lambda _res, err: done(err == FAIL_REASON.SUCCESS))
+        self.sync.removeNodeFromCluster(RaftNode(name), callback=cb)
+
+    def transfer_leadership(self) -> None:
+        """On the leader: hand leadership to the most caught-up other voter."""
+        self.sync.transferLeadership()
 
     def link_up(self, name: str) -> None:
         self.transport.link_up(name)
@@ -159,28 +172,20 @@ class RaftGroup:
     def link_down(self, name: str) -> None:
         self.transport.link_down(name)
 
-    def replica_up(self, name: str) -> None:
-        self.transport.replica_up(name)
-
     def status(self) -> dict[str, Any]:
         """Leader, term, commit index and log size, as ``gatewayctl cluster status`` will
         show them."""
         s = self.sync.getStatus()
         leader = s.get("leader")
-        commit, applied = s.get("commit_idx") or 0, s.get("last_applied") or 0
-        extra: dict[str, Any] = {}
-        if self.replicant:  # bootstrap (nothing from a leader yet), replay, normal
-            state = "bootstrap" if leader is None or commit <= 1 else (
-                "replay" if applied < commit else "normal")
-            extra = {"state": state, "lag": max(0, commit - applied)}
         return {
-            **extra,
             "leader": None if leader is None else str(leader),
             "term": s.get("raft_term"),
             "commit_index": s.get("commit_idx"),
             "last_applied": s.get("last_applied"),
             "log_len": s.get("log_len"),
             "ready": bool(self.sync.isReady()),
+            "members": sorted(self.members()),
+            "journal": self.sync._SyncObj__conf.journalFile is not None,
         }
 
 
@@ -192,21 +197,35 @@ class SessionTable(SyncObjConsumer):  # type: ignore[misc]
     ``forget`` removes every claim of a node that left or was cleaned."""
 
     def __init__(self) -> None:
+        # set before the base class records the attributes not to serialize
+        self.on_apply: Callable[[str, tuple[str, ...]], None] | None = None
         super().__init__()
         self.holders: dict[str, str] = {}
+
+    def _applied(self, op: str, *args: str) -> None:
+        if self.on_apply is not None:
+            self.on_apply(op, args)
 
     @replicated  # type: ignore[untyped-decorator]
     def claim(self, cid: str, node: str) -> None:
         self.holders[cid] = node
+        self._applied("claim", cid, node)
 
     @replicated  # type: ignore[untyped-decorator]
     def release(self, cid: str, node: str) -> None:
         if self.holders.get(cid) == node:
             del self.holders[cid]
+            self._applied("release", cid, node)
 
     @replicated  # type: ignore[untyped-decorator]
     def forget(self, node: str) -> None:
         self.holders = {c: n for c, n in self.holders.items() if n != node}
+        self._applied("forget", node)
+
+    def _deserialize(self, data: dict[str, Any]) -> None:
+        """A full dump was loaded (ours at start, or the leader's snapshot)."""
+        super()._deserialize(data)
+        self._applied("snapshot")
 
     def holder(self, cid: str) -> str | None:
         return self.holders.get(cid)

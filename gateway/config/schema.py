@@ -1021,6 +1021,9 @@ class ClusterConfig(_Section):
     # core nodes agree on the session registry through Raft (pysyncobj over the control
     # links; docs/cluster.md); off: each node announces its own sessions only
     raft: bool = False
+    # with raft: the log is journalled in the node's data_dir and compacted (a full dump)
+    # once it holds this many entries
+    raft_compact_entries: int = Field(default=5000, ge=2)
 
     @model_validator(mode="after")
     def _auto_enable(self) -> ClusterConfig:

@@ -43,10 +43,22 @@ def status_cmd(config_path: Path | None = None, as_json: bool = False) -> None:
         emit_json(c)
         return
     out = fmt.console()
-    out.print(fmt.pairs([
+    pairs = [
         ("Cluster", c["status"] if not c["enabled"] else c["name"]),
         ("This node", f"{c['self']} ({c['role']})"),
-    ]))
+    ]
+    rep = c.get("replicant")
+    if rep:  # a replicant: the one core it is attached to
+        pairs.append(("Attached to", f"{rep.get('core') or '(none)'}: {rep.get('state')}, "
+                                     f"lag {rep.get('lag')}, {rep.get('switches')} switches"))
+    if c.get("replicants"):
+        pairs.append(("Replicants", ", ".join(c["replicants"])))
+    raft = c.get("raft")
+    if raft and raft.get("term") is not None:
+        pairs.append(("Raft", f"leader {raft.get('leader')}, term {raft.get('term')}, "
+                              f"commit {raft.get('commit_index')}, "
+                              f"voters {', '.join(raft.get('members') or [])}"))
+    out.print(fmt.pairs(pairs))
     out.print()
     out.print(fmt.table(
         ["Member", "Role", "Status", "Links", "RTT ms", "Routes", "Outbox", "Lag",

@@ -151,3 +151,69 @@ def test_raft_among_core_nodes_over_the_control_links(nodes) -> None:  # type: i
                    and e.cluster()["raft"]["state"] == "normal", what="the replicant follows on")
     finally:
         dev2.close()
+
+
+@pytest.mark.slow
+def test_raft_log_is_durable_and_members_leave_the_group(nodes) -> None:  # type: ignore[no-untyped-def]
+    """The Raft log is journalled and compacted in the data directory: a core killed with
+    -9 and restarted resumes from its own log and catches up; a replicant bootstraps from
+    its core's snapshot after compaction; force-leave run on a follower removes the voter
+    (a CALL to the leader); a leader that leaves gracefully hands over and is removed."""
+    from tests.gateway.cluster.harness import Client, free_port, wait_mesh, wait_until
+
+    ports = {s: free_port() for s in "abc"}
+    seeds = ",".join(f"{s}@127.0.0.1:{p}" for s, p in ports.items())
+    env = {"GATEWAY_CLUSTER__RAFT": "true", "GATEWAY_CLUSTER__SEEDS": seeds,
+           "GATEWAY_CLUSTER__RAFT_COMPACT_ENTRIES": "8"}
+    ns = {s: nodes(s, cluster_port=ports[s], extra=env) for s in "abc"}
+    wait_mesh(list(ns.values()))
+
+    def raft(n):  # type: ignore[no-untyped-def]
+        return n.cluster()["raft"] or {}
+
+    def agreed(members):  # type: ignore[no-untyped-def]
+        got = {raft(m).get("leader") for m in members}
+        return len(got) == 1 and None not in got and got.pop()
+
+    def sessions(node, prefix: str, n: int) -> None:  # type: ignore[no-untyped-def]
+        for i in range(n):
+            Client(node, f"{prefix}{i}", clean=False, session_expiry=600).close()
+
+    leader_name = wait_until(lambda: agreed(ns.values()), what="one Raft leader")
+    leader = next(n for n in ns.values() if n.name == leader_name)
+    f1, f2 = (n for n in ns.values() if n is not leader)
+    sessions(leader, "s", 10)
+    wait_until(lambda: all(raft(m).get("sessions") == 10 for m in ns.values()),
+               what="10 sessions agreed")
+    dump = f1.workdir / "data" / "raft.dump"
+    wait_until(dump.is_file, what="a compacted log (full dump) on a follower")
+    assert (f1.workdir / "data" / "raft.journal").is_file()
+
+    f1.kill()  # -9; what is committed meanwhile it gets from the leader on its return
+    sessions(leader, "t", 3)
+    wait_until(lambda: raft(f2).get("sessions") == 13, what="13 sessions on the majority")
+    f1.start()
+    assert "resumed from its journal" in f1.log()
+    wait_until(lambda: raft(f1).get("sessions") == 13 and raft(f1).get("leader") == leader_name,
+               what="the restarted core caught up")
+
+    # a replicant bootstraps from its core's snapshot of the compacted table
+    r = nodes("e", seeds=[f1], role="replicant", extra={"GATEWAY_CLUSTER__RAFT": "true"})
+    wait_until(lambda: raft(r).get("state") == "normal" and raft(r).get("sessions") == 13,
+               what="the replicant bootstrapped")
+
+    # force-leave of a dead core, run on a follower: the leader removes the voter
+    f2.kill()
+    status, body = f1.http("DELETE", f"/api/v5/cluster/nodes/{f2.name}")
+    assert status in (200, 204), body
+    wait_until(lambda: raft(leader).get("members") == sorted([leader.name, f1.name]),
+               what="the dead core removed from the Raft group")
+    # the leader leaves gracefully: it hands over and has itself removed first
+    status, body = leader.http("POST", "/api/v5/cluster/leave")
+    assert status in (200, 204), body
+    wait_until(lambda: raft(f1).get("members") == [f1.name] and raft(f1).get("leader") == f1.name,
+               what="the last core alone in the group, leading")
+    assert "removed from the Raft group" in leader.log()
+    # the claims of the nodes that left are forgotten; a group of one commits alone
+    sessions(f1, "u", 1)
+    wait_until(lambda: raft(f1).get("sessions") == 1, what="a write after the leave")
