@@ -124,17 +124,22 @@ class GroupCommitter:
         self._scheduled = False
         if self._inflight is not None:
             return  # the completion handler flushes again
+        for cb in self._hand_off():
+            cb()
+
+    def _hand_off(self) -> list[Callable[[], None]]:
+        """Send what accumulated to the writer; the callbacks that may run now instead
+        (nothing left to write) are returned, for the caller to run."""
         items = [it for it in self._items if isinstance(it, tuple) or not it.empty()]
         callbacks = self._callbacks
         self._items = []
         self._callbacks = []
         if not items:
-            for cb in callbacks:
-                cb()
-            return
+            return callbacks
         self._inflight = batch = _Batch(items, callbacks)
         self._idle.clear()
         self._queue.put(batch)
+        return []
 
     # -- the writer thread -------------------------------------------------------------
 
@@ -190,16 +195,20 @@ class GroupCommitter:
         if self._inflight is not batch:
             return  # flush_sync settled it already
         self._inflight = None
-        if batch.ok:
-            self.commits += 1
-            self.ops_committed += len(batch.items)
-            for cb in batch.callbacks:
-                cb()
-        else:
+        if not batch.ok:
             self._items[:0] = batch.items
             self._callbacks[:0] = batch.callbacks
-        if self._items or self._callbacks:
             self._schedule()
+            return
+        self.commits += 1
+        self.ops_committed += len(batch.items)
+        # the next batch leaves at once, so the writer commits it while this batch's
+        # callbacks run; callbacks still run in registration order
+        callbacks = batch.callbacks
+        if self._items or self._callbacks:
+            callbacks = callbacks + self._hand_off()
+        for cb in callbacks:
+            cb()
 
     def flush_sync(self) -> None:
         """Commit everything now and wait for it (shutdown; the loop need not run).
