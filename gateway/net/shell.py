@@ -13,6 +13,12 @@ Invariants:
 - With a commit ``gate`` (a durable node), nothing a channel emits while the store has
   uncommitted writes leaves before they are committed: a PUBACK/PUBREC is never sent
   for a message that is not yet on disk. Held effects keep their order.
+- The one exception: deliveries pushed by the core (``deliver``) that are all QoS 0 or 1
+  leave at once when nothing of the connection is held. Sending one early loses nothing
+  (its journal row, if any, is committed or lost exactly as if it had waited) and at
+  worst duplicates it after a crash (its publisher, not yet acknowledged, sends it
+  again), which QoS 1 allows; the subscriber's PUBACK may then cancel the row before it
+  is ever written. QoS 2 deliveries wait: a duplicate would break exactly-once.
 - After a Close effect no further effect is carried out (``closed`` is set first).
 """
 
@@ -134,8 +140,14 @@ class EffectLoop:
     # -- ConnectionHandle ------------------------------------------------------------
 
     def deliver(self, deliveries: list[Delivery]) -> None:
-        if self.channel is not None and not self.closed:
-            self._run(self.channel.deliver(deliveries))
+        if self.channel is None or self.closed:
+            return
+        effects = self.channel.deliver(deliveries)
+        if self.held or any(d.qos == 2 for d in deliveries):
+            self._run(effects)
+        elif effects:
+            # QoS 0/1 deliveries need not wait for the commit (see the invariants)
+            self._execute(effects)
 
     def release(self, packet_id: int) -> None:
         if self.channel is not None and not self.closed:

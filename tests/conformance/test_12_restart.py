@@ -64,3 +64,33 @@ def test_persistent_session_and_queue_survive_restart(make_broker, uid, kill, pr
             pub.disconnect()
         c.receive(topic, b"live", qos=1)
         c.disconnect()
+
+
+@pytest.mark.parametrize("kill", KILL, ids=KILL_IDS)
+def test_unacknowledged_deliveries_survive_while_another_subscriber_acks(make_broker, uid, kill):
+    """Two persistent subscribers online: a acknowledges every delivery at once (its
+    queue rows may never reach the disk), b acknowledges none. Every message whose
+    PUBACK the publisher got is b's after the restart."""
+    addr = make_broker()
+    topic = f"{uid}/both"
+    kw: dict[str, Any] = {"clean": False, "properties": [(raw.SESSION_EXPIRY_INTERVAL, 3600)]}
+    sent = [b"m%d" % i for i in range(20)]
+    with RawClient(addr, V5) as a, RawClient(addr, V5) as b:
+        a.connect(f"a-{uid}", **kw)
+        a.subscribe(topic, 1)
+        b.connect(f"b-{uid}", **kw)
+        b.subscribe(topic, 1)
+        with RawClient(addr) as pub:
+            pub.connect(f"p-{uid}")
+            for payload in sent:
+                pub.publish(topic, payload, qos=1)  # returns once PUBACKed
+                a.receive(topic, payload, qos=1)
+            got_b = [b.expect_publish(topic, qos=1).payload for _ in sent]
+            assert got_b == sent  # delivered, never acknowledged
+            make_broker.restart(addr, kill=kill)
+    with RawClient(addr, V5) as b:
+        assert b.connect(f"b-{uid}", **kw).session_present
+        again = [b.receive(topic, qos=1) for _ in sent]
+        assert [p.payload for p in again] == sent
+        assert all(p.dup for p in again)
+        b.disconnect()
