@@ -9,7 +9,10 @@ import sqlite3
 import threading
 from pathlib import Path
 
+import pytest
+
 from gateway.core.clock import VirtualScheduler
+from gateway.store import bulk
 from gateway.store.bulk import MAX_ROWS, MAX_VARIABLES, chunk_sizes, insert_rows, where_in
 from gateway.store.db import ensure_schema, open_db
 from gateway.store.writer import GroupCommitter, Op
@@ -230,5 +233,71 @@ def test_writer_is_one_thread_and_retries_a_failed_batch(tmp_path: Path) -> None
             0, 10, 1, 11, 2, 12,
         ]
         committer.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_batch_behind_a_failed_one_waits_for_its_retry(tmp_path: Path) -> None:
+    """Two batches in the pipeline; the first fails. The second must not be committed
+    before the first's retry (order), and no callback runs before its writes are in."""
+
+    async def scenario() -> None:
+        db = tmp_path / "gateway.db"
+        conn = open_db(db)
+        ensure_schema(conn, "CREATE TABLE t(v INTEGER);")
+        committer = GroupCommitter(open_db(db, check_same_thread=False), asyncio.get_running_loop())
+        seen: list[tuple[str, list[int]]] = []
+
+        def rows() -> list[int]:
+            return [r[0] for r in conn.execute("SELECT v FROM t ORDER BY rowid")]
+
+        committer.add_segment(_Flaky(1))
+        committer.after_commit(lambda: seen.append(("first", rows())))
+        committer._flush()  # in flight
+        committer.add("INSERT INTO t VALUES (?)", (2,))
+        committer.after_commit(lambda: seen.append(("second", rows())))
+        committer._flush()  # in flight behind it
+        await committed(committer)
+        assert rows() == [1, 2]
+        assert seen == [("first", [1, 2]), ("second", [1, 2])] or seen == [
+            ("first", [1]),
+            ("second", [1, 2]),
+        ]
+        committer.close()
+
+    asyncio.run(scenario())
+
+
+def test_update_column_with_and_without_update_from(monkeypatch: pytest.MonkeyPatch) -> None:
+    for have in (True, False):
+        monkeypatch.setattr(bulk, "HAVE_UPDATE_FROM", have)
+        conn = sqlite3.connect(":memory:")
+        conn.execute("CREATE TABLE q(ref INTEGER PRIMARY KEY, pid INTEGER)")
+        conn.executemany("INSERT INTO q VALUES (?, NULL)", [(i,) for i in range(1, 301)])
+        pairs = [(i, 1000 + i) for i in range(1, 301, 3)]
+        for sql, params in bulk.update_column("q", "ref", "pid", pairs):
+            conn.execute(sql, params)
+        got = dict(conn.execute("SELECT ref, pid FROM q").fetchall())
+        assert got == {i: (1000 + i if i % 3 == 1 else None) for i in range(1, 301)}
+
+
+def test_pubrec_after_the_commit_is_restored(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        db = tmp_path / "gateway.db"
+        node, committer = make_node(db, VirtualScheduler())
+        sub, h = open_session(node, "sub", expiry=3600)
+        node.subscribe(sub, "t", SubOptions(qos=2))
+        node.publish(ClientInfo("p"), Message("t", b"a", qos=2, publisher="p"))
+        node.publish(ClientInfo("p"), Message("t", b"b", qos=2, publisher="p"))
+        await committed(committer)
+        first = h.delivered[0].packet_id or 0
+        assert node.sessions["sub"].pubrec(first)  # the row is on disk: an UPDATE
+        await committed(committer)
+        committer.close()
+        node2, committer2 = make_node(db, VirtualScheduler())
+        s2 = node2.sessions["sub"]
+        assert list(s2.released) == [first]
+        assert sorted(s2.inflight) == sorted(d.packet_id or 0 for d in h.delivered)
+        committer2.close()
 
     asyncio.run(scenario())
