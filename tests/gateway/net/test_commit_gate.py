@@ -58,9 +58,16 @@ class TwoPhaseCommitter:
                 cb()
 
 
+_LOOP = asyncio.new_event_loop()  # never run: the effect loops here set no timers
+
+
+def teardown_module() -> None:
+    _LOOP.close()
+
+
 class Recorder(EffectLoop):
     def __init__(self, gate: TwoPhaseCommitter) -> None:
-        super().__init__(gate, asyncio.new_event_loop())
+        super().__init__(gate, _LOOP)
         self.written: list[bytes] = []
 
     def _write_all(self, writes: list[bytes]) -> None:
@@ -152,3 +159,43 @@ def test_a_held_ack_keeps_a_later_qos1_delivery_behind_it() -> None:
     gate.flush()
     gate.complete()
     assert loop.written == [b"puback", b"q1"]
+
+
+class AckingChannel(EchoChannel):
+    """Its input is a PUBACK that frees the window: the core pushes the next delivery
+    while the input is being handled (as Session.puback -> drain does); an input of
+    b"publish" also answers with a PUBACK of its own."""
+
+    def __init__(self, shell: EffectLoop, qos: int) -> None:
+        self.shell = shell
+        self.qos = qos
+
+    def handle_data(self, data: bytes) -> list[Effect]:
+        self.shell.deliver([delivery(b"next", self.qos)])
+        return [b"puback"] if data == b"publish" else []
+
+
+def test_a_delivery_pushed_during_input_leaves_after_its_effects() -> None:
+    gate = TwoPhaseCommitter()
+    loop = Recorder(gate)
+    loop.channel = channel = AckingChannel(loop, qos=1)
+    gate.add("queue row")
+    loop._input(channel.handle_data, b"ack")  # nothing of its own to hold
+    assert loop.written == [b"next"]
+    loop._input(channel.handle_data, b"publish")  # its PUBACK waits; next stays behind
+    assert loop.written == [b"next"]
+    gate.flush()
+    gate.complete()
+    assert loop.written == [b"next", b"puback", b"next"]
+
+
+def test_a_qos2_delivery_pushed_during_input_waits_for_the_commit() -> None:
+    gate = TwoPhaseCommitter()
+    loop = Recorder(gate)
+    loop.channel = channel = AckingChannel(loop, qos=2)
+    gate.add("queue row")
+    loop._input(channel.handle_data, b"ack")
+    assert loop.written == []
+    gate.flush()
+    gate.complete()
+    assert loop.written == [b"next"]
