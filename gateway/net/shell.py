@@ -189,7 +189,11 @@ class EffectLoop:
         effects. Deliveries the core pushes to this connection meanwhile (the window a
         PUBACK frees, a SUBACK's retained messages, a self-subscribed publish) go to the
         channel afterwards as one batch, so they need not wait behind the input's own
-        held effects when they are QoS 0/1 and nothing else of ours is held."""
+        held effects when they are QoS 0/1 and nothing else of ours is held. Without a
+        gate (nothing is ever held) the channel appends them to the input's effects."""
+        if self.gate is None:
+            self._run(handle(data))
+            return
         state = _input
         outer, outer_deferred = state.owner, state.deferred
         state.owner = self
