@@ -162,9 +162,11 @@ class EffectLoop:
             _input.deferred.extend(deliveries)  # after the input's own effects
             return
         effects = self.channel.deliver(deliveries)
-        if self.held or any(d.qos == 2 for d in deliveries):
+        if not effects:
+            return
+        if self.held or (self.gate is not None and any(d.qos == 2 for d in deliveries)):
             self._run(effects)
-        elif effects:
+        else:
             # QoS 0/1 deliveries need not wait for the commit (see the invariants)
             self._execute(effects)
 
