@@ -3,14 +3,15 @@
 The event loop appends write operations with :meth:`GroupCommitter.add` (one statement)
 or :meth:`GroupCommitter.add_segment` (a :class:`Segment`: an owner's writes kept in a
 structure it may still change, e.g. cancel an INSERT whose row is already deleted, until
-the batch leaves). Once per loop turn the accumulated batch goes to the one long-lived
-writer thread (fed by a queue), which runs it in one transaction and commits
-(``synchronous=FULL``: durable on return). While that commit is under way the next batch
-accumulates, so throughput holds however slow ``fsync`` is.
+the batch leaves). At the end of a loop turn, or when the previous commit completes, the
+accumulated batch goes to the one long-lived writer thread (fed by a queue), which runs
+it in one transaction and commits (``synchronous=FULL``: durable on return). While that
+commit is under way the next batch accumulates, so throughput holds however slow
+``fsync`` is.
 
 Acknowledgements wait for durability through :meth:`after_commit`: a transport shell
 holding bytes that must not leave before the current writes are durable (a PUBACK, a
-PUBREC, a delivery) registers a callback, which runs on the loop once every operation
+PUBREC, a QoS 2 delivery) registers a callback, which runs on the loop once every operation
 added before the registration is committed.
 
 Invariants:
