@@ -225,8 +225,10 @@ class SessionStore:
         self._next_ref = 1
         self._open: _Journal | None = None
         # message id -> how many queue rows this process wrote or loaded for it and has
-        # not deleted (rows deleted with their whole session are not counted down: their
-        # bodies stay until the next start-up collects them)
+        # not deleted, for the messages with two or more (a message with a store_id and
+        # no entry has one: a message for one session costs nothing here). Rows deleted
+        # with their whole session are not counted down: their bodies stay until the
+        # next start-up collects them.
         self._msg_refs: dict[int, int] = {}
 
     # -- start-up ------------------------------------------------------------------
@@ -234,7 +236,7 @@ class SessionStore:
     def load(self) -> tuple[list[StoredSession], list[Message]]:
         """Everything persisted, as the core needs it; also collects garbage."""
         c = self.conn
-        self._msg_refs = {}
+        refs: dict[int, int] = {}
         c.execute("DELETE FROM messages WHERE id NOT IN (SELECT msg_id FROM queue)")
         self._next_msg = (c.execute("SELECT MAX(id) FROM messages").fetchone()[0] or 0) + 1
         self._next_ref = (c.execute("SELECT MAX(ref) FROM queue").fetchone()[0] or 0) + 1
@@ -273,9 +275,10 @@ class SessionStore:
             d = Delivery(body, qos, bool(retain), ids, pid, pid is not None, share_t)
             d.ref = ref
             s.deliveries.append(d)
-            self._msg_refs[msg_id] = self._msg_refs.get(msg_id, 0) + 1
+            refs[msg_id] = refs.get(msg_id, 0) + 1
             if released and pid is not None:
                 s.released.add(pid)
+        self._msg_refs = {mid: n for mid, n in refs.items() if n > 1}
         for cid, pid in c.execute("SELECT client_id, packet_id FROM awaiting_rel"):
             s = sessions.get(cid)
             if s is not None:
@@ -355,9 +358,8 @@ class SessionStore:
                 m.timestamp,
                 m.expires_at,
             )
-            self._msg_refs[mid] = 1
         else:
-            self._msg_refs[mid] = self._msg_refs.get(mid, 0) + 1
+            self._msg_refs[mid] = self._msg_refs.get(mid, 1) + 1
         d.ref = ref = self._next_ref
         self._next_ref += 1
         seg.queue[ref] = [
@@ -408,12 +410,12 @@ class SessionStore:
         mid = m.store_id
         if mid is None:
             return
-        n = self._msg_refs.get(mid, 0) - 1
-        if n > 0:
+        n = self._msg_refs.pop(mid, 1) - 1
+        if n > 1:
             self._msg_refs[mid] = n
+        if n > 0:
             return
         # the last queue row of this message: its body goes too
-        self._msg_refs.pop(mid, None)
         m.store_id = None
         if seg.messages.pop(mid, None) is None:
             seg.deleted_messages.append(mid)

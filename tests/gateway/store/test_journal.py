@@ -301,3 +301,31 @@ def test_pubrec_after_the_commit_is_restored(tmp_path: Path) -> None:
         committer2.close()
 
     asyncio.run(scenario())
+
+
+def test_body_of_a_fanned_out_message_stays_until_its_last_copy_goes(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        db = tmp_path / "gateway.db"
+        node, committer = make_node(db, VirtualScheduler())
+        handles = {}
+        for cid in ("a", "b", "c", "d"):
+            info, handles[cid] = open_session(node, cid, expiry=3600)
+            node.subscribe(info, "t", SubOptions(qos=1))
+        node.publish(ClientInfo("p"), Message("t", b"x", qos=1, publisher="p"))
+        await committed(committer)
+        for cid in ("a", "b"):
+            node.sessions[cid].puback(handles[cid].delivered[0].packet_id or 0)
+            await committed(committer)
+            assert count(db, "messages") == 1
+        committer.close()
+
+        node2, committer2 = make_node(db, VirtualScheduler())  # c and d hold it
+        for cid in ("c", "d"):
+            _, h = open_session(node2, cid, expiry=3600)
+            assert count(db, "messages") == 1
+            node2.sessions[cid].puback(h.delivered[0].packet_id or 0)
+            await committed(committer2)
+        assert (count(db, "queue"), count(db, "messages")) == (0, 0)
+        committer2.close()
+
+    asyncio.run(scenario())
