@@ -13,6 +13,14 @@ Invariants:
 - With a commit ``gate`` (a durable node), nothing a channel emits while the store has
   uncommitted writes leaves before they are committed: a PUBACK/PUBREC is never sent
   for a message that is not yet on disk. Held effects keep their order.
+- The one exception: deliveries pushed by the core (``deliver``) that are all QoS 0 or 1
+  leave at once when nothing of the connection is held (those pushed while the
+  connection's own input is handled go out right after that input's effects). Sending
+  one early loses nothing (its journal row, if any, is committed or lost exactly as if
+  it had waited) and at worst duplicates it after a crash (its publisher, not yet
+  acknowledged, sends it again), which QoS 1 allows; the subscriber's PUBACK may then
+  cancel the row before it is ever written. QoS 2 deliveries wait: a duplicate would
+  break exactly-once.
 - After a Close effect no further effect is carried out (``closed`` is set first).
 """
 
@@ -20,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import Callable
 from typing import ClassVar, Protocol
 
@@ -94,6 +103,19 @@ class TimerWheel:
         self.handle = self.loop.call_later(1.0, self._tick) if self.buckets else None
 
 
+class _InputState(threading.local):
+    """The connection whose input is being handled on this thread (EffectLoop._input)."""
+
+    owner: EffectLoop | None = None
+    deferred: list[Delivery]
+
+    def __init__(self) -> None:
+        self.deferred = []
+
+
+_input = _InputState()
+
+
 # Timers shorter than this use the event loop directly (precise); longer ones the wheel.
 WHEEL_MIN_DELAY = 2.0
 
@@ -134,8 +156,19 @@ class EffectLoop:
     # -- ConnectionHandle ------------------------------------------------------------
 
     def deliver(self, deliveries: list[Delivery]) -> None:
-        if self.channel is not None and not self.closed:
-            self._run(self.channel.deliver(deliveries))
+        if self.channel is None or self.closed:
+            return
+        if _input.owner is self:
+            _input.deferred.extend(deliveries)  # after the input's own effects
+            return
+        effects = self.channel.deliver(deliveries)
+        if not effects:
+            return
+        if self.held or (self.gate is not None and any(d.qos == 2 for d in deliveries)):
+            self._run(effects)
+        else:
+            # QoS 0/1 deliveries need not wait for the commit (see the invariants)
+            self._execute(effects)
 
     def release(self, packet_id: int) -> None:
         if self.channel is not None and not self.closed:
@@ -150,6 +183,31 @@ class EffectLoop:
         arrived later) and carry them out; ignored once the connection is closed."""
         if self.channel is not None and not self.closed:
             self._run(fn())
+
+    # -- input -----------------------------------------------------------------------
+
+    def _input(self, handle: Callable[[bytes], list[Effect]], data: bytes) -> None:
+        """Run ``handle(data)`` (the channel's input entry point) and carry out its
+        effects. Deliveries the core pushes to this connection meanwhile (the window a
+        PUBACK frees, a SUBACK's retained messages, a self-subscribed publish) go to the
+        channel afterwards as one batch, so they need not wait behind the input's own
+        held effects when they are QoS 0/1 and nothing else of ours is held. Without a
+        gate (nothing is ever held) the channel appends them to the input's effects."""
+        if self.gate is None:
+            self._run(handle(data))
+            return
+        state = _input
+        outer, outer_deferred = state.owner, state.deferred
+        state.owner = self
+        deferred: list[Delivery] = []
+        state.deferred = deferred
+        try:
+            effects = handle(data)
+        finally:
+            state.owner, state.deferred = outer, outer_deferred
+        self._run(effects)
+        if deferred:
+            self.deliver(deferred)
 
     # -- effects -------------------------------------------------------------------
 

@@ -223,7 +223,7 @@ class StreamShell(EffectLoop, asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         channel = self.channel
         if channel is not None and not self.closed:
-            self._run(channel.handle_data(data))
+            self._input(channel.handle_data, data)
 
     def eof_received(self) -> bool | None:
         return None  # close the transport

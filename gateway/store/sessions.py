@@ -13,10 +13,18 @@ What is persisted, and when:
 - message bodies once (table ``messages``), referenced by the queue rows that need them.
 QoS 0 deliveries and sessions with expiry 0 live in memory only.
 
+The journal's writes of one loop turn are kept in a :class:`_Journal` segment of the
+group commit, merged per row until the batch leaves: a delivery queued and acknowledged
+within the turn writes nothing, and the rows go out as a few multi-row statements.
+
 Invariants:
-- A queue row exists exactly while its delivery is in a persistent session's
-  ``inflight`` or ``mqueue``; ``ref`` orders a session's rows as they were queued.
-- ``messages`` rows unreferenced by any queue row are garbage, removed at start-up.
+- Once a batch is committed, a queue row exists exactly while its delivery is in a
+  persistent session's ``inflight`` or ``mqueue``; ``ref`` orders a session's rows as
+  they were queued.
+- A ``messages`` row is deleted with the last queue row of it that this process counted
+  (written or loaded); rows unreferenced by any queue row otherwise (their session was
+  deleted whole) are garbage, removed at start-up. A body is never deleted while a queue
+  row of it exists.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import sqlite3
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.store.bulk import Statement, delete_pairs, insert_rows, update_column, where_in
 from gateway.store.writer import GroupCommitter
 from protocols.context import Delivery, Message, SubOptions
 from protocols.mqtt.packets import NO_PROPERTIES, Properties
@@ -126,6 +135,76 @@ def load_props(s: str | None) -> Properties:
     return Properties(**d)
 
 
+# columns of a queue row as _Journal keeps it
+_QUEUE_COLS = "ref, client_id, msg_id, qos, retain, sub_ids, packet_id, released, share"
+_PACKET_ID = 6
+_RELEASED = 7
+
+
+class _Journal:
+    """One loop turn's journal writes (a :class:`~gateway.store.writer.Segment`), kept as
+    the final state per row so that changes of one row within the turn merge: a queue row
+    inserted and deleted in the same turn (a delivery acknowledged before the commit) is
+    never written, nor is the body of a message all of whose rows went that way.
+
+    Every row it touches is keyed (message id, queue ref, client id and packet id), and
+    each key appears in one collection at most, so the statements may run in any order;
+    ids and refs of rows inserted here are new (counters above every stored one)."""
+
+    __slots__ = (
+        "messages",
+        "queue",
+        "packet_ids",
+        "released",
+        "deleted_refs",
+        "deleted_messages",
+        "awaiting",
+    )
+
+    def __init__(self) -> None:
+        self.messages: dict[int, tuple[Any, ...]] = {}  # id -> row, inserted
+        self.queue: dict[int, list[Any]] = {}  # ref -> row, inserted
+        self.packet_ids: dict[int, int | None] = {}  # ref -> packet id, of older rows
+        self.released: dict[int, None] = {}  # refs of older rows now released
+        self.deleted_refs: list[int] = []  # older rows deleted
+        self.deleted_messages: list[int] = []
+        self.awaiting: dict[tuple[str, int], bool] = {}  # (client, packet id) -> present
+
+    def empty(self) -> bool:
+        return not (
+            self.messages
+            or self.queue
+            or self.packet_ids
+            or self.released
+            or self.deleted_refs
+            or self.deleted_messages
+            or self.awaiting
+        )
+
+    def statements(self) -> list[Statement]:
+        out: list[Statement] = []
+        if self.deleted_refs:
+            out += where_in("DELETE FROM queue WHERE ref", self.deleted_refs)
+        if self.deleted_messages:
+            out += where_in("DELETE FROM messages WHERE id", self.deleted_messages)
+        if self.messages:
+            out += insert_rows("INSERT INTO messages", 10, list(self.messages.values()))
+        if self.queue:
+            out += insert_rows(f"INSERT INTO queue({_QUEUE_COLS})", 9, list(self.queue.values()))
+        if self.packet_ids:
+            out += update_column("queue", "ref", "packet_id", list(self.packet_ids.items()))
+        if self.released:
+            out += where_in("UPDATE queue SET released=1 WHERE ref", list(self.released))
+        if self.awaiting:
+            gone = [k for k, present in self.awaiting.items() if not present]
+            added = [k for k, present in self.awaiting.items() if present]
+            if gone:
+                out += delete_pairs("awaiting_rel", ("client_id", "packet_id"), gone)
+            if added:
+                out += insert_rows("INSERT OR IGNORE INTO awaiting_rel", 2, added)
+        return out
+
+
 @dataclass
 class StoredSession:
     client_id: str
@@ -144,12 +223,20 @@ class SessionStore:
         self.committer = committer
         self._next_msg = 1
         self._next_ref = 1
+        self._open: _Journal | None = None
+        # message id -> how many queue rows this process wrote or loaded for it and has
+        # not deleted, for the messages with two or more (a message with a store_id and
+        # no entry has one: a message for one session costs nothing here). Rows deleted
+        # with their whole session are not counted down: their bodies stay until the
+        # next start-up collects them.
+        self._msg_refs: dict[int, int] = {}
 
     # -- start-up ------------------------------------------------------------------
 
     def load(self) -> tuple[list[StoredSession], list[Message]]:
         """Everything persisted, as the core needs it; also collects garbage."""
         c = self.conn
+        refs: dict[int, int] = {}
         c.execute("DELETE FROM messages WHERE id NOT IN (SELECT msg_id FROM queue)")
         self._next_msg = (c.execute("SELECT MAX(id) FROM messages").fetchone()[0] or 0) + 1
         self._next_ref = (c.execute("SELECT MAX(ref) FROM queue").fetchone()[0] or 0) + 1
@@ -188,8 +275,10 @@ class SessionStore:
             d = Delivery(body, qos, bool(retain), ids, pid, pid is not None, share_t)
             d.ref = ref
             s.deliveries.append(d)
+            refs[msg_id] = refs.get(msg_id, 0) + 1
             if released and pid is not None:
                 s.released.add(pid)
+        self._msg_refs = {mid: n for mid, n in refs.items() if n > 1}
         for cid, pid in c.execute("SELECT client_id, packet_id FROM awaiting_rel"):
             s = sessions.get(cid)
             if s is not None:
@@ -241,64 +330,101 @@ class SessionStore:
             "DELETE FROM subscriptions WHERE client_id=? AND filter=?", (client_id, topic_filter)
         )
 
+    def _segment(self) -> _Journal:
+        """This turn's open journal segment (a new one once the last was handed to the
+        writer or another write followed it)."""
+        seg = self._open
+        if seg is None or not self.committer.is_open(seg):
+            seg = self._open = _Journal()
+            self.committer.add_segment(seg)
+        return seg
+
     def queued(self, client_id: str, d: Delivery) -> None:
+        seg = self._segment()
         m = d.message
-        add = self.committer.add
-        if m.store_id is None:
-            m.store_id = self._next_msg
+        mid = m.store_id
+        if mid is None:
+            mid = m.store_id = self._next_msg
             self._next_msg += 1
-            add(
-                "INSERT INTO messages VALUES (?,?,?,?,?,?,?,?,?,?)",
-                (
-                    m.store_id,
-                    m.topic,
-                    m.payload,
-                    m.qos,
-                    int(m.retain),
-                    dump_props(m.properties),
-                    m.publisher,
-                    m.username,
-                    m.timestamp,
-                    m.expires_at,
-                ),
+            seg.messages[mid] = (
+                mid,
+                m.topic,
+                m.payload,
+                m.qos,
+                int(m.retain),
+                dump_props(m.properties),
+                m.publisher,
+                m.username,
+                m.timestamp,
+                m.expires_at,
             )
+        else:
+            self._msg_refs[mid] = self._msg_refs.get(mid, 1) + 1
         d.ref = ref = self._next_ref
         self._next_ref += 1
-        add(
-            "INSERT INTO queue(ref, client_id, msg_id, qos, retain, sub_ids, packet_id, share) "
-            "VALUES (?,?,?,?,?,?,?,?)",
-            (
-                ref,
-                client_id,
-                m.store_id,
-                d.qos,
-                int(d.retain),
-                ",".join(map(str, d.subscription_ids)) or None,
-                d.packet_id,
-                json.dumps(d.share) if d.share else None,
-            ),
-        )
+        seg.queue[ref] = [
+            ref,
+            client_id,
+            mid,
+            d.qos,
+            int(d.retain),
+            ",".join(map(str, d.subscription_ids)) or None,
+            d.packet_id,
+            0,
+            json.dumps(d.share) if d.share else None,
+        ]
 
     def assigned(self, d: Delivery) -> None:
-        self.committer.add("UPDATE queue SET packet_id=? WHERE ref=?", (d.packet_id, d.ref))
+        ref = d.ref
+        if ref is None:
+            return
+        seg = self._segment()
+        row = seg.queue.get(ref)
+        if row is not None:
+            row[_PACKET_ID] = d.packet_id
+        else:
+            seg.packet_ids[ref] = d.packet_id
 
     def released(self, d: Delivery) -> None:
-        self.committer.add("UPDATE queue SET released=1 WHERE ref=?", (d.ref,))
+        ref = d.ref
+        if ref is None:
+            return
+        seg = self._segment()
+        row = seg.queue.get(ref)
+        if row is not None:
+            row[_RELEASED] = 1
+        else:
+            seg.released[ref] = None
 
     def removed(self, d: Delivery) -> None:
-        if d.ref is not None:
-            self.committer.add("DELETE FROM queue WHERE ref=?", (d.ref,))
-            d.ref = None
+        ref = d.ref
+        if ref is None:
+            return
+        d.ref = None
+        seg = self._segment()
+        if seg.queue.pop(ref, None) is None:  # else: inserted this turn, never written
+            seg.packet_ids.pop(ref, None)
+            seg.released.pop(ref, None)
+            seg.deleted_refs.append(ref)
+        m = d.message
+        mid = m.store_id
+        if mid is None:
+            return
+        n = self._msg_refs.pop(mid, 1) - 1
+        if n > 1:
+            self._msg_refs[mid] = n
+        if n > 0:
+            return
+        # the last queue row of this message: its body goes too
+        m.store_id = None
+        if seg.messages.pop(mid, None) is None:
+            seg.deleted_messages.append(mid)
 
     def awaiting_rel_added(self, client_id: str, packet_id: int) -> None:
-        self.committer.add(
-            "INSERT OR IGNORE INTO awaiting_rel VALUES (?,?)", (client_id, packet_id)
-        )
+        self._segment().awaiting[(client_id, packet_id)] = True
 
     def awaiting_rel_removed(self, client_id: str, packet_id: int) -> None:
-        self.committer.add(
-            "DELETE FROM awaiting_rel WHERE client_id=? AND packet_id=?", (client_id, packet_id)
-        )
+        self._segment().awaiting[(client_id, packet_id)] = False
 
     def retained_saved(self, m: Message) -> None:
         self.committer.add(

@@ -12,6 +12,7 @@ import asyncio
 from collections.abc import Callable
 
 from gateway.net.shell import EffectLoop
+from protocols.context import Delivery, Message
 from protocols.effects import Effect
 
 
@@ -57,9 +58,16 @@ class TwoPhaseCommitter:
                 cb()
 
 
+_LOOP = asyncio.new_event_loop()  # never run: the effect loops here set no timers
+
+
+def teardown_module() -> None:
+    _LOOP.close()
+
+
 class Recorder(EffectLoop):
     def __init__(self, gate: TwoPhaseCommitter) -> None:
-        super().__init__(gate, asyncio.new_event_loop())
+        super().__init__(gate, _LOOP)
         self.written: list[bytes] = []
 
     def _write_all(self, writes: list[bytes]) -> None:
@@ -99,3 +107,95 @@ def test_order_is_kept_and_nothing_waits_once_everything_is_committed() -> None:
     assert loop.written == [b"a", b"b"]
     loop.run(b"c")  # clean store: straight out
     assert loop.written == [b"a", b"b", b"c"]
+
+
+class EchoChannel:
+    """Turns each delivery into its payload (the bytes a channel would write)."""
+
+    def deliver(self, deliveries: list[Delivery]) -> list[Effect]:
+        return [d.message.payload for d in deliveries]
+
+    def on_timer(self, name: str) -> list[Effect]:
+        return []
+
+    def connection_lost(self) -> None:
+        pass
+
+    def release(self, packet_id: int) -> list[Effect]:
+        return []
+
+    def kick(self, reason_code: int) -> list[Effect]:
+        return []
+
+
+def delivery(payload: bytes, qos: int) -> Delivery:
+    return Delivery(Message("t", payload, qos=qos), qos, False, packet_id=1 if qos else None)
+
+
+def test_qos1_deliveries_leave_before_the_commit_qos2_and_acks_wait() -> None:
+    gate = TwoPhaseCommitter()
+    loop = Recorder(gate)
+    loop.channel = EchoChannel()
+    gate.add("queue row")
+    loop.deliver([delivery(b"q1", 1), delivery(b"q0", 0)])  # a duplicate is allowed
+    assert loop.written == [b"q1", b"q0"]
+    loop.deliver([delivery(b"q2", 2)])  # exactly once: waits for its row
+    loop.deliver([delivery(b"q1 after", 1)])  # behind the held QoS 2: order kept
+    loop.run(b"puback")
+    assert loop.written == [b"q1", b"q0"]
+    gate.flush()
+    gate.complete()
+    assert loop.written == [b"q1", b"q0", b"q2", b"q1 after", b"puback"]
+
+
+def test_a_held_ack_keeps_a_later_qos1_delivery_behind_it() -> None:
+    gate = TwoPhaseCommitter()
+    loop = Recorder(gate)
+    loop.channel = EchoChannel()
+    gate.add("w")
+    loop.run(b"puback")
+    loop.deliver([delivery(b"q1", 1)])
+    assert loop.written == []
+    gate.flush()
+    gate.complete()
+    assert loop.written == [b"puback", b"q1"]
+
+
+class AckingChannel(EchoChannel):
+    """Its input is a PUBACK that frees the window: the core pushes the next delivery
+    while the input is being handled (as Session.puback -> drain does); an input of
+    b"publish" also answers with a PUBACK of its own."""
+
+    def __init__(self, shell: EffectLoop, qos: int) -> None:
+        self.shell = shell
+        self.qos = qos
+
+    def handle_data(self, data: bytes) -> list[Effect]:
+        self.shell.deliver([delivery(b"next", self.qos)])
+        return [b"puback"] if data == b"publish" else []
+
+
+def test_a_delivery_pushed_during_input_leaves_after_its_effects() -> None:
+    gate = TwoPhaseCommitter()
+    loop = Recorder(gate)
+    loop.channel = channel = AckingChannel(loop, qos=1)
+    gate.add("queue row")
+    loop._input(channel.handle_data, b"ack")  # nothing of its own to hold
+    assert loop.written == [b"next"]
+    loop._input(channel.handle_data, b"publish")  # its PUBACK waits; next stays behind
+    assert loop.written == [b"next"]
+    gate.flush()
+    gate.complete()
+    assert loop.written == [b"next", b"puback", b"next"]
+
+
+def test_a_qos2_delivery_pushed_during_input_waits_for_the_commit() -> None:
+    gate = TwoPhaseCommitter()
+    loop = Recorder(gate)
+    loop.channel = channel = AckingChannel(loop, qos=2)
+    gate.add("queue row")
+    loop._input(channel.handle_data, b"ack")
+    assert loop.written == []
+    gate.flush()
+    gate.complete()
+    assert loop.written == [b"next"]
