@@ -4,8 +4,10 @@
 effects: the context, the connection handle, the peer, the client's
 :class:`~protocols.context.ClientInfo` and session once it has one, the effects being
 gathered, the re-entrancy guard and whether the core has been told of the end. Each
-channel keeps its own state machine (``state``, a ``State`` enum with a ``CLOSED``
-member named by the class attribute ``CLOSED``) and everything protocol-specific.
+channel keeps its own state machine (``state``, a ``State`` enum whose ``CLOSED`` and
+``AUTHENTICATING`` members the class attributes of those names point to) and everything
+protocol-specific. The base also asks the core to authenticate (``_start_auth``) and takes
+an answer that had to wait (``auth_result``); the channel's ``_auth_done`` acts on it.
 
 Invariants:
 - Effects are returned only by the outermost call: an entry point that runs while
@@ -14,6 +16,8 @@ Invariants:
   effects to the outer call's list, in order, and returns ``[]``.
 - A closed channel (``state is CLOSED``) emits nothing more: ``kick`` returns ``[]``,
   and every other entry point of the channel checks the same.
+- An authentication answer is acted on only while the channel still waits for it
+  (state AUTHENTICATING, the same ``ClientInfo``).
 - The core learns of the end of a session exactly once (``context.close``, without the
   will: each channel publishes its will itself where its protocol has one); a ``kick``
   comes from the core, which has ended the session already, so it is not told again.
@@ -28,7 +32,13 @@ from collections.abc import Callable
 from enum import Enum
 from typing import ClassVar
 
-from protocols.context import ClientInfo, ConnectionHandle, GatewayContext, SessionAPI
+from protocols.context import (
+    AUTH_PENDING,
+    ClientInfo,
+    ConnectionHandle,
+    GatewayContext,
+    SessionAPI,
+)
 from protocols.effects import Effect
 
 
@@ -41,6 +51,7 @@ class ChannelBase:
         "peer",
         "info",
         "session",
+        "state",
         "_monotonic",
         "_out",
         "_busy",
@@ -49,6 +60,7 @@ class ChannelBase:
 
     LABEL: ClassVar[str]  # the protocol in log lines: "coap", "mqtt-sn", ...
     CLOSED: ClassVar[Enum]  # the channel's State.CLOSED
+    AUTHENTICATING: ClassVar[Enum]  # the channel's State.AUTHENTICATING
 
     state: Enum
 
@@ -85,6 +97,36 @@ class ChannelBase:
         self._close(f"kicked (0x{reason_code:02X})")
 
     def _close(self, reason: str) -> None:  # pragma: no cover - every channel has its own
+        raise NotImplementedError
+
+    def auth_result(self, info: ClientInfo, code: int) -> list[Effect]:
+        """An authentication that had to wait has its answer (via ``call_channel``); an
+        answer for a client this channel no longer authenticates is dropped."""
+        if self.state is not self.AUTHENTICATING or self.info is not info:
+            return []
+        outer = self._enter()
+        self._auth_done(info, code)
+        return self._leave(outer)
+
+    # -- authentication ------------------------------------------------------------------
+
+    def _start_auth(self, info: ClientInfo, password: bytes | None) -> None:
+        """Ask the core whether ``info`` may connect, in state AUTHENTICATING:
+        ``_auth_done(info, code)`` runs now, or later through ``handle.call_channel``
+        (``auth_result``) when the answer has to wait."""
+        self.info = info
+        self.state = self.AUTHENTICATING
+        handle = self.handle
+
+        def later(code: int) -> None:
+            handle.call_channel(lambda: self.auth_result(info, code))
+
+        code = self.context.authenticate(info, password, later)
+        if code != AUTH_PENDING:
+            self._auth_done(info, code)
+
+    def _auth_done(self, info: ClientInfo, code: int) -> None:  # pragma: no cover
+        """The core's answer (0: accepted); every channel has its own."""
         raise NotImplementedError
 
     # -- effects and re-entrancy ---------------------------------------------------------

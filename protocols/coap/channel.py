@@ -70,7 +70,6 @@ from protocols.coap.codec import (
 )
 from protocols.coap.endpoint import CoapEndpoint, query_of
 from protocols.context import (
-    AUTH_PENDING,
     ClientInfo,
     ConnectionHandle,
     Delivery,
@@ -166,6 +165,7 @@ def _flag(value: str | None) -> bool:
 class CoapChannel(CoapEndpoint):
     LABEL = "coap"
     CLOSED = State.CLOSED
+    AUTHENTICATING = State.AUTHENTICATING
 
     def __init__(
         self,
@@ -516,25 +516,8 @@ class CoapChannel(CoapEndpoint):
             clean_start=True,
             connected_at=self.context.now(),
         )
-        self.info = info
-        self.state = State.AUTHENTICATING
         self._waiting = [msg]
-        handle = self.handle
-
-        def later(code: int) -> None:
-            handle.call_channel(lambda: self.auth_result(info, code))
-
-        code = self.context.authenticate(info, password, later)
-        if code != AUTH_PENDING:
-            self._auth_done(info, code)
-
-    def auth_result(self, info: ClientInfo, code: int) -> list[Effect]:
-        """An authentication that had to wait has its answer (via ``call_channel``)."""
-        if self.state is not State.AUTHENTICATING or self.info is not info:
-            return []
-        outer = self._enter()
-        self._auth_done(info, code)
-        return self._leave(outer)
+        self._start_auth(info, password)
 
     def _auth_done(self, info: ClientInfo, code: int) -> None:
         waiting, self._waiting = self._waiting, []

@@ -67,7 +67,6 @@ from protocols.coap.codec import (
 )
 from protocols.coap.endpoint import CoapEndpoint, query_of
 from protocols.context import (
-    AUTH_PENDING,
     ClientInfo,
     ConnectionHandle,
     Delivery,
@@ -172,6 +171,7 @@ def _code(code: Any) -> str:
 class Lwm2mChannel(CoapEndpoint):
     LABEL = "lwm2m"
     CLOSED = State.CLOSED
+    AUTHENTICATING = State.AUTHENTICATING
 
     def __init__(
         self,
@@ -543,27 +543,11 @@ class Lwm2mChannel(CoapEndpoint):
             listener=s.listener, mountpoint=self.mount, keepalive=int(self.lifetime),
             connected_at=self.context.now(),
         )
-        self.info = info
-        self.state = State.AUTHENTICATING
         self._waiting = msg
         self._resumed = resumed
-        handle = self.handle
+        self._start_auth(info, None)
 
-        def later(code: int) -> None:
-            handle.call_channel(lambda: self.auth_result(info, code))
-
-        code = self.context.authenticate(info, None, later)
-        if code != AUTH_PENDING:
-            self._registered(info, code)
-
-    def auth_result(self, info: ClientInfo, code: int) -> list[Effect]:
-        if self.state is not State.AUTHENTICATING or self.info is not info:
-            return []
-        outer = self._enter()
-        self._registered(info, code)
-        return self._leave(outer)
-
-    def _registered(self, info: ClientInfo, code: int) -> None:
+    def _auth_done(self, info: ClientInfo, code: int) -> None:
         msg, self._waiting = self._waiting, None
         assert msg is not None
         if code == 0:

@@ -51,7 +51,6 @@ from enum import Enum
 
 from protocols.channel_base import ChannelBase
 from protocols.context import (
-    AUTH_PENDING,
     ClientInfo,
     ConnectionHandle,
     Delivery,
@@ -158,6 +157,7 @@ def short_id(name: str) -> int:
 class MqttSnChannel(ChannelBase):
     LABEL = "mqtt-sn"
     CLOSED = State.CLOSED
+    AUTHENTICATING = State.AUTHENTICATING
 
     def __init__(
         self,
@@ -435,26 +435,9 @@ class MqttSnChannel(ChannelBase):
             keepalive=p.duration,
             clean_start=p.clean_session,
         )
-        self.info = info
-        self.state = State.AUTHENTICATING
-        handle = self.handle
+        self._start_auth(info, None)
 
-        def later(code: int) -> None:
-            handle.call_channel(lambda: self.auth_result(info, code))
-
-        code = self.context.authenticate(info, None, later)
-        if code != AUTH_PENDING:
-            self._finish_connect(info, code)
-
-    def auth_result(self, info: ClientInfo, code: int) -> list[Effect]:
-        """An authentication that had to wait has its answer (via ``call_channel``)."""
-        if self.state is not State.AUTHENTICATING or self.info is not info:
-            return []
-        outer = self._enter()
-        self._finish_connect(info, code)
-        return self._leave(outer)
-
-    def _finish_connect(self, info: ClientInfo, code: int) -> None:
+    def _auth_done(self, info: ClientInfo, code: int) -> None:
         s = self.settings
         p = self.connect
         assert p is not None
