@@ -13,22 +13,12 @@ through ``call_channel`` once it is closed.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, TypeVar
 
 from gateway.core.clock import VirtualScheduler
+from gateway.net.datagram import DatagramChannel
 from protocols.context import Delivery
 from protocols.effects import CancelTimer, Close, Effect, SetTimer
-
-
-class DatagramChannel(Protocol):
-    def connection_made(self) -> list[Effect]: ...
-    def handle_datagram(self, data: bytes) -> list[Effect]: ...
-    def on_timer(self, name: str) -> list[Effect]: ...
-    def connection_lost(self) -> None: ...
-    def deliver(self, deliveries: list[Delivery]) -> list[Effect]: ...
-    def release(self, packet_id: int) -> list[Effect]: ...
-    def kick(self, reason_code: int) -> list[Effect]: ...
-
 
 C = TypeVar("C", bound=DatagramChannel)
 R = TypeVar("R")
