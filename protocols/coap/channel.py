@@ -68,13 +68,12 @@ from protocols.coap.codec import (
     make,
     unknown_critical,
 )
+from protocols.coap.endpoint import CoapEndpoint, query_of
 from protocols.context import (
-    AUTH_PENDING,
     ClientInfo,
     ConnectionHandle,
     Delivery,
     GatewayContext,
-    SessionAPI,
     SubOptions,
 )
 from protocols.context import Message as BrokerMessage
@@ -159,19 +158,15 @@ def topic_matches(topic_filter: str, topic: str) -> bool:
     return len(fl) == len(tl)
 
 
-def _query(msg: Message) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for item in msg.opt.uri_query:
-        k, _, v = item.partition("=")
-        out.setdefault(k, v)
-    return out
-
-
 def _flag(value: str | None) -> bool:
     return value is not None and value.lower() in ("1", "true", "yes", "")
 
 
-class CoapChannel:
+class CoapChannel(CoapEndpoint):
+    LABEL = "coap"
+    CLOSED = State.CLOSED
+    AUTHENTICATING = State.AUTHENTICATING
+
     def __init__(
         self,
         context: GatewayContext,
@@ -183,31 +178,20 @@ class CoapChannel:
         token_factory: Callable[[], str] = lambda: secrets.token_hex(8),
         bound: BoundIdentity | None = None,
     ) -> None:
-        self.context = context
+        super().__init__(context, handle, peer, monotonic, dedup_size=settings.dedup_size)
         self.settings = settings
-        self.handle = handle
-        self.peer = peer
         self.bound = bound  # DTLS: the client id/username the handshake fixes
-        self._monotonic = monotonic
         self._token_factory = token_factory
-        self.state = State.NEW
-        self.info: ClientInfo | None = None
-        self.session: SessionAPI | None = None
+        self.state: State = State.NEW
         self.conn_token: str | None = None  # connection mode
         self.observations: dict[str, Observation] = {}
         self._seq = 1
-        self._next_mid = secrets.randbelow(0x10000)
-        self._responses: OrderedDict[int, bytes | None] = OrderedDict()
         self._outstanding: dict[int, _Outstanding] = {}
         self._non_sent: OrderedDict[int, str] = OrderedDict()  # NON notification mid -> filter
         self._uploads: dict[tuple[str, ...], _Upload] = {}
-        self._last_block1: tuple[int, Block] | None = None
         self._waiting: list[Message] = []  # requests held while authenticating
         self._probe = False
         self.last_rx = 0.0
-        self._out: list[Effect] = []
-        self._busy = False
-        self._core_closed = False
 
     # -- entry points from the shell ---------------------------------------------------
 
@@ -262,43 +246,7 @@ class CoapChannel:
             self.context.delivered(self.info, sent)
         return self._leave(outer)
 
-    def release(self, packet_id: int) -> list[Effect]:
-        if self.session is not None:
-            self.session.pubcomp(packet_id)
-        return []
-
-    def kick(self, reason_code: int) -> list[Effect]:
-        if self.state is State.CLOSED:
-            return []
-        outer = self._enter()
-        self._core_closed = True
-        self._close(f"kicked (0x{reason_code:02X})")
-        return self._leave(outer)
-
-    # -- plumbing ------------------------------------------------------------------
-
-    def _enter(self) -> bool:
-        if self._busy:
-            return False
-        self._busy = True
-        return True
-
-    def _leave(self, outer: bool) -> list[Effect]:
-        if not outer:
-            return []
-        self._busy = False
-        out, self._out = self._out, []
-        return out
-
-    def _who(self) -> str:
-        if self.info is not None:
-            return f"coap client {self.info.client_id!r}"
-        return f"coap peer {self.peer[0]}:{self.peer[1]}" if self.peer else "coap peer"
-
-    def _mid(self) -> int:
-        mid = self._next_mid
-        self._next_mid = (mid + 1) & 0xFFFF
-        return mid
+    # -- plumbing (the rest is in CoapEndpoint and ChannelBase) ------------------------
 
     def _idle_limit(self) -> float:
         s = self.settings
@@ -313,12 +261,6 @@ class CoapChannel:
         self._out.append(Close(reason))
         log.info("%s: closed: %s", self._who(), reason)
 
-    def _notify_core_closed(self) -> None:
-        if self._core_closed or self.info is None or self.session is None:
-            return
-        self._core_closed = True
-        self.context.close(self.info, self.handle, send_will=False)
-
     def _settle_all(self) -> None:
         for mid, out in list(self._outstanding.items()):
             self._discard(out.packet_id)
@@ -332,12 +274,7 @@ class CoapChannel:
     def _malformed(self, exc: RemoteProtocolError) -> None:
         self.context.incr("packets.malformed")
         log.warning("%s: malformed CoAP message: %s", self._who(), exc.reason)
-        if exc.mid is None or exc.mtype not in (CON, NON):
-            return
-        reply = make(ACK if exc.mtype == CON else NON,
-                     Code.BAD_REQUEST, exc.mid if exc.mtype == CON else self._mid(),
-                     exc.token or b"", exc.reason.encode()[:128])
-        self._out.append(encode(reply))
+        self._answer_malformed(exc, exc.reason.encode()[:128])
 
     # -- message layer ---------------------------------------------------------------
 
@@ -354,14 +291,8 @@ class CoapChannel:
             if mtype == CON:  # we sent no request: reject
                 self._out.append(encode(make(RST, Code.EMPTY, msg.mid)))
             return
-        seen = self._responses.get(msg.mid, b"")
-        if seen != b"":  # a duplicate
-            if seen is not None:
-                self._out.append(seen)
+        if self._repeated(msg.mid):
             return
-        self._responses[msg.mid] = None
-        if len(self._responses) > self.settings.dedup_size:
-            self._responses.popitem(last=False)
         if self.state is State.AUTHENTICATING:
             self._waiting.append(msg)
             return
@@ -378,23 +309,14 @@ class CoapChannel:
         block2: Block | None = None,
         size2: int | None = None,
     ) -> None:
-        con = req.mtype == CON
-        resp = make(ACK if con else NON, code, req.mid if con else self._mid(), req.token,
-                    payload)
+        resp = self._reply(req, code, payload)
         if observe is not None:
             resp.opt.observe = observe
-        if block1 is None and self._last_block1 is not None and self._last_block1[0] == req.mid:
-            block1 = self._last_block1[1]  # the final answer of a Block1 transfer echoes it
-        if block1 is not None:
-            resp.opt.block1 = block1
         if block2 is not None:
             resp.opt.block2 = block2
         if size2 is not None:
             resp.opt.size2 = size2
-        data = encode(resp)
-        if req.mid in self._responses:
-            self._responses[req.mid] = data
-        self._out.append(data)
+        self._send_reply(req, resp, block1)
 
     def _on_ack(self, mid: int, *, reset: bool) -> None:
         out = self._outstanding.pop(mid, None)
@@ -456,7 +378,7 @@ class CoapChannel:
             self._respond(msg, Code.BAD_OPTION, f"option {crit}".encode())
             return
         path = tuple(msg.opt.uri_path)
-        q = _query(msg)
+        q = query_of(msg)
         if path == ("mqtt", "connection"):
             self._connection(msg, q)
             return
@@ -594,25 +516,8 @@ class CoapChannel:
             clean_start=True,
             connected_at=self.context.now(),
         )
-        self.info = info
-        self.state = State.AUTHENTICATING
         self._waiting = [msg]
-        handle = self.handle
-
-        def later(code: int) -> None:
-            handle.call_channel(lambda: self.auth_result(info, code))
-
-        code = self.context.authenticate(info, password, later)
-        if code != AUTH_PENDING:
-            self._auth_done(info, code)
-
-    def auth_result(self, info: ClientInfo, code: int) -> list[Effect]:
-        """An authentication that had to wait has its answer (via ``call_channel``)."""
-        if self.state is not State.AUTHENTICATING or self.info is not info:
-            return []
-        outer = self._enter()
-        self._auth_done(info, code)
-        return self._leave(outer)
+        self._start_auth(info, password)
 
     def _auth_done(self, info: ClientInfo, code: int) -> None:
         waiting, self._waiting = self._waiting, []

@@ -46,7 +46,7 @@ from __future__ import annotations
 import json
 import logging
 import secrets
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
@@ -65,13 +65,12 @@ from protocols.coap.codec import (
     encode,
     make,
 )
+from protocols.coap.endpoint import CoapEndpoint, query_of
 from protocols.context import (
-    AUTH_PENDING,
     ClientInfo,
     ConnectionHandle,
     Delivery,
     GatewayContext,
-    SessionAPI,
     SubOptions,
 )
 from protocols.context import Message as BrokerMessage
@@ -86,6 +85,7 @@ MAX_BODY = 4 * 1024 * 1024  # a Block2 answer larger than this is refused (4.08)
 BLOCK_SIZE, BLOCK_SZX = 1024, 6  # Block1 for request bodies larger than one block
 MAX_UPLOAD = 64 * 1024  # a request body a device sends with Block1 (links, Send)
 MAX_UPLOADS = 4  # Block1 bodies being received from one peer at once (different paths)
+DEDUP_SIZE = 64  # requests whose message ids (and answers) are remembered
 
 COMPOSITE = ("read-composite", "write-composite", "observe-composite",
              "cancel-observe-composite")  # LwM2M 1.1, SenML bodies on the root path
@@ -168,15 +168,11 @@ def _code(code: Any) -> str:
     return f"{c >> 5}.{c & 0x1F:02d}"
 
 
-def _query(msg: Message) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for item in msg.opt.uri_query:
-        k, _, v = item.partition("=")
-        out.setdefault(k, v)
-    return out
+class Lwm2mChannel(CoapEndpoint):
+    LABEL = "lwm2m"
+    CLOSED = State.CLOSED
+    AUTHENTICATING = State.AUTHENTICATING
 
-
-class Lwm2mChannel:
     def __init__(
         self,
         context: GatewayContext,
@@ -186,14 +182,9 @@ class Lwm2mChannel:
         peer: tuple[str, int] | None = None,
         monotonic: Callable[[], float],
     ) -> None:
-        self.context = context
+        super().__init__(context, handle, peer, monotonic, dedup_size=DEDUP_SIZE)
         self.settings = settings
-        self.handle = handle
-        self.peer = peer
-        self._monotonic = monotonic
-        self.state = State.NEW
-        self.info: ClientInfo | None = None
-        self.session: SessionAPI | None = None
+        self.state: State = State.NEW
         self.ep = ""
         self.mount = ""
         self.lifetime = 86400.0
@@ -206,17 +197,11 @@ class Lwm2mChannel:
         self.pending: deque[Command] = deque()
         self.current: _Outstanding | None = None
         self.observations: dict[bytes, Command] = {}  # token -> the observe command
-        self._next_mid = secrets.randbelow(0x10000)
-        self._responses: OrderedDict[int, bytes | None] = OrderedDict()
         self._waiting: Message | None = None
         self._resumed = False
         self._bootstrap_failed = False
         self._uploads: dict[tuple[str, ...], bytearray] = {}  # Block1 bodies coming in
-        self._last_block1: tuple[int, Block] | None = None
         self.root_formats: list[int] = []  # ct of the root link (1.1): formats it reads
-        self._out: list[Effect] = []
-        self._busy = False
-        self._core_closed = False
 
     # -- entry points from the shell ---------------------------------------------------
 
@@ -271,43 +256,10 @@ class Lwm2mChannel:
             self._pump()
         return self._leave(outer)
 
-    def release(self, packet_id: int) -> list[Effect]:
-        if self.session is not None:
-            self.session.pubcomp(packet_id)
-        return []
-
-    def kick(self, reason_code: int) -> list[Effect]:
-        if self.state is State.CLOSED:
-            return []
-        outer = self._enter()
-        self._core_closed = True
-        self._close(f"kicked (0x{reason_code:02X})")
-        return self._leave(outer)
-
-    # -- plumbing ------------------------------------------------------------------
-
-    def _enter(self) -> bool:
-        if self._busy:
-            return False
-        self._busy = True
-        return True
-
-    def _leave(self, outer: bool) -> list[Effect]:
-        if not outer:
-            return []
-        self._busy = False
-        out, self._out = self._out, []
-        return out
+    # -- plumbing (the rest is in CoapEndpoint and ChannelBase) ------------------------
 
     def _who(self) -> str:
-        if self.ep:
-            return f"lwm2m endpoint {self.ep!r}"
-        return f"lwm2m peer {self.peer[0]}:{self.peer[1]}" if self.peer else "lwm2m peer"
-
-    def _mid(self) -> int:
-        mid = self._next_mid
-        self._next_mid = (mid + 1) & 0xFFFF
-        return mid
+        return f"lwm2m endpoint {self.ep!r}" if self.ep else self._peer_name()
 
     def _close(self, reason: str, *, forget: bool = False) -> None:
         """End this channel. ``forget``: the registration ends too (deregistration,
@@ -329,35 +281,17 @@ class Lwm2mChannel:
         self._out.append(Close(reason))
         log.info("%s: closed: %s", self._who(), reason)
 
-    def _notify_core_closed(self) -> None:
-        if self._core_closed or self.info is None or self.session is None:
-            return
-        self._core_closed = True
-        self.context.close(self.info, self.handle, send_will=False)
-
     def _malformed(self, exc: RemoteProtocolError) -> None:
         self.context.incr("packets.malformed")
         log.warning("%s: malformed CoAP message: %s", self._who(), exc.reason)
-        if exc.mid is None or exc.mtype not in (CON, NON):
-            return
-        reply = make(ACK if exc.mtype == CON else NON, Code.BAD_REQUEST,
-                     exc.mid if exc.mtype == CON else self._mid(), exc.token or b"")
-        self._out.append(encode(reply))
+        self._answer_malformed(exc)
 
     def _respond(self, req: Message, code: int, *, location: tuple[str, ...] = (),
                  block1: Block | None = None) -> None:
-        con = req.mtype == CON
-        resp = make(ACK if con else NON, code, req.mid if con else self._mid(), req.token)
+        resp = self._reply(req, code)
         if location:
             resp.opt.location_path = location
-        if block1 is None and self._last_block1 is not None and self._last_block1[0] == req.mid:
-            block1 = self._last_block1[1]  # the final answer of a Block1 transfer echoes it
-        if block1 is not None:
-            resp.opt.block1 = block1
-        data = encode(resp)
-        if req.mid in self._responses:
-            self._responses[req.mid] = data
-        self._out.append(data)
+        self._send_reply(req, resp, block1)
 
     def _publish(self, suffix: str, body: dict[str, Any]) -> None:
         info = self.info
@@ -387,14 +321,8 @@ class Lwm2mChannel:
             return
         if not msg.code.is_request():
             return
-        seen = self._responses.get(msg.mid, b"")
-        if seen != b"":
-            if seen is not None:
-                self._out.append(seen)
+        if self._repeated(msg.mid):
             return
-        self._responses[msg.mid] = None
-        if len(self._responses) > 64:
-            self._responses.popitem(last=False)
         path = tuple(msg.opt.uri_path)
         if msg.opt.block1 is not None and not self._reassembled(msg, path):
             return  # answered: 2.31 Continue, or an error
@@ -480,7 +408,7 @@ class Lwm2mChannel:
         self.objects = [str(o) for o in d.get("objectList") or []]
         self.alternate = str(d.get("alternatePath") or "/")
         self.root_formats = [int(f) for f in d.get("ct") or [] if str(f).isdigit()]
-        q = _query(msg)
+        q = query_of(msg)
         if "lt" in q:
             try:
                 lt = float(q["lt"])
@@ -501,7 +429,7 @@ class Lwm2mChannel:
     def _bootstrap_request(self, msg: Message) -> None:
         """Client-initiated bootstrap (``POST /bs?ep=``): 2.04, then the endpoint's plan
         (Bootstrap-Delete, -Writes, -Finish), one request at a time."""
-        ep = _query(msg).get("ep", "")
+        ep = query_of(msg).get("ep", "")
         plan = bootstrap.plan_for(self.settings.bootstrap, ep) if ep else None
         if self.state is not State.NEW or plan is None:
             log.info("%s: bootstrap request for %r refused (%s)", self._who(), ep,
@@ -581,7 +509,7 @@ class Lwm2mChannel:
         return True
 
     def _register(self, msg: Message) -> None:
-        q = _query(msg)
+        q = query_of(msg)
         ep = q.get("ep")
         s = self.settings
         try:
@@ -615,27 +543,11 @@ class Lwm2mChannel:
             listener=s.listener, mountpoint=self.mount, keepalive=int(self.lifetime),
             connected_at=self.context.now(),
         )
-        self.info = info
-        self.state = State.AUTHENTICATING
         self._waiting = msg
         self._resumed = resumed
-        handle = self.handle
+        self._start_auth(info, None)
 
-        def later(code: int) -> None:
-            handle.call_channel(lambda: self.auth_result(info, code))
-
-        code = self.context.authenticate(info, None, later)
-        if code != AUTH_PENDING:
-            self._registered(info, code)
-
-    def auth_result(self, info: ClientInfo, code: int) -> list[Effect]:
-        if self.state is not State.AUTHENTICATING or self.info is not info:
-            return []
-        outer = self._enter()
-        self._registered(info, code)
-        return self._leave(outer)
-
-    def _registered(self, info: ClientInfo, code: int) -> None:
+    def _auth_done(self, info: ClientInfo, code: int) -> None:
         msg, self._waiting = self._waiting, None
         assert msg is not None
         if code == 0:
@@ -703,7 +615,7 @@ class Lwm2mChannel:
                 "alternatePath": self.alternate}
 
     def _update(self, msg: Message) -> None:
-        q = _query(msg)
+        q = query_of(msg)
         if "lt" in q:
             try:
                 lt = float(q["lt"])

@@ -49,14 +49,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
+from protocols.channel_base import ChannelBase
 from protocols.context import (
-    AUTH_PENDING,
     ClientInfo,
     ConnectionHandle,
     Delivery,
     GatewayContext,
     Message,
-    SessionAPI,
     SubOptions,
 )
 from protocols.effects import CancelTimer, Close, Effect, SetTimer
@@ -155,7 +154,11 @@ def short_id(name: str) -> int:
     return int.from_bytes(name.encode(), "big")
 
 
-class MqttSnChannel:
+class MqttSnChannel(ChannelBase):
+    LABEL = "mqtt-sn"
+    CLOSED = State.CLOSED
+    AUTHENTICATING = State.AUTHENTICATING
+
     def __init__(
         self,
         context: GatewayContext,
@@ -165,14 +168,10 @@ class MqttSnChannel:
         peer: tuple[str, int] | None = None,
         monotonic: Callable[[], float],
     ) -> None:
-        self.context = context
+        super().__init__(context, handle, peer, monotonic)
         self.settings = settings
-        self.handle = handle
-        self.peer = peer
         self.codec = Codec(Role.GATEWAY)
-        self.state = State.IDLE
-        self.info: ClientInfo | None = None
-        self.session: SessionAPI | None = None
+        self.state: State = State.IDLE
         self.connect: Connect | None = None
         self.will_topic: WillTopic | None = None
         self.will_payload = b""
@@ -191,10 +190,6 @@ class MqttSnChannel:
         self.unacked: dict[tuple[str, int], _Outstanding] = {}
         self._retry_armed = False
         self._pingresp_due = False
-        self._monotonic = monotonic
-        self._out: list[Effect] = []
-        self._busy = False
-        self._core_closed = False
 
     # -- entry points from the shell ---------------------------------------------------
 
@@ -261,33 +256,16 @@ class MqttSnChannel:
         self._send_tracked("rel", PubRel(packet_id))
         return self._leave(outer)
 
-    def kick(self, reason_code: int) -> list[Effect]:
-        """The core closes us (takeover, admin kick, shutdown); it settled the session."""
-        if self.state is State.CLOSED:
-            return []
-        outer = self._enter()
-        self._core_closed = True
+    def _kicked(self, reason_code: int) -> None:
+        """``kick``: the will goes when the session is taken over; a connected client is
+        told with a DISCONNECT."""
         if reason_code == SESSION_TAKEN_OVER:
             self._publish_will()
         if self.state in CONNECTED:
             self._send(Disconnect())
-        self._close(f"kicked (0x{reason_code:02X})")
-        return self._leave(outer)
+        super()._kicked(reason_code)
 
-    # -- plumbing ------------------------------------------------------------------
-
-    def _enter(self) -> bool:
-        if self._busy:
-            return False
-        self._busy = True
-        return True
-
-    def _leave(self, outer: bool) -> list[Effect]:
-        if not outer:
-            return []
-        self._busy = False
-        out, self._out = self._out, []
-        return out
+    # -- plumbing (the rest is in ChannelBase) -------------------------------------------
 
     def _send(self, packet: Packet) -> None:
         self._out.append(self.codec.encode(packet))
@@ -301,23 +279,12 @@ class MqttSnChannel:
         if was_connected:
             log.info("%s: closed: %s", self._who(), reason)
 
-    def _notify_core_closed(self) -> None:
-        if self._core_closed or self.info is None or self.session is None:
-            return
-        self._core_closed = True
-        self.context.close(self.info, self.handle, send_will=False)
-
     def _lost(self, why: str) -> None:
         """The client is gone without a DISCONNECT: its will goes, the session ends."""
         log.info("%s: lost: %s", self._who(), why)
         self._publish_will()
         self._notify_core_closed()
         self._close(why)
-
-    def _who(self) -> str:
-        if self.info is not None:
-            return f"mqtt-sn client {self.info.client_id!r}"
-        return f"mqtt-sn peer {self.peer[0]}:{self.peer[1]}" if self.peer else "mqtt-sn peer"
 
     def _not_connected(self, what: str) -> None:
         log.info("%s: %s without a connection; sending DISCONNECT", self._who(), what)
@@ -468,26 +435,9 @@ class MqttSnChannel:
             keepalive=p.duration,
             clean_start=p.clean_session,
         )
-        self.info = info
-        self.state = State.AUTHENTICATING
-        handle = self.handle
+        self._start_auth(info, None)
 
-        def later(code: int) -> None:
-            handle.call_channel(lambda: self.auth_result(info, code))
-
-        code = self.context.authenticate(info, None, later)
-        if code != AUTH_PENDING:
-            self._finish_connect(info, code)
-
-    def auth_result(self, info: ClientInfo, code: int) -> list[Effect]:
-        """An authentication that had to wait has its answer (via ``call_channel``)."""
-        if self.state is not State.AUTHENTICATING or self.info is not info:
-            return []
-        outer = self._enter()
-        self._finish_connect(info, code)
-        return self._leave(outer)
-
-    def _finish_connect(self, info: ClientInfo, code: int) -> None:
+    def _auth_done(self, info: ClientInfo, code: int) -> None:
         s = self.settings
         p = self.connect
         assert p is not None

@@ -6,8 +6,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import pytest
 
 from gateway.core.authz import Authorizer, Rule
@@ -16,15 +14,14 @@ from gateway.core.deferred import Deferred
 from gateway.core.node import CoreSettings, Node
 from protocols.coap.channel import CoapChannel, CoapSettings, State, topic_matches
 from protocols.coap.codec import ACK, CON, NON, RST, Block, Code, Message, decode, encode, make
-from protocols.context import Delivery
-from protocols.effects import CancelTimer, Close, Effect, SetTimer
 from protocols.mqtt.packets import Publish as MqttPublish
 from protocols.mqtt.packets import Subscribe as MqttSubscribe
 from protocols.mqtt.packets import Subscription
 from tests.protocols.mqtt.test_channel import client as mqtt_client
+from tests.protocols.wire import DatagramWire
 
 
-class CoapWire:
+class CoapWire(DatagramWire[CoapChannel, Message]):
     def __init__(
         self,
         node: Node,
@@ -32,44 +29,15 @@ class CoapWire:
         settings: CoapSettings | None = None,
         peer: tuple[str, int] = ("127.0.0.1", 30000),
     ) -> None:
-        self.clock = clock
         self.channel = CoapChannel(
             node, settings or CoapSettings(), self, peer=peer, monotonic=clock.time,
             token_factory=lambda: "tok123",
         )
-        self.timers: dict[str, float] = {}
-        self.closed: str | None = None
-        self.received: list[Message] = []
         self.mid = 100
-        self._run(self.channel.connection_made())
+        super().__init__(clock)
 
-    # ConnectionHandle
-    def deliver(self, deliveries: list[Delivery]) -> None:
-        self._run(self.channel.deliver(deliveries))
-
-    def release(self, packet_id: int) -> None:
-        self._run(self.channel.release(packet_id))
-
-    def kick(self, reason_code: int) -> None:
-        self._run(self.channel.kick(reason_code))
-
-    def call_channel(self, fn: Callable[[], list[Effect]]) -> None:
-        if self.closed is None:
-            self._run(fn())
-
-    def _run(self, effects: list[Effect]) -> None:
-        for e in effects:
-            if isinstance(e, bytes):
-                assert self.closed is None, "wrote after close"
-                self.received.append(decode(e))
-            elif isinstance(e, SetTimer):
-                self.timers[e.name] = self.clock.time() + e.seconds
-            elif isinstance(e, CancelTimer):
-                self.timers.pop(e.name, None)
-            elif isinstance(e, Close):
-                self.closed = e.reason
-                self.timers.clear()
-                self.channel.connection_lost()
+    def decode_out(self, data: bytes) -> Message:
+        return decode(data)
 
     def request(
         self,
@@ -100,27 +68,8 @@ class CoapWire:
         self.send_raw(encode(m))
         return m
 
-    def send_raw(self, data: bytes) -> None:
-        self._run(self.channel.handle_datagram(data))
-
     def ack(self, mid: int, reset: bool = False) -> None:
         self.send_raw(encode(make(RST if reset else ACK, Code.EMPTY, mid)))
-
-    def advance(self, seconds: float) -> None:
-        end = self.clock.time() + seconds
-        while True:
-            due = [(w, n) for n, w in self.timers.items() if w <= end]
-            if not due or self.closed:
-                break
-            when, name = min(due)
-            self.clock.advance(max(0.0, when - self.clock.time()))
-            del self.timers[name]
-            self._run(self.channel.on_timer(name))
-        self.clock.advance(max(0.0, end - self.clock.time()))
-
-    def take(self) -> list[Message]:
-        out, self.received = self.received, []
-        return out
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ through the codec), an MQTT client of the same node on the other; virtual clock.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from typing import Any
 
 import cbor2
@@ -13,57 +12,29 @@ import pytest
 from gateway.core.clock import VirtualScheduler
 from gateway.core.node import CoreSettings, Node
 from protocols.coap.codec import ACK, CON, NON, Block, Code, Message, decode, encode, make
-from protocols.context import Delivery
-from protocols.effects import CancelTimer, Close, Effect, SetTimer
 from protocols.lwm2m import content
 from protocols.lwm2m.channel import Lwm2mChannel, Lwm2mSettings, State
 from protocols.mqtt.packets import Publish as MqttPublish
 from protocols.mqtt.packets import Subscribe as MqttSubscribe
 from protocols.mqtt.packets import Subscription
 from tests.protocols.mqtt.test_channel import client as mqtt_client
+from tests.protocols.wire import DatagramWire
 
 LINKS = b'</>;rt="oma.lwm2m",</1/0>,</3/0>,</5/0>'
 
 
-class Device:
+class Device(DatagramWire[Lwm2mChannel, Message]):
     def __init__(self, node: Node, clock: VirtualScheduler, settings: Lwm2mSettings) -> None:
-        self.clock = clock
         self.channel = Lwm2mChannel(node, settings, self, peer=("127.0.0.1", 5000),
                                     monotonic=clock.time)
-        self.timers: dict[str, float] = {}
-        self.closed: str | None = None
-        self.received: list[Message] = []
         self.mid = 1
-        self._run(self.channel.connection_made())
+        super().__init__(clock)
 
-    def deliver(self, deliveries: list[Delivery]) -> None:
-        self._run(self.channel.deliver(deliveries))
-
-    def release(self, packet_id: int) -> None:
-        pass
-
-    def kick(self, reason_code: int) -> None:
-        self._run(self.channel.kick(reason_code))
-
-    def call_channel(self, fn: Callable[[], list[Effect]]) -> None:
-        if self.closed is None:
-            self._run(fn())
-
-    def _run(self, effects: list[Effect]) -> None:
-        for e in effects:
-            if isinstance(e, bytes):
-                self.received.append(decode(e))
-            elif isinstance(e, SetTimer):
-                self.timers[e.name] = self.clock.time() + e.seconds
-            elif isinstance(e, CancelTimer):
-                self.timers.pop(e.name, None)
-            elif isinstance(e, Close):
-                self.closed = e.reason
-                self.timers.clear()
-                self.channel.connection_lost()
+    def decode_out(self, data: bytes) -> Message:
+        return decode(data)
 
     def send(self, m: Message) -> None:
-        self._run(self.channel.handle_datagram(encode(m)))
+        self.send_raw(encode(m))
 
     def request(self, code: int, path: tuple[str, ...], query: tuple[str, ...] = (),
                 payload: bytes = b"") -> Message:
@@ -82,22 +53,6 @@ class Device:
         if observe is not None:
             r.opt.observe = observe
         self.send(r)
-
-    def advance(self, seconds: float) -> None:
-        end = self.clock.time() + seconds
-        while True:
-            due = [(w, n) for n, w in self.timers.items() if w <= end]
-            if not due or self.closed:
-                break
-            when, name = min(due)
-            self.clock.advance(max(0.0, when - self.clock.time()))
-            del self.timers[name]
-            self._run(self.channel.on_timer(name))
-        self.clock.advance(max(0.0, end - self.clock.time()))
-
-    def take(self) -> list[Message]:
-        out, self.received = self.received, []
-        return out
 
 
 @pytest.fixture

@@ -8,16 +8,12 @@ cross between the protocols.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import pytest
 
 from gateway.core.authz import Authorizer, Rule
 from gateway.core.clock import VirtualScheduler
 from gateway.core.deferred import Deferred
 from gateway.core.node import CoreSettings, Node
-from protocols.context import Delivery
-from protocols.effects import CancelTimer, Close, Effect, SetTimer
 from protocols.mqtt.packets import Publish as MqttPublish
 from protocols.mqtt.packets import SubAck as MqttSubAck
 from protocols.mqtt.packets import Subscribe as MqttSubscribe
@@ -58,12 +54,13 @@ from protocols.mqttsn.packets import (
     WillTopicUpd,
 )
 from tests.protocols.mqtt.test_channel import client as mqtt_client
+from tests.protocols.wire import DatagramWire
 
 RC = ReturnCode
 PREDEF = {1: "pre/one", 2: "pre/two"}
 
 
-class SnWire:
+class SnWire(DatagramWire[MqttSnChannel, Packet]):
     def __init__(
         self,
         node: Node,
@@ -71,66 +68,18 @@ class SnWire:
         settings: MqttSnSettings | None = None,
         peer: tuple[str, int] = ("127.0.0.1", 20000),
     ) -> None:
-        self.clock = clock
         self.channel = MqttSnChannel(
             node, settings or MqttSnSettings(predefined=PREDEF), self, peer=peer,
             monotonic=clock.time,
         )
         self.codec = Codec(Role.CLIENT)
-        self.timers: dict[str, float] = {}
-        self.closed: str | None = None
-        self.received: list[Packet] = []
-        self._run(self.channel.connection_made())
+        super().__init__(clock)
 
-    # ConnectionHandle
-    def deliver(self, deliveries: list[Delivery]) -> None:
-        self._run(self.channel.deliver(deliveries))
-
-    def release(self, packet_id: int) -> None:
-        self._run(self.channel.release(packet_id))
-
-    def kick(self, reason_code: int) -> None:
-        self._run(self.channel.kick(reason_code))
-
-    def call_channel(self, fn: Callable[[], list[Effect]]) -> None:
-        if self.closed is None:
-            self._run(fn())
-
-    def _run(self, effects: list[Effect]) -> None:
-        for e in effects:
-            if isinstance(e, bytes):
-                assert self.closed is None, "wrote after close"
-                self.received.append(self.codec.decode(e))
-            elif isinstance(e, SetTimer):
-                self.timers[e.name] = self.clock.time() + e.seconds
-            elif isinstance(e, CancelTimer):
-                self.timers.pop(e.name, None)
-            elif isinstance(e, Close):
-                self.closed = e.reason
-                self.timers.clear()
-                self.channel.connection_lost()
+    def decode_out(self, data: bytes) -> Packet:
+        return self.codec.decode(data)
 
     def send(self, packet: Packet) -> None:
-        self._run(self.channel.handle_datagram(self.codec.encode(packet)))
-
-    def send_raw(self, data: bytes) -> None:
-        self._run(self.channel.handle_datagram(data))
-
-    def advance(self, seconds: float) -> None:
-        end = self.clock.time() + seconds
-        while True:
-            due = [(w, n) for n, w in self.timers.items() if w <= end]
-            if not due or self.closed:
-                break
-            when, name = min(due)
-            self.clock.advance(max(0.0, when - self.clock.time()))
-            del self.timers[name]
-            self._run(self.channel.on_timer(name))
-        self.clock.advance(max(0.0, end - self.clock.time()))
-
-    def take(self) -> list[Packet]:
-        out, self.received = self.received, []
-        return out
+        self.send_raw(self.codec.encode(packet))
 
 
 @pytest.fixture

@@ -9,31 +9,7 @@ from protocols.mqttsn.codec import encode
 from protocols.mqttsn.packets import Packet
 from tests.protocols.mqttsn.fuzz_decoder import TestOneInput as fuzz_one
 from tests.protocols.mqttsn.strategies import packets
-
-_MUTATIONS = st.lists(
-    st.tuples(
-        st.sampled_from(["flip", "set", "insert", "delete"]), st.integers(0), st.integers(0, 255)
-    ),
-    min_size=1,
-    max_size=4,
-)
-
-
-def _mutate(data: bytes, mutations: list[tuple[str, int, int]]) -> bytes:
-    out = bytearray(data)
-    for kind, where, value in mutations:
-        if not out and kind != "insert":
-            continue
-        i = where % (len(out) + (1 if kind == "insert" else 0))
-        if kind == "flip":
-            out[i] ^= 1 << (value % 8)
-        elif kind == "set":
-            out[i] = value
-        elif kind == "insert":
-            out.insert(i, value)
-        else:
-            del out[i]
-    return bytes(out)
+from tests.protocols.mutations import MUTATIONS, mutate
 
 
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow], deadline=None)
@@ -43,9 +19,9 @@ def test_random_bytes(data: bytes) -> None:
 
 
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow], deadline=None)
-@given(packets, _MUTATIONS)
+@given(packets, MUTATIONS)
 def test_mutated_messages(p: Packet, mutations: list[tuple[str, int, int]]) -> None:
-    fuzz_one(_mutate(encode(p), mutations))
+    fuzz_one(mutate(encode(p), mutations))
 
 
 @settings(max_examples=200, deadline=None)
