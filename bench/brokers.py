@@ -274,7 +274,7 @@ class Gatewayd(Broker):
         python = REPO / ".venv" / "bin" / "python"
         out = subprocess.run(
             [
-                str(python),
+                str(python if python.exists() else sys.executable),
                 "-c",
                 "import gateway, uvloop; print(gateway.__version__, uvloop.__version__)",
             ],
