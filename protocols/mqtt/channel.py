@@ -44,7 +44,12 @@ from protocols.context import (
     SubOptions,
 )
 from protocols.effects import CancelTimer, Close, Effect, Pause, SetTimer
-from protocols.mqtt.codec import encode, encode_publish_with_id, publish_packet_id_offset
+from protocols.mqtt.codec import (
+    encode,
+    encode_publish,
+    encode_publish_with_id,
+    publish_packet_id_offset,
+)
 from protocols.mqtt.connection import Connection, Role
 from protocols.mqtt.errors import LocalProtocolError, RemoteProtocolError, Violation
 from protocols.mqtt.packets import (
@@ -846,6 +851,13 @@ class MqttChannel:
             now,
             now + expiry if expiry is not None else None,
         )
+        raw = p.raw
+        if raw is not None and props is NO_PROPERTIES and not p.dup and not s.mountpoint:
+            # The bytes received are what this message encodes to at this version, QoS
+            # and retain flag (no properties, no alias, same topic): its subscribers'
+            # copy (_shared_publish) at no cost.
+            offset = len(raw) - len(p.payload) - (3 if v5 else 2) if qos else -1
+            message.wire = {(v5, qos, p.retain): (raw, offset)}
         n = self.context.publish(info, message)
         if qos == 1:
             self._ack(PubAck, 0x40, pid, RC.NO_MATCHING_SUBSCRIBERS if n == 0 and v5 else 0)  # type: ignore[arg-type]
@@ -949,7 +961,7 @@ class MqttChannel:
         key = (v5, qos, d.retain)
         cached = wire.get(key)
         if cached is None:
-            packet = Publish(
+            data = encode_publish(
                 msg.topic,
                 msg.payload,
                 qos,
@@ -957,8 +969,8 @@ class MqttChannel:
                 d.dup,
                 d.packet_id if qos else None,
                 msg.properties if v5 else NO_PROPERTIES,
+                MQTT_5 if v5 else 4,
             )
-            data = encode(packet, MQTT_5 if v5 else 4)
             if not d.dup:
                 wire[key] = (data, -1)
             return data

@@ -28,6 +28,10 @@ Invariants:
   :class:`~protocols.mqtt.errors.OutgoingPacketTooLarge` above
   ``max_outgoing_packet_size`` (the peer's Maximum Packet Size, set by the caller).
 
+A received ``Publish`` carries its bytes as received in ``raw`` (fixed header included;
+``None`` when its remaining length was not in the shortest form, the only form an encoder
+writes), so a broker may send them on unchanged where encoding would give the same.
+
 Shared PUBLISH bytes bypass ``send``: encode once with :func:`encode`, then per
 subscriber compare the length against ``max_outgoing_packet_size`` and patch the packet
 id with :func:`encode_publish_with_id` at :func:`publish_packet_id_offset`.
@@ -68,6 +72,10 @@ DEFAULT_MAX_PACKET_SIZE = 268_435_460  # 1 + 4 + the largest remaining length
 _PACKET_TYPE: dict[type, PacketType] = {
     cls: PacketType[cls.__name__.upper()] for cls in Packet.__args__
 }
+
+
+def _varint_size(value: int) -> int:
+    return 1 if value < 0x80 else 2 if value < 0x4000 else 3 if value < 0x200000 else 4
 
 
 class Role(Enum):
@@ -154,7 +162,8 @@ class Connection:
         level = self.protocol_level
         if level is None and not server:
             raise LocalProtocolError("protocol level unknown: pass it or send a Connect")
-        body = memoryview(buffer)[offset + header_length : offset + total]
+        whole = memoryview(buffer)[offset : offset + total]
+        body = whole[header_length:]
         try:
             if server and first >> 4 == 1:
                 if self._connect_received:
@@ -165,8 +174,13 @@ class Connection:
             else:
                 assert level is not None
                 packet = decode(first, body, level, from_client=server)
+                if first >> 4 == 3 and (
+                    header_length == 2 or header_length == _varint_size(length) + 1
+                ):
+                    packet.raw = bytes(whole)  # type: ignore[union-attr]
         finally:
             body.release()
+            whole.release()
         offset += total
         if offset == end:
             buffer.clear()
