@@ -132,6 +132,10 @@ class State(Enum):
 
 
 _PARSING = frozenset({State.CONNECTING, State.AUTH_EXCHANGE, State.CONNECTED})
+# Plain names for the states the per-packet path compares with: reading an Enum member
+# from its class goes through a descriptor in Python 3.11 (~4x a module global).
+_CONNECTED = State.CONNECTED
+_CLOSED = State.CLOSED
 
 
 class _Disconnect(Exception):
@@ -265,7 +269,7 @@ class MqttChannel:
         return [SetTimer("idle", self.settings.idle_timeout)]
 
     def handle_data(self, data: bytes) -> list[Effect]:
-        if self.state is State.CLOSED:
+        if self.state is _CLOSED:
             return []
         outer = self._enter()
         self.last_rx = self._monotonic()
@@ -280,7 +284,7 @@ class MqttChannel:
                 self._refuse(RC.QUOTA_EXCEEDED, "too much input before CONNACK")
             else:
                 self._parse()
-        if self.state is not State.CLOSED:  # type: ignore[comparison-overlap]
+        if self.state is not _CLOSED:
             self._after_input(len(data))
         return self._leave(outer)
 
@@ -288,7 +292,7 @@ class MqttChannel:
         """Handle the buffered packets while the state allows it."""
         conn = self.conn
         try:
-            while self.state in _PARSING:
+            while self.state is _CONNECTED or self.state in _PARSING:
                 packet = conn.next_event()
                 if packet is None:
                     break
@@ -377,9 +381,9 @@ class MqttChannel:
     # -- entry points from the core (via the shell's ConnectionHandle) ---------------------
 
     def deliver(self, deliveries: list[Delivery]) -> list[Effect]:
-        if self.state is State.CLOSED:
+        if self.state is _CLOSED:
             return []
-        if self.state is not State.CONNECTED:
+        if self.state is not _CONNECTED:
             self._held.extend(deliveries)
             return []
         outer = self._enter()
@@ -466,13 +470,15 @@ class MqttChannel:
         return f"peer {self.peer[0]}:{self.peer[1]}" if self.peer else "peer"
 
     def _dispatch(self, packet: Packet) -> None:
-        if self.state is State.CONNECTING:
-            assert isinstance(packet, Connect)  # the codec guarantees CONNECT first
-            self._on_connect(packet)
-            return
-        if self.state is State.AUTH_EXCHANGE:
-            self._on_auth_exchange(packet)
-            return
+        state = self.state
+        if state is not _CONNECTED:
+            if state is State.CONNECTING:
+                assert isinstance(packet, Connect)  # the codec guarantees CONNECT first
+                self._on_connect(packet)
+                return
+            if state is State.AUTH_EXCHANGE:
+                self._on_auth_exchange(packet)
+                return
         session = self.session
         assert session is not None
         if isinstance(packet, Publish):

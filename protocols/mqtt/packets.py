@@ -7,8 +7,9 @@ decoding 3.x.
 
 Invariants:
 - Packets are immutable; the empty :data:`NO_PROPERTIES` instance is shared. ``Publish``
-  is the one packet not frozen by the dataclass machinery (it is on the hot path); it is
-  treated as immutable all the same.
+  and the four acknowledgements are not frozen by the dataclass machinery (they are on
+  the hot path, and a frozen dataclass costs 4x to build); treat them as immutable all
+  the same.
 - ``Publish.topic`` may be ``""`` only when ``properties.topic_alias`` is set (MQTT 5).
 - ``Publish.packet_id`` is ``None`` exactly when ``qos == 0``.
 - Reason codes are plain ints; their names live in :mod:`protocols.mqtt.reason_codes`.
@@ -158,28 +159,28 @@ class Publish:
     raw: bytes | None = field(default=None, init=False, compare=False, repr=False)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # not frozen: see Publish
 class PubAck:
     packet_id: int
     reason_code: int = 0
     properties: Properties = NO_PROPERTIES
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # not frozen: see Publish
 class PubRec:
     packet_id: int
     reason_code: int = 0
     properties: Properties = NO_PROPERTIES
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # not frozen: see Publish
 class PubRel:
     packet_id: int
     reason_code: int = 0
     properties: Properties = NO_PROPERTIES
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # not frozen: see Publish
 class PubComp:
     packet_id: int
     reason_code: int = 0
