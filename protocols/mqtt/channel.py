@@ -386,9 +386,14 @@ class MqttChannel:
         if self.state is not _CONNECTED:
             self._held.extend(deliveries)
             return []
-        outer = self._enter()
+        if self._busy:  # re-entrant: the outer call returns these effects
+            self._send_deliveries(deliveries)
+            return []
+        self._busy = True
         self._send_deliveries(deliveries)
-        return self._leave(outer)
+        self._busy = False
+        out, self._out = self._out, []
+        return out
 
     def release(self, packet_id: int) -> list[Effect]:
         if self.state is not State.CONNECTED:
@@ -902,7 +907,6 @@ class MqttChannel:
         out = self._out
         v5 = self.version == MQTT_5
         mount = self.settings.mountpoint
-        now = self.context.now() if v5 else 0.0
         dropped: list[Delivery] = []
         limit = conn.max_outgoing_packet_size
         shareable = not mount and not self.client_alias_max
@@ -927,6 +931,7 @@ class MqttChannel:
                 topic = topic[len(mount) :]
             new_alias = False
             if v5:
+                now = self.context.now()
                 props, topic_out, new_alias = self._v5_publish_fields(d, topic, now)
             else:
                 props, topic_out = NO_PROPERTIES, topic

@@ -57,7 +57,15 @@ from protocols.mqtt.errors import (
     RemoteProtocolError,
     Violation,
 )
-from protocols.mqtt.packets import MQTT_3_1_1, ConnAck, Connect, Packet, PacketType, Publish
+from protocols.mqtt.packets import (
+    MQTT_3_1_1,
+    ConnAck,
+    Connect,
+    Packet,
+    PacketType,
+    PubAck,
+    Publish,
+)
 
 __all__ = [
     "DEFAULT_MAX_PACKET_SIZE",
@@ -169,8 +177,17 @@ class Connection:
         level = self.protocol_level
         if level is None and not server:
             raise LocalProtocolError("protocol level unknown: pass it or send a Connect")
-        start = offset + header_length
         stop = offset + total
+        if first == 0x40 and length == 2:
+            # a plain PUBACK (every QoS 1 delivery has one), read straight from the buffer
+            packet_id = (buffer[offset + 2] << 8) | buffer[offset + 3]
+            if packet_id:
+                if stop == end:
+                    buffer.clear()
+                    stop = 0
+                self._offset = stop
+                return PubAck(packet_id)
+        start = offset + header_length
         # A small packet is copied out (cheaper than a memoryview, ~0.4 us); a large one
         # is read through a view.
         body: bytearray | memoryview = (

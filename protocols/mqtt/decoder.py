@@ -416,10 +416,8 @@ def decode(first_byte: int, body: Buffer, protocol_level: int, *, from_client: b
     """
     ptype = first_byte >> 4
     flags = first_byte & 0x0F
-    if ptype == _T.PUBLISH:
+    if ptype == 3:  # PUBLISH, the hot path (a literal: reading _T.PUBLISH costs more)
         return _decode_publish(flags, body, protocol_level, from_client)
-    if first_byte == 0x40 and len(body) == 2 and (body[0] or body[1]):
-        return PubAck((body[0] << 8) | body[1])  # the other hot packet: a plain PUBACK
     if protocol_level not in SUPPORTED_LEVELS and ptype != _T.CONNECT:
         raise LocalProtocolError(f"unsupported protocol level {protocol_level}")
     if ptype == 0 or (ptype == _T.AUTH and protocol_level != MQTT_5):

@@ -390,9 +390,11 @@ def encode_publish_with_id(
 
     ``offset`` comes from :func:`publish_packet_id_offset`; one copy is made.
     """
+    if not 0 < packet_id <= 0xFFFF:
+        raise LocalProtocolError(f"invalid packet identifier {packet_id!r}")
     if not dup or template[0] & 0x08:
-        return b"".join((template[:offset], _packet_id(packet_id), template[offset + 2 :]))
+        return template[:offset] + U16.pack(packet_id) + template[offset + 2 :]
     view = memoryview(template)
     return b"".join(
-        (bytes((view[0] | 0x08,)), view[1:offset], _packet_id(packet_id), view[offset + 2 :])
+        (bytes((view[0] | 0x08,)), view[1:offset], U16.pack(packet_id), view[offset + 2 :])
     )

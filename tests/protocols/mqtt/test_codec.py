@@ -546,6 +546,8 @@ VIOLATIONS: list[tuple[str, tuple[Role, int | None], bytes, Violation]] = [
     ),
     ("PUBLISH id 0", S4, pkt(0x32, s("a") + b"\x00\x00"), V.PACKET_ID_ZERO),
     ("PUBACK id 0", C4, pkt(0x40, b"\x00\x00"), V.PACKET_ID_ZERO),
+    ("PUBACK id 0 to a server", S4, pkt(0x40, b"\x00\x00"), V.PACKET_ID_ZERO),
+    ("PUBACK flags", S4, pkt(0x41, b"\x00\x01"), V.RESERVED_FLAGS),
     ("SUBSCRIBE id 0", S4, pkt(0x82, b"\x00\x00" + s("a") + b"\x00"), V.PACKET_ID_ZERO),
     ("UNSUBACK id 0", C5, pkt(0xB0, b"\x00\x00\x00\x00"), V.PACKET_ID_ZERO),
     ("topic with +", S4, pkt(0x30, s("a/+")), V.TOPIC_NAME_INVALID),
