@@ -291,16 +291,23 @@ class MqttChannel:
     def _parse(self) -> None:
         """Handle the buffered packets while the state allows it."""
         conn = self.conn
+        acked = False  # PUBACKs freed inflight slots: refill the window once, after them
         try:
             while self.state is _CONNECTED or self.state in _PARSING:
                 packet = conn.next_event()
                 if packet is None:
                     break
+                if type(packet) is PubAck and self.state is _CONNECTED:
+                    assert self.session is not None
+                    acked = self.session.puback(packet.packet_id, drain=False) or acked
+                    continue
                 self._dispatch(packet)
         except RemoteProtocolError as exc:
             self._protocol_error(exc)
         except _Disconnect as exc:
             self._server_disconnect(exc.code, exc.why)
+        if acked and self.state is _CONNECTED and self.session is not None:
+            self.session.drain()
 
     def on_timer(self, name: str) -> list[Effect]:
         if self.state is State.CLOSED:
@@ -820,8 +827,7 @@ class MqttChannel:
         assert info is not None and session is not None
         full_topic = s.mountpoint + topic if s.mountpoint else topic
         pid = p.packet_id
-        awaiting = session.awaiting_rel
-        if qos == 2 and pid in awaiting:
+        if qos == 2 and pid in session.awaiting_rel:
             self._ack(PubRec, 0x50, pid)  # a re-sent PUBLISH: acknowledge, do not deliver again
             return
         if not self.context.authorize(info, "publish", full_topic):
@@ -838,6 +844,7 @@ class MqttChannel:
             return
         if qos == 2:
             assert pid is not None
+            awaiting = session.awaiting_rel
             if v5 and len(awaiting) >= s.max_inflight:
                 raise _Disconnect(RC.RECEIVE_MAXIMUM_EXCEEDED, "receive maximum exceeded")
             if s.max_awaiting_rel and len(awaiting) >= s.max_awaiting_rel:
@@ -856,7 +863,7 @@ class MqttChannel:
             p.payload,
             qos,
             p.retain,
-            _publish_properties(props),
+            props if props is NO_PROPERTIES else _publish_properties(props),
             info.client_id,
             info.username,
             now,
@@ -871,7 +878,10 @@ class MqttChannel:
             message.wire = {(v5, qos, p.retain): (raw, offset)}
         n = self.context.publish(info, message)
         if qos == 1:
-            self._ack(PubAck, 0x40, pid, RC.NO_MATCHING_SUBSCRIBERS if n == 0 and v5 else 0)  # type: ignore[arg-type]
+            if n or not v5:
+                self._out.append(_ACK.pack(0x40, 2, pid))  # what _ack does with code 0
+            else:
+                self._ack(PubAck, 0x40, pid, RC.NO_MATCHING_SUBSCRIBERS)  # type: ignore[arg-type]
         elif qos == 2:
             session.await_rel(pid)  # type: ignore[arg-type]
             self._ack(PubRec, 0x50, pid, RC.NO_MATCHING_SUBSCRIBERS if n == 0 and v5 else 0)  # type: ignore[arg-type]

@@ -24,7 +24,7 @@ Contract:
 
 from __future__ import annotations
 
-from protocols.mqtt.decoder import connect_protocol_level, decode
+from protocols.mqtt.decoder import connect_protocol_level, decode, decode_publish
 from protocols.mqtt.encoder import (
     encode,
     encode_publish,
@@ -39,6 +39,7 @@ __all__ = [
     "allowed_types",
     "connect_protocol_level",
     "decode",
+    "decode_publish",
     "encode",
     "encode_publish",
     "encode_publish_with_id",

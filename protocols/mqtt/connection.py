@@ -46,6 +46,7 @@ from protocols.mqtt.codec import (
     allowed_types,
     connect_protocol_level,
     decode,
+    decode_publish,
     encode,
     encode_publish_with_id,
     publish_packet_id_offset,
@@ -187,6 +188,22 @@ class Connection:
                     stop = 0
                 self._offset = stop
                 return PubAck(packet_id)
+        if first >> 4 == 3 and level is not None:
+            # PUBLISH: decoded from its own bytes, which it keeps (Publish.raw) when the
+            # remaining length is in the shortest form (the one an encoder writes)
+            if length <= _COPY_MAX:
+                raw = bytes(buffer[offset:stop])
+            else:  # one copy, not two
+                with memoryview(buffer) as view:
+                    raw = bytes(view[offset:stop])
+            if stop == end:
+                buffer.clear()
+                stop = 0
+            self._offset = stop
+            publish = decode_publish(first & 0x0F, raw, header_length, level, server)
+            if header_length == 2 or header_length == _varint_size(length) + 1:
+                publish.raw = raw
+            return publish
         start = offset + header_length
         # A small packet is copied out (cheaper than a memoryview, ~0.4 us); a large one
         # is read through a view.
@@ -203,10 +220,6 @@ class Connection:
             else:
                 assert level is not None
                 packet = decode(first, body, level, from_client=server)
-                if first >> 4 == 3 and (
-                    header_length == 2 or header_length == _varint_size(length) + 1
-                ):
-                    packet.raw = bytes(buffer[offset:stop])  # type: ignore[union-attr]
         finally:
             if type(body) is memoryview:
                 body.release()

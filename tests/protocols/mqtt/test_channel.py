@@ -194,6 +194,30 @@ def test_delivered_bytes_are_the_canonical_encoding(
         assert got[0].raw == encode(expected, sub_level)
 
 
+def test_a_batch_of_pubacks_refills_the_window_in_order(
+    node: Node, clock: VirtualScheduler
+) -> None:
+    sub = client(node, clock, "sub", properties=Properties(receive_maximum=2))
+    sub.send(Subscribe(1, (Subscription("a/#", qos=1),)))
+    sub.take()
+    pub = client(node, clock, "pub", level=4)
+    for i in range(7):
+        pub.send(Publish("a/b", b"%d" % i, 1, packet_id=i + 1))
+    got = sub.take()
+    assert [p.payload for p in got] == [b"0", b"1"]  # type: ignore[union-attr]
+    payloads: list[bytes] = []
+    while got:
+        # both PUBACKs in one read, then a PINGREQ: the window refills after the batch
+        acks = [sub.client.send(PubAck(p.packet_id)) for p in got]  # type: ignore[union-attr, arg-type]
+        sub.send_raw(b"".join(acks) + sub.client.send(PingReq()))
+        got = sub.take()
+        assert got[0] == PingResp()
+        got = got[1:]
+        assert len(got) <= 2
+        payloads += [p.payload for p in got]  # type: ignore[union-attr]
+    assert payloads == [b"%d" % i for i in range(2, 7)]
+
+
 def test_empty_client_id_assigned_in_v5_refused_in_v311_persistent(
     node: Node, clock: VirtualScheduler
 ) -> None:
