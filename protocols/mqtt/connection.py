@@ -84,10 +84,6 @@ _PACKET_TYPE: dict[type, PacketType] = {
 }
 
 
-def _varint_size(value: int) -> int:
-    return 1 if value < 0x80 else 2 if value < 0x4000 else 3 if value < 0x200000 else 4
-
-
 class Role(Enum):
     SERVER = "server"
     CLIENT = "client"
@@ -201,7 +197,8 @@ class Connection:
                 stop = 0
             self._offset = stop
             publish = decode_publish(first & 0x0F, raw, header_length, level, server)
-            if header_length == 2 or header_length == _varint_size(length) + 1:
+            # shortest form: one length byte, or a last (most significant) byte not 0
+            if header_length == 2 or raw[header_length - 1]:
                 publish.raw = raw
             return publish
         start = offset + header_length
