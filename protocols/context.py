@@ -47,6 +47,9 @@ class Message:
     ``properties`` holds only the publish-related MQTT 5 properties (payload format,
     expiry, content type, response topic, correlation data, user properties); never a
     topic alias or subscription identifiers. ``expires_at`` is wall-clock seconds or None.
+    ``wire`` caches its encodings per (MQTT 5?, QoS, retain), seeded with the publisher's
+    own bytes where they are the same (``MqttChannel._on_publish``): a hook that changes
+    a message returns a new one instead of modifying it.
     """
 
     __slots__ = (
