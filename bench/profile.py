@@ -65,11 +65,18 @@ def top_functions(raw: str, top: int) -> tuple[int, list[tuple[str, int, int]]]:
 
 
 def profile(
-    scenario: str, params: Params, out: Path, top: int, rate: int, native: bool = False
+    scenario: str,
+    params: Params,
+    out: Path,
+    top: int,
+    rate: int,
+    native: bool = False,
+    lines: bool = False,
 ) -> str:
     py_spy = ensure_py_spy()
     broker = Gatewayd()
-    raw_path = out / f"{scenario}{'.native' if native else ''}.collapsed.txt"
+    kind = (".native" if native else "") + (".lines" if lines else "")
+    raw_path = out / f"{scenario}{kind}.collapsed.txt"
     try:
         broker.start()
         spy = subprocess.Popen(
@@ -82,7 +89,7 @@ def profile(
                 str(rate),
                 "--format",
                 "raw",
-                "--function",
+                *([] if lines else ["--function"]),
                 # native unwinding needs the target paused; Python-only sampling does not
                 *(["--native"] if native else ["--nonblocking"]),
                 "--output",
@@ -136,6 +143,9 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="include C frames (uvloop, CPython): shows what a Python line's own time is spent on",
     )
+    ap.add_argument(
+        "--lines", action="store_true", help="samples per source line, not per function"
+    )
     ap.add_argument("--nice", type=int, default=0, help="as in bench.run (e.g. -20)")
     args = ap.parse_args(argv)
     if args.nice:
@@ -147,7 +157,15 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     for scenario in args.scenarios.split(","):
         print(
-            profile(scenario.strip(), params, args.out, args.top, args.rate, args.native),
+            profile(
+                scenario.strip(),
+                params,
+                args.out,
+                args.top,
+                args.rate,
+                args.native,
+                args.lines,
+            ),
             flush=True,
         )
         print()

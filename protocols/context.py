@@ -47,6 +47,9 @@ class Message:
     ``properties`` holds only the publish-related MQTT 5 properties (payload format,
     expiry, content type, response topic, correlation data, user properties); never a
     topic alias or subscription identifiers. ``expires_at`` is wall-clock seconds or None.
+    ``wire`` caches its encodings per (MQTT 5?, QoS, retain), seeded with the publisher's
+    own bytes where they are the same (``MqttChannel._on_publish``): a hook that changes
+    a message returns a new one instead of modifying it.
     """
 
     __slots__ = (
@@ -159,7 +162,12 @@ class SessionAPI(Protocol):
     subscriptions: dict[str, SubOptions]
     awaiting_rel: dict[int, float]  # incoming QoS 2 packet ids awaiting PUBREL
 
-    def puback(self, packet_id: int) -> bool: ...
+    def puback(self, packet_id: int, *, drain: bool = True) -> bool:
+        """A QoS 1 delivery acknowledged; ``drain=False``: the caller calls ``drain``
+        (once after a batch of acknowledgements)."""
+        ...
+
+    def drain(self) -> None: ...
     def pubrec(self, packet_id: int) -> bool: ...
     def pubcomp(self, packet_id: int) -> bool: ...
     def discard(self, packet_id: int) -> None: ...

@@ -127,16 +127,28 @@ class Broker:
         skip_self = self.ignore_loop_deliver
         count = 0
         if len(filters) == 1 and (not shared or filters[0] not in self.shared):
-            # Fast path: one plain filter, no aggregation needed.
+            # Fast path: one plain filter, no aggregation needed (what _delivery does,
+            # inline: this loop runs once per subscriber of every message).
             subs = self.plain.get(filters[0])
             if subs:
+                max_qos = 2 if self.upgrade_qos else message.qos
+                retain = message.retain
                 for client_id, opts in subs.items():
                     if (opts.no_local or skip_self) and client_id == publisher:
                         continue
                     session = sessions.get(client_id)
                     if session is None:
                         continue
-                    session.enqueue(self._delivery(message, opts.qos, opts, None))
+                    qos = opts.qos
+                    sid = opts.subscription_id
+                    session.enqueue(
+                        Delivery(
+                            message,
+                            qos if qos < max_qos else max_qos,
+                            retain and opts.retain_as_published,
+                            (sid,) if sid else (),
+                        )
+                    )
                     count += 1
         else:
             merged: dict[str, list[SubOptions]] = {}

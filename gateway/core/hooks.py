@@ -159,14 +159,16 @@ class Hooks:
         """True if hook ``name`` has any callback (cheap: guard hot paths with it)."""
         if name in self._callbacks:
             return True
-        self._check(name)
+        if name not in self._names:
+            self._check(name)
         return False
 
     def callbacks(self, name: str) -> tuple[Callback, ...]:
         """The callbacks of hook ``name`` in run order."""
         found = self._callbacks.get(name)
         if found is None:
-            self._check(name)
+            if name not in self._names:
+                self._check(name)
             return ()
         return found
 
@@ -174,7 +176,8 @@ class Hooks:
         """Call every callback of ``name`` with ``*args``; errors are logged, not raised."""
         callbacks = self._callbacks.get(name)
         if callbacks is None:
-            self._check(name)
+            if name not in self._names:
+                self._check(name)
             return
         for callback in callbacks:
             try:

@@ -111,6 +111,8 @@ class Node:
         self.retainer.journal = store
         if settings.retainer_enable:
             self.hooks.add("message.publish", self._retain_hook, Priority.RETAINER)
+        self._retainer_only = (self._retain_hook,)
+        self._counters = self.metrics.counters  # the hot path increments directly
         self.connections = 0
         # MQTT 5 enhanced authentication methods ("SCRAM-SHA-256" -> exchange factory),
         # registered by gateway.auth
@@ -129,7 +131,7 @@ class Node:
         self.hooks.run("client.connack", client, reason_code)
 
     def delivered(self, client: ClientInfo, deliveries: list[Delivery]) -> None:
-        self.metrics.incr("messages.sent", len(deliveries))
+        self._counters["messages.sent"] += len(deliveries)
         if self.hooks.has("message.delivered"):
             for d in deliveries:
                 self.hooks.run("message.delivered", client, d.message)
@@ -478,9 +480,11 @@ class Node:
         return allowed
 
     def publish(self, client: ClientInfo, message: Message) -> int:
-        self.metrics.incr("messages.received")
+        self._counters["messages.received"] += 1
         hooks = self.hooks
-        if hooks.has("message.publish"):
+        callbacks = hooks.callbacks("message.publish")
+        # the retainer alone has nothing to do with a message that is not retained
+        if callbacks and (message.retain or callbacks != self._retainer_only):
             result: Message | None = hooks.run_fold("message.publish", (), message)
             if result is None:
                 self.metrics.dropped("hook")

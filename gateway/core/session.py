@@ -235,7 +235,10 @@ class Session:
 
     # -- acknowledgements ------------------------------------------------------------
 
-    def puback(self, packet_id: int) -> bool:
+    def puback(self, packet_id: int, *, drain: bool = True) -> bool:
+        """Acknowledge a QoS 1 delivery. ``drain=False`` leaves refilling the window to
+        the caller (one :meth:`drain` after a batch of acknowledgements, so the queued
+        deliveries leave together)."""
         d = self.inflight.get(packet_id)
         if d is None or d.qos != 1:
             return False
@@ -243,7 +246,8 @@ class Session:
         if self.journal is not None:
             self.journal.removed(d)
         self._on_ack(self, d)
-        self.drain()
+        if drain:
+            self.drain()
         return True
 
     def pubrec(self, packet_id: int) -> bool:

@@ -44,7 +44,12 @@ from protocols.context import (
     SubOptions,
 )
 from protocols.effects import CancelTimer, Close, Effect, Pause, SetTimer
-from protocols.mqtt.codec import encode, encode_publish_with_id, publish_packet_id_offset
+from protocols.mqtt.codec import (
+    encode,
+    encode_publish,
+    encode_publish_with_id,
+    publish_packet_id_offset,
+)
 from protocols.mqtt.connection import Connection, Role
 from protocols.mqtt.errors import LocalProtocolError, RemoteProtocolError, Violation
 from protocols.mqtt.packets import (
@@ -129,6 +134,10 @@ class State(Enum):
 
 
 _PARSING = frozenset({State.CONNECTING, State.AUTH_EXCHANGE, State.CONNECTED})
+# Plain names for the states the per-packet path compares with: reading an Enum member
+# from its class goes through a descriptor in Python 3.11 (~4x a module global).
+_CONNECTED = State.CONNECTED
+_CLOSED = State.CLOSED
 
 
 class _Disconnect(Exception):
@@ -262,7 +271,7 @@ class MqttChannel:
         return [SetTimer("idle", self.settings.idle_timeout)]
 
     def handle_data(self, data: bytes) -> list[Effect]:
-        if self.state is State.CLOSED:
+        if self.state is _CLOSED:
             return []
         outer = self._enter()
         self.last_rx = self._monotonic()
@@ -277,23 +286,30 @@ class MqttChannel:
                 self._refuse(RC.QUOTA_EXCEEDED, "too much input before CONNACK")
             else:
                 self._parse()
-        if self.state is not State.CLOSED:  # type: ignore[comparison-overlap]
+        if self.state is not _CLOSED:
             self._after_input(len(data))
         return self._leave(outer)
 
     def _parse(self) -> None:
         """Handle the buffered packets while the state allows it."""
         conn = self.conn
+        acked = False  # PUBACKs freed inflight slots: refill the window once, after them
         try:
-            while self.state in _PARSING:
+            while self.state is _CONNECTED or self.state in _PARSING:
                 packet = conn.next_event()
                 if packet is None:
                     break
+                if type(packet) is PubAck and self.state is _CONNECTED:
+                    assert self.session is not None
+                    acked = self.session.puback(packet.packet_id, drain=False) or acked
+                    continue
                 self._dispatch(packet)
         except RemoteProtocolError as exc:
             self._protocol_error(exc)
         except _Disconnect as exc:
             self._server_disconnect(exc.code, exc.why)
+        if acked and self.state is _CONNECTED and self.session is not None:
+            self.session.drain()
 
     def on_timer(self, name: str) -> list[Effect]:
         if self.state is State.CLOSED:
@@ -374,14 +390,19 @@ class MqttChannel:
     # -- entry points from the core (via the shell's ConnectionHandle) ---------------------
 
     def deliver(self, deliveries: list[Delivery]) -> list[Effect]:
-        if self.state is State.CLOSED:
+        if self.state is _CLOSED:
             return []
-        if self.state is not State.CONNECTED:
+        if self.state is not _CONNECTED:
             self._held.extend(deliveries)
             return []
-        outer = self._enter()
+        if self._busy:  # re-entrant: the outer call returns these effects
+            self._send_deliveries(deliveries)
+            return []
+        self._busy = True
         self._send_deliveries(deliveries)
-        return self._leave(outer)
+        self._busy = False
+        out, self._out = self._out, []
+        return out
 
     def release(self, packet_id: int) -> list[Effect]:
         if self.state is not State.CONNECTED:
@@ -463,13 +484,15 @@ class MqttChannel:
         return f"peer {self.peer[0]}:{self.peer[1]}" if self.peer else "peer"
 
     def _dispatch(self, packet: Packet) -> None:
-        if self.state is State.CONNECTING:
-            assert isinstance(packet, Connect)  # the codec guarantees CONNECT first
-            self._on_connect(packet)
-            return
-        if self.state is State.AUTH_EXCHANGE:
-            self._on_auth_exchange(packet)
-            return
+        state = self.state
+        if state is not _CONNECTED:
+            if state is State.CONNECTING:
+                assert isinstance(packet, Connect)  # the codec guarantees CONNECT first
+                self._on_connect(packet)
+                return
+            if state is State.AUTH_EXCHANGE:
+                self._on_auth_exchange(packet)
+                return
         session = self.session
         assert session is not None
         if isinstance(packet, Publish):
@@ -808,8 +831,7 @@ class MqttChannel:
         assert info is not None and session is not None
         full_topic = s.mountpoint + topic if s.mountpoint else topic
         pid = p.packet_id
-        awaiting = session.awaiting_rel
-        if qos == 2 and pid in awaiting:
+        if qos == 2 and pid in session.awaiting_rel:
             self._ack(PubRec, 0x50, pid)  # a re-sent PUBLISH: acknowledge, do not deliver again
             return
         if not self.context.authorize(info, "publish", full_topic):
@@ -826,6 +848,7 @@ class MqttChannel:
             return
         if qos == 2:
             assert pid is not None
+            awaiting = session.awaiting_rel
             if v5 and len(awaiting) >= s.max_inflight:
                 raise _Disconnect(RC.RECEIVE_MAXIMUM_EXCEEDED, "receive maximum exceeded")
             if s.max_awaiting_rel and len(awaiting) >= s.max_awaiting_rel:
@@ -844,15 +867,25 @@ class MqttChannel:
             p.payload,
             qos,
             p.retain,
-            _publish_properties(props),
+            props if props is NO_PROPERTIES else _publish_properties(props),
             info.client_id,
             info.username,
             now,
             now + expiry if expiry is not None else None,
         )
+        raw = p.raw
+        if raw is not None and props is NO_PROPERTIES and not p.dup and not s.mountpoint:
+            # The bytes received are what this message encodes to at this version, QoS
+            # and retain flag (no properties, no alias, same topic): its subscribers'
+            # copy (_shared_publish) at no cost.
+            offset = len(raw) - len(p.payload) - (3 if v5 else 2) if qos else -1
+            message.wire = {(v5, qos, p.retain): (raw, offset)}
         n = self.context.publish(info, message)
         if qos == 1:
-            self._ack(PubAck, 0x40, pid, RC.NO_MATCHING_SUBSCRIBERS if n == 0 and v5 else 0)  # type: ignore[arg-type]
+            if n or not v5:
+                self._out.append(_ACK.pack(0x40, 2, pid))  # what _ack does with code 0
+            else:
+                self._ack(PubAck, 0x40, pid, RC.NO_MATCHING_SUBSCRIBERS)  # type: ignore[arg-type]
         elif qos == 2:
             session.await_rel(pid)  # type: ignore[arg-type]
             self._ack(PubRec, 0x50, pid, RC.NO_MATCHING_SUBSCRIBERS if n == 0 and v5 else 0)  # type: ignore[arg-type]
@@ -888,7 +921,6 @@ class MqttChannel:
         out = self._out
         v5 = self.version == MQTT_5
         mount = self.settings.mountpoint
-        now = self.context.now() if v5 else 0.0
         dropped: list[Delivery] = []
         limit = conn.max_outgoing_packet_size
         shareable = not mount and not self.client_alias_max
@@ -913,6 +945,7 @@ class MqttChannel:
                 topic = topic[len(mount) :]
             new_alias = False
             if v5:
+                now = self.context.now()
                 props, topic_out, new_alias = self._v5_publish_fields(d, topic, now)
             else:
                 props, topic_out = NO_PROPERTIES, topic
@@ -953,7 +986,7 @@ class MqttChannel:
         key = (v5, qos, d.retain)
         cached = wire.get(key)
         if cached is None:
-            packet = Publish(
+            data = encode_publish(
                 msg.topic,
                 msg.payload,
                 qos,
@@ -961,8 +994,8 @@ class MqttChannel:
                 d.dup,
                 d.packet_id if qos else None,
                 msg.properties if v5 else NO_PROPERTIES,
+                MQTT_5 if v5 else 4,
             )
-            data = encode(packet, MQTT_5 if v5 else 4)
             if not d.dup:
                 wire[key] = (data, -1)
             return data

@@ -24,8 +24,13 @@ Contract:
 
 from __future__ import annotations
 
-from protocols.mqtt.decoder import connect_protocol_level, decode
-from protocols.mqtt.encoder import encode, encode_publish_with_id, publish_packet_id_offset
+from protocols.mqtt.decoder import connect_protocol_level, decode, decode_publish
+from protocols.mqtt.encoder import (
+    encode,
+    encode_publish,
+    encode_publish_with_id,
+    publish_packet_id_offset,
+)
 from protocols.mqtt.rules import SUPPORTED_LEVELS, allowed_types
 from protocols.mqtt.wire import read_fixed_header
 
@@ -34,7 +39,9 @@ __all__ = [
     "allowed_types",
     "connect_protocol_level",
     "decode",
+    "decode_publish",
     "encode",
+    "encode_publish",
     "encode_publish_with_id",
     "publish_packet_id_offset",
     "read_fixed_header",

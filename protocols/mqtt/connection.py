@@ -28,6 +28,10 @@ Invariants:
   :class:`~protocols.mqtt.errors.OutgoingPacketTooLarge` above
   ``max_outgoing_packet_size`` (the peer's Maximum Packet Size, set by the caller).
 
+A received ``Publish`` carries its bytes as received in ``raw`` (fixed header included;
+``None`` when its remaining length was not in the shortest form, the only form an encoder
+writes), so a broker may send them on unchanged where encoding would give the same.
+
 Shared PUBLISH bytes bypass ``send``: encode once with :func:`encode`, then per
 subscriber compare the length against ``max_outgoing_packet_size`` and patch the packet
 id with :func:`encode_publish_with_id` at :func:`publish_packet_id_offset`.
@@ -42,6 +46,7 @@ from protocols.mqtt.codec import (
     allowed_types,
     connect_protocol_level,
     decode,
+    decode_publish,
     encode,
     encode_publish_with_id,
     publish_packet_id_offset,
@@ -53,7 +58,15 @@ from protocols.mqtt.errors import (
     RemoteProtocolError,
     Violation,
 )
-from protocols.mqtt.packets import MQTT_3_1_1, ConnAck, Connect, Packet, PacketType, Publish
+from protocols.mqtt.packets import (
+    MQTT_3_1_1,
+    ConnAck,
+    Connect,
+    Packet,
+    PacketType,
+    PubAck,
+    Publish,
+)
 
 __all__ = [
     "DEFAULT_MAX_PACKET_SIZE",
@@ -65,6 +78,7 @@ __all__ = [
 ]
 
 DEFAULT_MAX_PACKET_SIZE = 268_435_460  # 1 + 4 + the largest remaining length
+_COPY_MAX = 16384  # packet bodies up to this size are decoded from a copy, not a view
 _PACKET_TYPE: dict[type, PacketType] = {
     cls: PacketType[cls.__name__.upper()] for cls in Packet.__args__
 }
@@ -118,7 +132,8 @@ class Connection:
 
     def next_event(self) -> Packet | None:
         """The next complete packet, or ``None`` when more bytes are needed."""
-        self._raise_again()
+        if self._error is not None:
+            self._raise_again()
         buffer = self._buffer
         offset = self._offset
         end = len(buffer)
@@ -139,10 +154,15 @@ class Connection:
             raise RemoteProtocolError(
                 Violation.FIRST_PACKET_NOT_CONNECT, f"first byte 0x{buffer[offset]:02X}"
             )
-        header = read_fixed_header(buffer, offset, end)
-        if header is None:
-            return None
-        first, length, header_length = header
+        if end - offset >= 2 and buffer[offset + 1] < 0x80:  # a one-byte length
+            first = buffer[offset]
+            length = buffer[offset + 1]
+            header_length = 2
+        else:
+            header = read_fixed_header(buffer, offset, end)
+            if header is None:
+                return None
+            first, length, header_length = header
         total = header_length + length
         if total > self.max_incoming_packet_size:
             raise RemoteProtocolError(
@@ -154,7 +174,39 @@ class Connection:
         level = self.protocol_level
         if level is None and not server:
             raise LocalProtocolError("protocol level unknown: pass it or send a Connect")
-        body = memoryview(buffer)[offset + header_length : offset + total]
+        stop = offset + total
+        if first == 0x40 and length == 2:
+            # a plain PUBACK (every QoS 1 delivery has one), read straight from the buffer
+            packet_id = (buffer[offset + 2] << 8) | buffer[offset + 3]
+            if packet_id:
+                if stop == end:
+                    buffer.clear()
+                    stop = 0
+                self._offset = stop
+                return PubAck(packet_id)
+        if first >> 4 == 3 and level is not None:
+            # PUBLISH: decoded from its own bytes, which it keeps (Publish.raw) when the
+            # remaining length is in the shortest form (the one an encoder writes)
+            if length <= _COPY_MAX:
+                raw = bytes(buffer[offset:stop])
+            else:  # one copy, not two
+                with memoryview(buffer) as view:
+                    raw = bytes(view[offset:stop])
+            if stop == end:
+                buffer.clear()
+                stop = 0
+            self._offset = stop
+            publish = decode_publish(first & 0x0F, raw, header_length, level, server)
+            # shortest form: one length byte, or a last (most significant) byte not 0
+            if header_length == 2 or raw[header_length - 1]:
+                publish.raw = raw
+            return publish
+        start = offset + header_length
+        # A small packet is copied out (cheaper than a memoryview, ~0.4 us); a large one
+        # is read through a view.
+        body: bytearray | memoryview = (
+            buffer[start:stop] if length <= _COPY_MAX else memoryview(buffer)[start:stop]
+        )
         try:
             if server and first >> 4 == 1:
                 if self._connect_received:
@@ -166,8 +218,9 @@ class Connection:
                 assert level is not None
                 packet = decode(first, body, level, from_client=server)
         finally:
-            body.release()
-        offset += total
+            if type(body) is memoryview:
+                body.release()
+        offset = stop
         if offset == end:
             buffer.clear()
             offset = 0

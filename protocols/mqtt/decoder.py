@@ -81,7 +81,7 @@ from protocols.mqtt.rules import (
 from protocols.mqtt.topics import is_shared, validate_topic_filter, validate_topic_name
 from protocols.mqtt.wire import Buffer, read_binary, read_string, truncated
 
-__all__ = ["connect_protocol_level", "decode"]
+__all__ = ["connect_protocol_level", "decode", "decode_publish"]
 
 _T = PacketType
 
@@ -207,19 +207,25 @@ _PUBLISH_PROPS_FROM_CLIENT = PUBLISH_PROPS - {0x0B}  # MQTT-3.3.4-6
 
 
 def _decode_publish(flags: int, body: Buffer, level: int, from_client: bool) -> Publish:
+    return decode_publish(flags, body, 0, level, from_client)
+
+
+def decode_publish(flags: int, buf: Buffer, start: int, level: int, from_client: bool) -> Publish:
+    """A PUBLISH whose body is ``buf[start:]`` (the connection passes the whole packet
+    as ``bytes``, so that the payload is one slice of it)."""
     qos = (flags >> 1) & 0x03
     if qos == 3:
         raise RemoteProtocolError(Violation.INVALID_QOS, "PUBLISH QoS 3")
     if qos == 0 and flags & 0x08:
         raise RemoteProtocolError(Violation.RESERVED_FLAGS, "DUP set on QoS 0")
-    end = len(body)
-    if end < 2:
+    end = len(buf)
+    if end - start < 2:
         raise truncated("topic length")
-    pos = 2 + ((body[0] << 8) | body[1])
+    pos = start + 2 + ((buf[start] << 8) | buf[start + 1])
     if pos > end:
         raise truncated("topic")
     try:
-        topic = str(body[2:pos], "utf-8")
+        topic = str(buf[start + 2 : pos], "utf-8")
     except UnicodeDecodeError as exc:
         raise RemoteProtocolError(Violation.INVALID_UTF8, str(exc)) from None
     if "+" in topic or "#" in topic:
@@ -228,15 +234,20 @@ def _decode_publish(flags: int, body: Buffer, level: int, from_client: bool) -> 
         raise RemoteProtocolError(Violation.NULL_CHARACTER, "in topic name")
     packet_id = None
     if qos:
-        packet_id, pos = _packet_id(body, pos, end)
+        if pos + 2 > end:
+            raise truncated("packet identifier")
+        packet_id = (buf[pos] << 8) | buf[pos + 1]
+        if packet_id == 0:
+            raise RemoteProtocolError(Violation.PACKET_ID_ZERO)
+        pos += 2
     properties = NO_PROPERTIES
     if level == MQTT_5:
-        if pos < end and body[pos] == 0:
+        if pos < end and buf[pos] == 0:
             pos += 1
         else:
             allowed = _PUBLISH_PROPS_FROM_CLIENT if from_client else PUBLISH_PROPS
             properties, pos = decode_properties(
-                body, pos, end, allowed, repeated_subscription_ids=True
+                buf, pos, end, allowed, repeated_subscription_ids=True
             )
             if properties.response_topic is not None:
                 validate_topic_name(properties.response_topic)
@@ -244,7 +255,7 @@ def _decode_publish(flags: int, body: Buffer, level: int, from_client: bool) -> 
         raise RemoteProtocolError(Violation.TOPIC_NAME_INVALID, "empty topic, no alias")
     return Publish(
         topic,
-        bytes(body[pos:]),
+        bytes(buf[pos:]),
         qos,
         bool(flags & 0x01),
         bool(flags & 0x08),
@@ -416,7 +427,7 @@ def decode(first_byte: int, body: Buffer, protocol_level: int, *, from_client: b
     """
     ptype = first_byte >> 4
     flags = first_byte & 0x0F
-    if ptype == _T.PUBLISH:
+    if ptype == 3:  # PUBLISH, the hot path (a literal: reading _T.PUBLISH costs more)
         return _decode_publish(flags, body, protocol_level, from_client)
     if protocol_level not in SUPPORTED_LEVELS and ptype != _T.CONNECT:
         raise LocalProtocolError(f"unsupported protocol level {protocol_level}")

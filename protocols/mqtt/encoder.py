@@ -92,7 +92,7 @@ from protocols.mqtt.wire import (
     read_fixed_header,
 )
 
-__all__ = ["encode", "encode_publish_with_id", "publish_packet_id_offset"]
+__all__ = ["encode", "encode_publish", "encode_publish_with_id", "publish_packet_id_offset"]
 
 _SHORT_PUBLISH_HEAD = struct.Struct(">BBH")  # first byte, 1-byte length, topic length
 _PINGREQ = b"\xc0\x00"
@@ -139,20 +139,34 @@ def _topic_filter(topic_filter: str) -> bytes:
 
 
 def _encode_publish(p: Publish, level: int) -> bytes:
-    qos = p.qos
+    return encode_publish(
+        p.topic, p.payload, p.qos, p.retain, p.dup, p.packet_id, p.properties, level
+    )
+
+
+def encode_publish(
+    topic: str,
+    payload: bytes,
+    qos: int,
+    retain: bool,
+    dup: bool,
+    packet_id: int | None,
+    props: Properties,
+    level: int,
+) -> bytes:
+    """``encode(Publish(topic, payload, qos, retain, dup, packet_id, props), level)``
+    without the packet object (the broker's delivery path); ``level`` is not checked."""
     if qos == 0:
-        if p.packet_id is not None or p.dup:
+        if packet_id is not None or dup:
             raise LocalProtocolError("QoS 0 PUBLISH with a packet id or DUP")
-        packet_id = b""
+        packet_id_bytes = b""
     elif qos == 1 or qos == 2:
-        packet_id = _packet_id(p.packet_id)
+        packet_id_bytes = _packet_id(packet_id)
     else:
         raise LocalProtocolError(f"PUBLISH QoS {qos!r}")
-    topic = p.topic
     if "+" in topic or "#" in topic:
         raise LocalProtocolError(f"wildcard in topic name {topic!r}")
     topic_bytes = encode_utf8(topic)
-    props = p.properties
     if level == MQTT_5:
         if props is NO_PROPERTIES:
             encoded_props = b"\x00"
@@ -166,18 +180,17 @@ def _encode_publish(p: Publish, level: int) -> bytes:
         encoded_props = b""
         if not topic_bytes:
             raise LocalProtocolError("empty topic name")
-    payload = p.payload
-    length = 2 + len(topic_bytes) + len(packet_id) + len(encoded_props) + len(payload)
+    length = 2 + len(topic_bytes) + len(packet_id_bytes) + len(encoded_props) + len(payload)
     first = 0x30 | (qos << 1)
-    if p.dup:
+    if dup:
         first |= 0x08
-    if p.retain:
+    if retain:
         first |= 0x01
     if length < 128:
         head = _SHORT_PUBLISH_HEAD.pack(first, length, len(topic_bytes))
     else:
         head = bytes((first,)) + encode_varint(length) + U16.pack(len(topic_bytes))
-    return b"".join((head, topic_bytes, packet_id, encoded_props, payload))
+    return b"".join((head, topic_bytes, packet_id_bytes, encoded_props, payload))
 
 
 def _encode_connect(p: Connect, level: int) -> bytes:
@@ -377,6 +390,11 @@ def encode_publish_with_id(
 
     ``offset`` comes from :func:`publish_packet_id_offset`; one copy is made.
     """
+    if not 0 < packet_id <= 0xFFFF:
+        raise LocalProtocolError(f"invalid packet identifier {packet_id!r}")
+    if not dup or template[0] & 0x08:
+        return template[:offset] + U16.pack(packet_id) + template[offset + 2 :]
     view = memoryview(template)
-    first = view[0] | 0x08 if dup else view[0]
-    return b"".join((bytes((first,)), view[1:offset], _packet_id(packet_id), view[offset + 2 :]))
+    return b"".join(
+        (bytes((view[0] | 0x08,)), view[1:offset], U16.pack(packet_id), view[offset + 2 :])
+    )

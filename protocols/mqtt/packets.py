@@ -6,7 +6,10 @@ versions; the codec drops them when encoding for 3.x and fills the defaults when
 decoding 3.x.
 
 Invariants:
-- Packets are immutable; the empty :data:`NO_PROPERTIES` instance is shared.
+- Packets are immutable; the empty :data:`NO_PROPERTIES` instance is shared. ``Publish``
+  and the four acknowledgements are not frozen by the dataclass machinery (they are on
+  the hot path, and a frozen dataclass costs 4x to build); treat them as immutable all
+  the same.
 - ``Publish.topic`` may be ``""`` only when ``properties.topic_alias`` is set (MQTT 5).
 - ``Publish.packet_id`` is ``None`` exactly when ``qos == 0``.
 - Reason codes are plain ints; their names live in :mod:`protocols.mqtt.reason_codes`.
@@ -139,7 +142,10 @@ class ConnAck:
     properties: Properties = NO_PROPERTIES
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: a frozen dataclass's __init__ sets each field through object.__setattr__,
+# about 4x the cost of plain slot stores, and a PUBLISH is decoded for every message
+# (bench/README.md). Treat it as immutable all the same; it stays hashable.
+@dataclass(slots=True, unsafe_hash=True)
 class Publish:
     topic: str
     payload: bytes = b""
@@ -148,30 +154,33 @@ class Publish:
     dup: bool = False
     packet_id: int | None = None
     properties: Properties = NO_PROPERTIES
+    # the packet's bytes as received (set by Connection; None for a packet built here):
+    # not part of the packet's value, and not copied by dataclasses.replace
+    raw: bytes | None = field(default=None, init=False, compare=False, repr=False)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # not frozen: see Publish
 class PubAck:
     packet_id: int
     reason_code: int = 0
     properties: Properties = NO_PROPERTIES
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # not frozen: see Publish
 class PubRec:
     packet_id: int
     reason_code: int = 0
     properties: Properties = NO_PROPERTIES
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # not frozen: see Publish
 class PubRel:
     packet_id: int
     reason_code: int = 0
     properties: Properties = NO_PROPERTIES
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # not frozen: see Publish
 class PubComp:
     packet_id: int
     reason_code: int = 0

@@ -16,6 +16,7 @@ from gateway.core.node import CoreSettings, Node
 from protocols.context import Delivery
 from protocols.effects import CancelTimer, Close, Effect, SetTimer
 from protocols.mqtt.channel import MqttChannel, MqttSettings
+from protocols.mqtt.codec import encode
 from protocols.mqtt.connection import Connection, Role
 from protocols.mqtt.packets import (
     MQTT_5,
@@ -135,6 +136,86 @@ def test_connect_publish_subscribe_roundtrip(node: Node, clock: VirtualScheduler
     got = sub.take()
     assert len(got) == 1 and isinstance(got[0], Publish)
     assert got[0].topic == "a/b" and got[0].payload == b"hi" and got[0].qos == 1
+
+
+@pytest.mark.parametrize("mountpoint", ["", "m/"])
+@pytest.mark.parametrize("pub_level,sub_level", [(4, 4), (4, 5), (5, 4), (5, 5), (3, 4)])
+@pytest.mark.parametrize("pub_qos,sub_qos", [(0, 0), (1, 1), (1, 0), (0, 1), (2, 1)])
+@pytest.mark.parametrize(
+    "retain,dup,user",
+    [(False, False, False), (True, False, False), (False, True, False), (True, True, True)],
+)
+def test_delivered_bytes_are_the_canonical_encoding(
+    node: Node,
+    clock: VirtualScheduler,
+    mountpoint: str,
+    pub_level: int,
+    sub_level: int,
+    pub_qos: int,
+    sub_qos: int,
+    retain: bool,
+    dup: bool,
+    user: bool,
+) -> None:
+    """Whether the subscriber's copy is the publisher's bytes reused (same version, no
+    properties) or encoded anew, it is exactly what encoding the delivery gives."""
+    settings = MqttSettings(mountpoint=mountpoint)
+    sub = client(node, clock, "sub", level=sub_level, settings=settings)
+    sub.send(Subscribe(1, (Subscription("a/#", qos=sub_qos),)))
+    sub.take()
+    pub = client(node, clock, "pub", level=pub_level, settings=settings)
+    props = Properties(user_properties=(("k", "v"),)) if user and pub_level == MQTT_5 else None
+    for i in range(3):  # the second and third copies come from the message's cache
+        pub.send(
+            Publish(
+                "a/b",
+                b"payload %d" % i,
+                pub_qos,
+                retain,
+                dup and pub_qos > 0,
+                7 + i if pub_qos else None,
+                props or Properties(),
+            )
+        )
+        pub.take()
+        got = sub.take()
+        assert len(got) == 1 and isinstance(got[0], Publish)
+        qos = min(pub_qos, sub_qos)
+        expected = Publish(
+            "a/b",
+            b"payload %d" % i,
+            qos,
+            False,
+            False,
+            got[0].packet_id if qos else None,
+            props if props is not None and sub_level == MQTT_5 else Properties(),
+        )
+        assert got[0] == expected
+        assert got[0].raw == encode(expected, sub_level)
+
+
+def test_a_batch_of_pubacks_refills_the_window_in_order(
+    node: Node, clock: VirtualScheduler
+) -> None:
+    sub = client(node, clock, "sub", properties=Properties(receive_maximum=2))
+    sub.send(Subscribe(1, (Subscription("a/#", qos=1),)))
+    sub.take()
+    pub = client(node, clock, "pub", level=4)
+    for i in range(7):
+        pub.send(Publish("a/b", b"%d" % i, 1, packet_id=i + 1))
+    got = sub.take()
+    assert [p.payload for p in got] == [b"0", b"1"]  # type: ignore[union-attr]
+    payloads: list[bytes] = []
+    while got:
+        # both PUBACKs in one read, then a PINGREQ: the window refills after the batch
+        acks = [sub.client.send(PubAck(p.packet_id)) for p in got]  # type: ignore[union-attr, arg-type]
+        sub.send_raw(b"".join(acks) + sub.client.send(PingReq()))
+        got = sub.take()
+        assert got[0] == PingResp()
+        got = got[1:]
+        assert len(got) <= 2
+        payloads += [p.payload for p in got]  # type: ignore[union-attr]
+    assert payloads == [b"%d" % i for i in range(2, 7)]
 
 
 def test_empty_client_id_assigned_in_v5_refused_in_v311_persistent(

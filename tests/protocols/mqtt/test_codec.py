@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from protocols.mqtt.codec import (
     decode,
     encode,
+    encode_publish,
     encode_publish_with_id,
     publish_packet_id_offset,
     read_fixed_header,
@@ -412,6 +413,45 @@ def test_publish_packet_id_patching(
     assert patched == encode(expected, level)
 
 
+@pytest.mark.parametrize("level", LEVELS)
+@given(
+    topic=st.text(
+        st.characters(exclude_categories=["Cs"], exclude_characters="\x00+#"), min_size=1
+    ),
+    payload=st.binary(max_size=300),
+    qos=st.integers(0, 2),
+    retain=st.booleans(),
+    dup=st.booleans(),
+    packet_id=st.integers(1, 0xFFFF),
+    user=st.booleans(),
+)
+def test_encode_publish_is_encode_of_the_packet(
+    level: int,
+    topic: str,
+    payload: bytes,
+    qos: int,
+    retain: bool,
+    dup: bool,
+    packet_id: int,
+    user: bool,
+) -> None:
+    props = Properties(user_properties=(("k", "v"),)) if user else NO_PROPERTIES
+    props = props if level == MQTT_5 else NO_PROPERTIES
+    dup = dup and qos > 0
+    pid = packet_id if qos else None
+    expected = encode(Publish(topic, payload, qos, retain, dup, pid, props), level)
+    assert encode_publish(topic, payload, qos, retain, dup, pid, props, level) == expected
+
+
+def test_encode_publish_refuses_what_encode_refuses() -> None:
+    with pytest.raises(LocalProtocolError):
+        encode_publish("a/+", b"", 0, False, False, None, NO_PROPERTIES, MQTT_3_1_1)
+    with pytest.raises(LocalProtocolError):
+        encode_publish("a", b"", 1, False, False, None, NO_PROPERTIES, MQTT_3_1_1)
+    with pytest.raises(LocalProtocolError):
+        encode_publish("a", b"", 0, False, True, None, NO_PROPERTIES, MQTT_3_1_1)
+
+
 def test_publish_packet_id_offset_refuses_qos0_and_others() -> None:
     with pytest.raises(LocalProtocolError):
         publish_packet_id_offset(encode(Publish("t"), MQTT_5))
@@ -506,6 +546,8 @@ VIOLATIONS: list[tuple[str, tuple[Role, int | None], bytes, Violation]] = [
     ),
     ("PUBLISH id 0", S4, pkt(0x32, s("a") + b"\x00\x00"), V.PACKET_ID_ZERO),
     ("PUBACK id 0", C4, pkt(0x40, b"\x00\x00"), V.PACKET_ID_ZERO),
+    ("PUBACK id 0 to a server", S4, pkt(0x40, b"\x00\x00"), V.PACKET_ID_ZERO),
+    ("PUBACK flags", S4, pkt(0x41, b"\x00\x01"), V.RESERVED_FLAGS),
     ("SUBSCRIBE id 0", S4, pkt(0x82, b"\x00\x00" + s("a") + b"\x00"), V.PACKET_ID_ZERO),
     ("UNSUBACK id 0", C5, pkt(0xB0, b"\x00\x00\x00\x00"), V.PACKET_ID_ZERO),
     ("topic with +", S4, pkt(0x30, s("a/+")), V.TOPIC_NAME_INVALID),

@@ -192,6 +192,41 @@ def test_four_byte_remaining_length_is_fine() -> None:
     assert conn.next_event() is None
 
 
+# -- a received PUBLISH keeps its bytes ---------------------------------------------
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("payload_size", [0, 10, 200, 20_000])
+def test_received_publish_carries_its_bytes(level: int, payload_size: int) -> None:
+    packet = Publish("a/b", b"p" * payload_size, 1, True, False, 9)
+    data = encode(packet, level)
+    conn = server_after_connect(level)
+    conn.receive_data(data + encode(PingReq(), level))
+    got = conn.next_event()
+    assert got == packet
+    assert isinstance(got, Publish)
+    assert got.raw == data
+    assert conn.next_event() == PingReq()
+
+
+def test_publish_with_a_long_remaining_length_form_has_no_bytes() -> None:
+    # 0x85 0x00: 5 in two bytes, legal to decode, but not what an encoder writes
+    conn = server_after_connect(MQTT_3_1_1)
+    conn.receive_data(b"\x30\x85\x00\x00\x01tx\x00")
+    got = conn.next_event()
+    assert got == Publish("t", b"x\x00")
+    assert isinstance(got, Publish)
+    assert got.raw is None
+
+
+def test_raw_is_not_part_of_the_packet_value() -> None:
+    a, b = Publish("t", b"x"), Publish("t", b"x")
+    a.raw = b"\x30\x04\x00\x01tx"
+    assert a == b
+    assert hash(a) == hash(b)
+    assert "raw" not in repr(a)
+
+
 # -- errors kill the receiving side -------------------------------------------------
 
 
