@@ -116,6 +116,10 @@ class Node:
         # registered by gateway.auth
         self.auth_methods: dict[str, Callable[[ClientInfo], AuthExchange]] = {}
         self.cluster: Any = None  # gateway.cluster.Cluster, when clustered
+        # bound once: a bound method is 64 bytes, and every session holds these three
+        self._session_now = scheduler.time
+        self._on_session_drop = self._session_drop
+        self._on_session_ack = self._session_ack
 
     # -- GatewayContext: connection life cycle -----------------------------------------
 
@@ -253,9 +257,9 @@ class Node:
             max_mqueue_len=s.max_mqueue_len,
             store_qos0=s.mqueue_store_qos0,
             drop_oldest=s.mqueue_overflow == "drop_oldest",
-            now=self.scheduler.time,
-            on_drop=self._session_drop,
-            on_ack=self._session_ack,
+            now=self._session_now,
+            on_drop=self._on_session_drop,
+            on_ack=self._on_session_ack,
         )
 
     def _set_durable(
@@ -296,16 +300,18 @@ class Node:
             session.expiry_interval = st.expiry_interval
             session.journal = self.store
             for f, opts in st.subscriptions.items():
-                session.subscriptions[f] = opts
+                session.subscribed(f, opts)
                 self.broker.subscribe(st.client_id, f, opts)
             for d in st.deliveries:
                 if d.packet_id is not None:
-                    session.inflight[d.packet_id] = d
+                    session.inflight_restored(d)
                 else:
                     session.queue_restored(d)
-            session.released = {pid: None for pid in st.released if pid in session.inflight}
+            released = {pid: None for pid in st.released if pid in session.inflight}
+            if released:
+                session.released = released
             for pid in st.awaiting_rel:
-                session.awaiting_rel[pid] = now
+                session.awaiting_rel_restored(pid, now)
             self.sessions[st.client_id] = session
             if st.expiry_interval != NEVER_EXPIRE:
                 left = st.expiry_interval - (now - (st.disconnected_at or now))
@@ -510,7 +516,7 @@ class Node:
     def subscribe(self, client: ClientInfo, topic_filter: str, options: SubOptions) -> bool:
         session = self.sessions[client.client_id]
         existed = topic_filter in session.subscriptions
-        session.subscriptions[topic_filter] = options
+        session.subscribed(topic_filter, options)
         if session.journal is not None and self.store is not None:
             self.store.subscribed(client.client_id, topic_filter, options)
         self.broker.subscribe(client.client_id, topic_filter, options)

@@ -47,6 +47,26 @@ class _NoQueue(deque[Delivery]):
 _NO_QUEUE = _NoQueue()
 
 
+class _NoDict(dict[Any, Any]):
+    """The shared empty dict of every session that has no subscription, inflight
+    delivery or awaited PUBREL yet: an idle session holds no dict of its own (an empty
+    dict costs 64 bytes, and a session has four). Reading, ``pop``, ``clear`` and
+    iteration work as on any empty dict; writing is a bug, so it is loud. Writers go
+    through :meth:`Session.subscribed`, ``_own_inflight`` and the like."""
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        raise RuntimeError("write to a session's shared empty dict")
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        raise RuntimeError("write to a session's shared empty dict")
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("write to a session's shared empty dict")
+
+
+_NO_DICT: Any = _NoDict()
+
+
 class Journal(Protocol):
     """Where a persistent session records its changes (gateway.store.SessionStore)."""
 
@@ -98,19 +118,20 @@ class Session:
         on_ack: AckCallback,
     ) -> None:
         self.client_id = client_id
-        self.subscriptions: dict[str, SubOptions] = {}
+        # the four dicts start as the shared _NO_DICT and are made on first write
+        self.subscriptions: dict[str, SubOptions] = _NO_DICT
         self.expiry_interval = 0
         self.handle: ConnectionHandle | None = None
-        self.inflight: dict[int, Delivery] = {}
+        self.inflight: dict[int, Delivery] = _NO_DICT
         # QoS 2 packet ids whose PUBREC arrived (a dict: smaller than an empty set)
-        self.released: dict[int, None] = {}
+        self.released: dict[int, None] = _NO_DICT
         self.mqueue: deque[Delivery] = _NO_QUEUE  # a real deque on first use
         self.receive_maximum = receive_maximum
         self.max_mqueue_len = max_mqueue_len
         self.store_qos0 = store_qos0
         self.drop_oldest = drop_oldest
         # incoming QoS 2 packet ids whose PUBREL we await -> time received
-        self.awaiting_rel: dict[int, float] = {}
+        self.awaiting_rel: dict[int, float] = _NO_DICT
         self.will: Message | None = None
         self.will_delay = 0
         self.will_timer: Any = None
@@ -122,6 +143,32 @@ class Session:
         self.created_at = now()
         self.info: Any = None  # the ClientInfo of the last connection
         self.journal: Journal | None = None
+
+    # -- state that is made on first use -------------------------------------------
+
+    def subscribed(self, topic_filter: str, options: SubOptions) -> None:
+        """Record a subscription (replacing the options of an existing one)."""
+        subs = self.subscriptions
+        if subs is _NO_DICT:
+            subs = self.subscriptions = {}
+        subs[topic_filter] = options
+
+    def _own_inflight(self) -> dict[int, Delivery]:
+        inflight = self.inflight
+        if inflight is _NO_DICT:
+            inflight = self.inflight = {}
+        return inflight
+
+    def inflight_restored(self, delivery: Delivery) -> None:
+        """Put back an inflight delivery loaded from the store (already journaled)."""
+        assert delivery.packet_id is not None
+        self._own_inflight()[delivery.packet_id] = delivery
+
+    def awaiting_rel_restored(self, packet_id: int, since: float) -> None:
+        """Put back an awaited PUBREL loaded from the store (already journaled)."""
+        if self.awaiting_rel is _NO_DICT:
+            self.awaiting_rel = {}
+        self.awaiting_rel[packet_id] = since
 
     # -- outgoing ------------------------------------------------------------------
 
@@ -155,7 +202,7 @@ class Session:
             self._on_drop("expired", delivery)
             return
         delivery.packet_id = self._allocate_pid()
-        self.inflight[delivery.packet_id] = delivery
+        self._own_inflight()[delivery.packet_id] = delivery
         if self.journal is not None:
             self.journal.queued(self.client_id, delivery)
         handle.deliver([delivery])
@@ -208,7 +255,7 @@ class Session:
                 continue
             if d.qos > 0:
                 d.packet_id = self._allocate_pid()
-                self.inflight[d.packet_id] = d
+                self._own_inflight()[d.packet_id] = d
                 if journal is not None:
                     journal.assigned(d)
             out.append(d)
@@ -250,6 +297,8 @@ class Session:
         d = self.inflight.get(packet_id)
         if d is None or d.qos != 2:
             return False
+        if self.released is _NO_DICT:
+            self.released = {}
         self.released[packet_id] = None
         if self.journal is not None:
             self.journal.released(d)
@@ -278,7 +327,7 @@ class Session:
     def await_rel(self, packet_id: int) -> None:
         if packet_id not in self.awaiting_rel and self.journal is not None:
             self.journal.awaiting_rel_added(self.client_id, packet_id)
-        self.awaiting_rel[packet_id] = self._now()
+        self.awaiting_rel_restored(packet_id, self._now())
 
     def complete_rel(self, packet_id: int) -> bool:
         if self.awaiting_rel.pop(packet_id, None) is None:
