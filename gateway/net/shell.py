@@ -51,15 +51,18 @@ class TimerWheel:
     has (keepalive, idle, packet timeouts): one event-loop callback per second for all
     of them instead of one ``TimerHandle`` (~650 bytes) per connection.
 
-    Invariant: an entry fires at most once, no earlier than asked and at most about a
-    second later; a cancelled entry never fires.
+    A bucket is the set of the owners with a timer due in that second; the owner keeps
+    the bucket itself (not a key, not a tuple) as its timer, so an idle connection costs
+    the wheel one set entry. Invariant: an entry fires at most once, no earlier than
+    asked and at most about a second later; a cancelled entry never fires.
     """
 
     _wheels: ClassVar[dict[asyncio.AbstractEventLoop, TimerWheel]] = {}
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self.buckets: dict[int, set[tuple[EffectLoop, str]]] = {}
+        # second -> owners due then; a bucket emptied by cancels stays until its second
+        self.buckets: dict[int, set[EffectLoop]] = {}
         self.handle: asyncio.TimerHandle | None = None
 
     @classmethod
@@ -69,28 +72,24 @@ class TimerWheel:
             wheel = cls._wheels[loop] = TimerWheel(loop)
         return wheel
 
-    def add(self, owner: EffectLoop, name: str, delay: float) -> int:
+    def add(self, owner: EffectLoop, delay: float) -> set[EffectLoop]:
+        """Enter ``owner`` in the bucket due ``delay`` seconds from now; returns it (the
+        owner cancels with ``bucket.discard(owner)``)."""
         key = int(self.loop.time() + delay) + 1
         bucket = self.buckets.get(key)
         if bucket is None:
             bucket = self.buckets[key] = set()
-        bucket.add((owner, name))
+        bucket.add(owner)
         if self.handle is None:
             self.handle = self.loop.call_later(1.0, self._tick)
-        return key
-
-    def cancel(self, owner: EffectLoop, name: str, key: int) -> None:
-        bucket = self.buckets.get(key)
-        if bucket is not None:
-            bucket.discard((owner, name))
-            if not bucket:
-                del self.buckets[key]
+        return bucket
 
     def _tick(self) -> None:
         now = self.loop.time()
         for key in sorted(k for k in self.buckets if k <= now):
-            for owner, name in self.buckets.pop(key, ()):
-                owner._fire_wheel(name, key)
+            bucket = self.buckets.pop(key)
+            for owner in list(bucket):  # firing may discard owners from it
+                owner._fire_wheel(bucket)
         self.handle = self.loop.call_later(1.0, self._tick) if self.buckets else None
 
 
@@ -98,8 +97,29 @@ class TimerWheel:
 WHEEL_MIN_DELAY = 2.0
 
 
+# A timer: an event-loop handle, or the TimerWheel bucket it waits in.
+TimerEntry = asyncio.TimerHandle | set["EffectLoop"]
+
+
 class EffectLoop:
-    """Carries out one channel's effects; base class of the transport shells."""
+    """Carries out one channel's effects; base class of the transport shells.
+
+    Slots, and nothing made before it is needed: there is one per connection (an idle
+    MQTT connection has one timer, its keepalive, held in ``_t_name``/``_t_entry``;
+    ``timers`` is made only for a second timer, ``held`` only for a commit hold)."""
+
+    __slots__ = (
+        "_held_total",
+        "_released_total",
+        "_t_entry",
+        "_t_name",
+        "channel",
+        "closed",
+        "gate",
+        "held",
+        "loop",
+        "timers",
+    )
 
     channel: Channel | None
 
@@ -107,11 +127,13 @@ class EffectLoop:
         self.gate = gate
         self.loop = loop
         self.channel = None
-        self.held: list[Effect] = []
+        self.held: list[Effect] | None = None
         self._held_total = 0  # effects ever held, and ever released (commit marks)
         self._released_total = 0
-        # name -> a loop TimerHandle, or the TimerWheel bucket (an int) it waits in
-        self.timers: dict[str, asyncio.TimerHandle | int] = {}
+        # the first timer inline, the others in ``timers`` (name -> entry)
+        self._t_name: str | None = None
+        self._t_entry: TimerEntry | None = None
+        self.timers: dict[str, TimerEntry] | None = None
         self.closed = False
 
     # -- what a shell provides ---------------------------------------------------------
@@ -153,34 +175,72 @@ class EffectLoop:
 
     # -- effects -------------------------------------------------------------------
 
+    def _timer(self, name: str) -> TimerEntry | None:
+        if self._t_name == name:
+            return self._t_entry
+        timers = self.timers
+        return timers.get(name) if timers else None
+
+    def _pop_timer(self, name: str) -> TimerEntry | None:
+        if self._t_name == name:
+            entry = self._t_entry
+            self._t_name = self._t_entry = None
+            return entry
+        timers = self.timers
+        return timers.pop(name, None) if timers else None
+
+    def _put_timer(self, name: str, entry: TimerEntry) -> None:
+        if self._t_name is None:
+            self._t_name = name
+            self._t_entry = entry
+            return
+        timers = self.timers
+        if timers is None:
+            timers = self.timers = {}
+        timers[name] = entry
+
     def _fire(self, name: str) -> None:
-        self.timers.pop(name, None)
+        self._pop_timer(name)
         if self.channel is not None and not self.closed:
             self._run(self.channel.on_timer(name))
 
-    def _fire_wheel(self, name: str, key: int) -> None:
-        if self.timers.get(name) == key:
-            self._fire(name)
+    def _fire_wheel(self, bucket: set[EffectLoop]) -> None:
+        """The wheel reached ``bucket``: fire this owner's timers that wait in it."""
+        names = [self._t_name] if self._t_entry is bucket else []
+        if self.timers:
+            names.extend(n for n, e in self.timers.items() if e is bucket)
+        for name in names:
+            if name is not None and self._timer(name) is bucket:  # not re-set meanwhile
+                self._fire(name)
 
     def _set_timer(self, name: str, seconds: float) -> None:
         self._cancel_timer(name)
+        entry: TimerEntry
         if seconds >= WHEEL_MIN_DELAY:
-            self.timers[name] = TimerWheel.of(self.loop).add(self, name, seconds)
+            entry = TimerWheel.of(self.loop).add(self, seconds)
         else:
-            self.timers[name] = self.loop.call_later(seconds, self._fire, name)
+            entry = self.loop.call_later(seconds, self._fire, name)
+        self._put_timer(name, entry)
 
     def _cancel_timer(self, name: str) -> None:
-        old = self.timers.pop(name, None)
+        old = self._pop_timer(name)
         if old is None:
             return
-        if isinstance(old, int):
-            TimerWheel.of(self.loop).cancel(self, name, old)
+        if isinstance(old, set):
+            # leave the bucket unless another timer of ours waits in it too
+            if self._t_entry is not old and not (
+                self.timers and any(e is old for e in self.timers.values())
+            ):
+                old.discard(self)
         else:
             old.cancel()
 
     def _cancel_timers(self) -> None:
-        for name in list(self.timers):
-            self._cancel_timer(name)
+        if self._t_name is not None:
+            self._cancel_timer(self._t_name)
+        if self.timers:
+            for name in list(self.timers):
+                self._cancel_timer(name)
 
     def _run(self, effects: list[Effect]) -> None:
         if not effects:
@@ -191,7 +251,10 @@ class EffectLoop:
             # since an earlier hold registered its callback, so they wait for a callback
             # registered now. Callbacks run in registration order; each releases what
             # was held up to its registration.
-            self.held.extend(effects)
+            held = self.held
+            if held is None:
+                held = self.held = []
+            held.extend(effects)
             self._held_total += len(effects)
             mark = self._held_total
             gate.after_commit(lambda: self._release(mark))
@@ -200,10 +263,11 @@ class EffectLoop:
 
     def _release(self, mark: int) -> None:
         n = mark - self._released_total
-        if n <= 0:
+        held = self.held
+        if n <= 0 or held is None:
             return
-        effects = self.held[:n]
-        del self.held[:n]
+        effects = held[:n]
+        del held[:n]
         self._released_total = mark
         if self._writable():
             self._execute(effects)

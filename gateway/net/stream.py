@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, cast
@@ -129,6 +130,18 @@ class ListenerLimits:
 
 
 class StreamShell(EffectLoop, asyncio.Protocol):
+    # one per connection: slots (an instance dict would cost ~100 bytes more)
+    __slots__ = (
+        "factory",
+        "limits",
+        "linger",
+        "resume",
+        "send_timer",
+        "transport",
+        "wbuf",
+        "write_blocked",
+    )
+
     channel: StreamChannel | None
 
     def __init__(
@@ -150,7 +163,8 @@ class StreamShell(EffectLoop, asyncio.Protocol):
         # uvloop's transports implement asyncio.Transport without subclassing it
         self.transport = transport = cast(asyncio.Transport, transport)
         peer = transport.get_extra_info("peername")
-        peer_t: tuple[str, int] | None = (peer[0], peer[1]) if peer else None
+        # (host, port), the host interned: clients behind one address share the string
+        peer_t: tuple[str, int] | None = (sys.intern(peer[0]), peer[1]) if peer else None
         refusal = self.limits.admit(peer_t[0] if peer_t else None)
         if refusal is not None:
             self.limits.refuse(peer_t, refusal)
@@ -249,7 +263,7 @@ class StreamShell(EffectLoop, asyncio.Protocol):
             # max_packet_size of a half-received packet) go at once, not at the next
             # full garbage collection.
             self.channel = None
-            self.held = []
+            self.held = None
 
     # -- EffectLoop ------------------------------------------------------------------
 
