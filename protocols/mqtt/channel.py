@@ -30,6 +30,8 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from enum import Enum
+from types import MappingProxyType
+from typing import Any
 
 from protocols.context import (
     AUTH_PENDING,
@@ -77,6 +79,8 @@ RC = ReasonCode
 _ACK = struct.Struct(">BBH")  # PUBACK/PUBREC/PUBREL/PUBCOMP: type+flags, length 2, packet id
 _PINGRESP = b"\xd0\x00"
 NO_EXPIRY = 0xFFFFFFFF
+# The alias maps of a connection that has none (most): shared, and writing to it fails.
+_NO_ALIASES: Any = MappingProxyType({})
 
 
 @dataclass(slots=True)
@@ -221,12 +225,13 @@ class MqttChannel:
         self.last_rx = 0.0
         self.expiry_interval = 0
         self.client_alias_max = 0
-        self._aliases_in: dict[int, str] = {}
-        self._aliases_out: dict[str, int] = {}
+        # topic aliases (MQTT 5): a read-only empty mapping until the first alias
+        self._aliases_in: dict[int, str] = _NO_ALIASES
+        self._aliases_out: dict[str, int] = _NO_ALIASES
         self._monotonic = monotonic
         self._out: list[Effect] = []
         self._busy = False
-        self._held: list[Delivery] = []
+        self._held: list[Delivery] | None = None
         self._core_closed = False
         # protection: rate buckets, reading paused until (monotonic), the start of the
         # packet being received and whether its timer runs, PUBLISH count not yet charged
@@ -375,6 +380,8 @@ class MqttChannel:
         if self.state is State.CLOSED:
             return []
         if self.state is not State.CONNECTED:
+            if self._held is None:
+                self._held = []
             self._held.extend(deliveries)
             return []
         outer = self._enter()
@@ -764,14 +771,19 @@ class MqttChannel:
         self._send(ConnAck(result.session_present, 0, ack_props))
         self.context.connack(info, 0)
         self.state = State.CONNECTED
-        self.keepalive = float(keepalive)
+        self.keepalive = keepalive  # the packet's int: shared, no float per connection
         self._out.append(CancelTimer("idle"))
         if keepalive:
             self._out.append(SetTimer("keepalive", keepalive * s.keepalive_multiplier))
         if self._held:
-            held, self._held = self._held, []
+            held, self._held = self._held, None
             self._send_deliveries(held)
         result.session.resume()
+
+    def _subscriptions_full(self, session: SessionAPI, full: str) -> bool:
+        # read afresh: a session's first subscription replaces its (shared, empty) dict
+        subs = session.subscriptions
+        return full not in subs and len(subs) >= self.settings.max_subscriptions
 
     # -- PUBLISH in ----------------------------------------------------------------
 
@@ -786,6 +798,8 @@ class MqttChannel:
             if alias == 0 or alias > s.max_topic_alias:
                 raise _Disconnect(RC.TOPIC_ALIAS_INVALID, f"topic alias {alias} out of range")
             if topic:
+                if self._aliases_in is _NO_ALIASES:
+                    self._aliases_in = {}
                 self._aliases_in[alias] = topic
             else:
                 known = self._aliases_in.get(alias)
@@ -920,6 +934,8 @@ class MqttChannel:
                 log.info("%s: not sent (%s)", self._who(), exc)
                 continue
             if new_alias:
+                if self._aliases_out is _NO_ALIASES:
+                    self._aliases_out = {}
                 self._aliases_out[topic] = len(self._aliases_out) + 1
         if dropped:
             self.context.incr("messages.dropped", len(dropped))
@@ -1021,7 +1037,6 @@ class MqttChannel:
         sid = ids[0] if ids else None
         codes: list[int] = []
         accepted: list[tuple[str, SubOptions, bool]] = []
-        subs = session.subscriptions
         for sub in p.subscriptions:
             f = sub.topic_filter
             group, real = parse_shared(f)
@@ -1032,7 +1047,7 @@ class MqttChannel:
                 code = RC.WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED
             elif s.max_topic_levels and real.count("/") >= s.max_topic_levels:
                 code = RC.TOPIC_FILTER_INVALID
-            elif s.max_subscriptions and full not in subs and len(subs) >= s.max_subscriptions:
+            elif s.max_subscriptions and self._subscriptions_full(session, full):
                 code = RC.QUOTA_EXCEEDED
             elif not self.context.authorize(info, "subscribe", full):
                 code = s.subscribe_deny_code
