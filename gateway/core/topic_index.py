@@ -264,6 +264,15 @@ class TopicIndex:
             cache[topic] = result
         return result
 
+    def has_match(self, topic: str) -> bool:
+        """Whether any stored filter matches ``topic``, without adding it to the match
+        cache: for one-off topics (``$SYS`` client events name the client) that would
+        only evict the hot ones."""
+        hit = self._cache.get(topic)
+        if hit is not None:
+            return bool(hit)
+        return bool(self._collect(topic))
+
     def _collect(self, topic: str) -> list[str]:
         out: list[str] = []
         levels = topic.split("/")
