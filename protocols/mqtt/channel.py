@@ -81,6 +81,13 @@ _PINGRESP = b"\xd0\x00"
 NO_EXPIRY = 0xFFFFFFFF
 # The alias maps of a connection that has none (most): shared, and writing to it fails.
 _NO_ALIASES: Any = MappingProxyType({})
+# Keepalive values above 256 (not cached by CPython) shared between connections: a fleet
+# uses a handful of them, and each would otherwise be a 32-byte int per connection.
+_INTS: dict[int, int] = {}
+
+
+def _shared_int(n: int) -> int:
+    return _INTS.setdefault(n, n)
 
 
 @dataclass(slots=True)
@@ -557,10 +564,11 @@ class MqttChannel:
             peer_port=port,
             listener=s.listener,
             mountpoint=s.mountpoint,
-            keepalive=p.keepalive,
+            keepalive=_shared_int(p.keepalive),
             clean_start=p.clean_start,
         )
         self.info = info
+        self.peer = None  # the info holds host and port now: one tuple less per connection
         method = props.authentication_method if v == MQTT_5 else None
         if method is not None:
             self._start_enhanced_auth(p, assigned, method)
@@ -771,7 +779,7 @@ class MqttChannel:
         self._send(ConnAck(result.session_present, 0, ack_props))
         self.context.connack(info, 0)
         self.state = State.CONNECTED
-        self.keepalive = keepalive  # the packet's int: shared, no float per connection
+        self.keepalive = _shared_int(keepalive)  # an int, shared: no float per connection
         self._out.append(CancelTimer("idle"))
         if keepalive:
             self._out.append(SetTimer("keepalive", keepalive * s.keepalive_multiplier))
