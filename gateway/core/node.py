@@ -231,8 +231,10 @@ class Node:
                 present = True
                 self.hooks.run("session.resumed", client)
                 self.metrics.incr("session.resumed")
+        connected_at: float | None = None
         if existing is None:
             existing = self._new_session(cid, receive_maximum)
+            connected_at = existing.created_at  # the same moment: one float, not two
             self.sessions[cid] = existing
             self.hooks.run("session.created", client)
             self.metrics.incr("session.created")
@@ -243,7 +245,7 @@ class Node:
         existing.will = will
         existing.will_delay = will_delay
         existing.info = client
-        client.connected_at = self.scheduler.time()
+        client.connected_at = self.scheduler.time() if connected_at is None else connected_at
         self.connections += 1
         self.metrics.incr("client.connected")
         self.hooks.run("client.connected", client)
