@@ -430,11 +430,13 @@ class Node:
         self.authz_generation += 1
 
     def authorize(self, client: ClientInfo, action: str, topic: str) -> bool:
-        """The rules, then the ``client.authorize`` hooks; decisions are cached per
-        client for ``authz_cache_ttl`` seconds (EMQX's authorization cache), at most
+        """The rules, then the ``client.authorize`` hooks; publish decisions are cached
+        per client for ``authz_cache_ttl`` seconds (EMQX's authorization cache), at most
         ``authz_cache_max`` of them, and dropped when the rules are replaced."""
         ttl = self.settings.authz_cache_ttl
-        if ttl <= 0:
+        if ttl <= 0 or action != "publish":
+            # Only publishes repeat: a client subscribes once or rarely, and a cached
+            # subscribe decision would stay with every idle client (~370 bytes each).
             return self._authorize(client, action, topic)
         cache = client.authz_cache
         key = (action, topic)
