@@ -268,6 +268,8 @@ class EffectLoop:
             return
         effects = held[:n]
         del held[:n]
+        if not held:
+            self.held = None  # an idle connection keeps no empty list
         self._released_total = mark
         if self._writable():
             self._execute(effects)
