@@ -64,11 +64,12 @@ class Stats:
 class IdleClient(asyncio.Protocol):
     """One idle MQTT connection: CONNECT on open, then counts CONNACK and PINGRESP."""
 
-    __slots__ = ("connected", "pending", "stats", "transport")
+    __slots__ = ("connected", "pending", "stats", "subscribed", "transport")
 
     def __init__(self, stats: Stats, connected: asyncio.Future[None]) -> None:
         self.stats = stats
         self.connected: asyncio.Future[None] | None = connected
+        self.subscribed: asyncio.Future[None] | None = None
         self.transport: asyncio.Transport | None = None
         self.pending = b""
 
@@ -85,6 +86,14 @@ class IdleClient(asyncio.Protocol):
             kind = buf[i] >> 4
             if kind == wire.T_PINGRESP:
                 self.stats.pongs += 1
+            elif kind == wire.T_SUBACK:
+                fut = self.subscribed
+                self.subscribed = None
+                if fut is not None and not fut.done():
+                    if buf[i + 4] < 0x80:
+                        fut.set_result(None)
+                    else:
+                        fut.set_exception(ConnectionError(f"SUBACK code {buf[i + 4]}"))
             elif kind == 2:  # CONNACK
                 self.stats.connacks += 1
                 fut = self.connected
@@ -125,6 +134,10 @@ async def _generator(pipe: Connection, spec: dict[str, Any]) -> dict[str, Any]:
             wire.connect(f"{spec['prefix']}{i}", spec["keepalive"], spec["clean"])
         )
         await asyncio.wait_for(fut, 30.0)
+        if spec["subscribe"]:
+            client.subscribed = sub = loop.create_future()
+            client.transport.write(wire.subscribe(1, f"{spec['prefix']}{i}/cmd", 1))
+            await asyncio.wait_for(sub, 30.0)
         clients.append(client)
 
     async def runner() -> None:
@@ -233,6 +246,18 @@ def meminfo(key: str) -> int:
     return 0
 
 
+def slabinfo() -> dict[str, int]:
+    """Bytes in each kernel slab cache (active objects x object size; needs root)."""
+    out: dict[str, int] = {}
+    with contextlib.suppress(OSError), open("/proc/slabinfo") as f:
+        for line in f:
+            if line.startswith(("slabinfo", "#")):
+                continue
+            parts = line.split()
+            out[parts[0]] = int(parts[1]) * int(parts[3])
+    return out
+
+
 def tcp_mem_sysctls() -> dict[str, str]:
     out = {}
     for name in ("tcp_rmem", "tcp_wmem", "tcp_mem"):
@@ -268,8 +293,9 @@ class Run:
             self.brokers.append(b)
         time.sleep(a.settle)
         rss0 = [b.rss_kib() for b in self.brokers]
-        sock0, slab0 = sockstat(), meminfo("Slab")
+        sock0, slab0, caches0 = sockstat(), meminfo("Slab"), slabinfo()
         ctx = get_context("fork")
+        cpu0, busy0 = self._cpu(), machine_busy_seconds()
         t0 = time.monotonic()
         for w, b in enumerate(self.brokers):
             parent, child = ctx.Pipe()
@@ -282,6 +308,7 @@ class Run:
                 "prefix": f"scale{w}-",
                 "keepalive": a.keepalive,
                 "clean": not a.persistent,
+                "subscribe": a.subscribe,
             }
             proc = ctx.Process(target=_generator_main, args=(child, spec), daemon=True)
             proc.start()
@@ -289,11 +316,17 @@ class Run:
             self.gens.append((proc, parent))
         ramps = [self._recv(p, "ramp", a.ramp_timeout) for _, p in self.gens]
         ramp_wall = time.monotonic() - t0
+        ramp_cpu = sum(self._cpu()) - sum(cpu0)
+        ramp_busy = machine_busy_seconds() - busy0
         ok = sum(r["ok"] for r in ramps)
         failed = sum(r["failed"] for r in ramps)
         time.sleep(a.settle)
         rss1 = [b.rss_kib() for b in self.brokers]
-        sock1, slab1 = sockstat(), meminfo("Slab")
+        sock1, slab1, caches1 = sockstat(), meminfo("Slab"), slabinfo()
+        grown = sorted(
+            ((name, size - caches0.get(name, 0)) for name, size in caches1.items()),
+            key=lambda kv: -kv[1],
+        )[:8]
         per_broker = [
             {
                 "connections": r["ok"],
@@ -314,10 +347,14 @@ class Run:
             "failed": failed,
             "errors": [e for r in ramps for e in r["errors"]][:5],
             "persistent": a.persistent,
+            "subscribe": a.subscribe,
             "keepalive": a.keepalive,
             "ramp_wall_s": round(ramp_wall, 2),
             "connects_per_s_total": round(ok / ramp_wall, 1),
             "loadgen_ramp_cpu_s": round(sum(r["cpu"] for r in ramps), 2),
+            "broker_ramp_cpu_s": round(ramp_cpu, 2),
+            "broker_us_per_connect": round(1e6 * ramp_cpu / ok, 1) if ok else None,
+            "machine_ramp_cpu_pct": round(100 * ramp_busy / ramp_wall, 1),
             "broker_rss_total_mib": round(sum(rss1) / 1024, 1),
             "broker_rss_growth_kib_per_conn": round(rss_growth / ok, 3) if ok else None,
             "per_broker": per_broker,
@@ -332,6 +369,10 @@ class Run:
                 else None,
                 "slab_growth_kib": slab1 - slab0,
                 "slab_kib_per_socket": round((slab1 - slab0) / sockets, 3) if sockets else None,
+                # the slab caches that grew most: bytes per socket
+                "slab_caches_bytes_per_socket": {
+                    name: round(size / sockets) for name, size in grown if sockets and size > 0
+                },
                 "sysctl": tcp_mem_sysctls(),
             },
         }
@@ -394,7 +435,8 @@ def print_table(r: dict[str, Any]) -> None:
     print(
         f"\n{r['brokers']} gatewayd x {r['per_broker_target']:,} = "
         f"{r['connections']:,} idle connections ({r['failed']} failed, keepalive "
-        f"{r['keepalive']} s, {'persistent' if r['persistent'] else 'clean'} sessions)"
+        f"{r['keepalive']} s, {'persistent' if r['persistent'] else 'clean'} sessions"
+        f"{', one subscription each' if r['subscribe'] else ''})"
     )
     print("| broker | connections | RSS before / after MiB | KiB per connection | connects/s |")
     print("|---|---|---|---|---|")
@@ -405,7 +447,9 @@ def print_table(r: dict[str, Any]) -> None:
         )
     print(
         f"\nramp: {r['connections']:,} connections in {r['ramp_wall_s']} s = "
-        f"{r['connects_per_s_total']:,} connects/s (all generators together)"
+        f"{r['connects_per_s_total']:,} connects/s (all generators together); brokers' CPU "
+        f"{r['broker_ramp_cpu_s']} s = {r['broker_us_per_connect']} us per connect, machine "
+        f"{r['machine_ramp_cpu_pct']} % busy"
     )
     print(
         f"brokers' RSS: {r['broker_rss_total_mib']} MiB in all, "
@@ -416,6 +460,7 @@ def print_table(r: dict[str, Any]) -> None:
         f"{k['sockstat_mem_kib_per_conn']} KiB per connection, slab +{k['slab_growth_kib']:,} "
         f"KiB = {k['slab_kib_per_socket']} KiB per socket ({k['sysctl']})"
     )
+    print(f"slab caches, bytes per socket: {k['slab_caches_bytes_per_socket']}")
     q = r["quiet"]
     print(f"quiet {q['seconds']} s: brokers' CPU {q['broker_cpu_pct_total']} % of one core")
     p = r.get("ping")
@@ -433,13 +478,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--brokers", type=int, default=4, help="gatewayd processes (default 4)")
     ap.add_argument("--per-broker", type=int, default=18000, help="connections per broker")
     ap.add_argument("--concurrency", type=int, default=64, help="CONNECTs in flight per generator")
-    ap.add_argument("--keepalive", type=int, default=60, help="CONNECT keepalive, seconds")
+    ap.add_argument("--keepalive", type=int, default=300, help="CONNECT keepalive, seconds")
     ap.add_argument("--persistent", action="store_true", help="clean session 0 (default: 1)")
+    ap.add_argument(
+        "--subscribe", action="store_true", help="each client subscribes to one topic (QoS 1)"
+    )
+    ap.add_argument("--nice", type=int, default=0, help="as bench.run --nice (root: -20)")
     ap.add_argument("--settle", type=float, default=2.0, help="seconds of rest before reading RSS")
     ap.add_argument("--quiet", type=float, default=10.0, help="seconds without traffic")
-    ap.add_argument("--ping", type=float, default=30.0, help="seconds of PINGREQ (0: none)")
+    ap.add_argument("--ping", type=float, default=60.0, help="seconds of PINGREQ (0: none)")
     ap.add_argument(
-        "--ping-interval", type=float, default=30.0, help="seconds between a client's PINGREQs"
+        "--ping-interval", type=float, default=60.0, help="seconds between a client's PINGREQs"
     )
     ap.add_argument("--ramp-timeout", type=float, default=300.0)
     ap.add_argument("--timeout", type=float, default=900.0, help="the whole run, seconds")
@@ -459,6 +508,10 @@ def main(argv: list[str] | None = None) -> int:
     def on_alarm(signum: int, frame: Any) -> None:
         raise TimeoutError(f"the run took more than --timeout {args.timeout:.0f}s")
 
+    if args.nice:
+        from bench.run import renice
+
+        renice(args.nice)
     signal.signal(signal.SIGALRM, on_alarm)
     signal.alarm(int(args.timeout))
     run = Run(args)
