@@ -81,6 +81,8 @@ _PINGRESP = b"\xd0\x00"
 NO_EXPIRY = 0xFFFFFFFF
 # The alias maps of a connection that has none (most): shared, and writing to it fails.
 _NO_ALIASES: Any = MappingProxyType({})
+# ``_out`` between entry points: no list held by an idle connection; appending is a bug.
+_NOT_BUSY: Any = None
 # Keepalive values above 256 (not cached by CPython) shared between connections: a fleet
 # uses a handful of them, and each would otherwise be a 32-byte int per connection.
 _INTS: dict[int, int] = {}
@@ -179,7 +181,6 @@ class MqttChannel:
         "_auth_data_out",
         "_auth_method",
         "_buffered_before",
-        "_busy",
         "_bytes",
         "_core_closed",
         "_exchange",
@@ -236,8 +237,8 @@ class MqttChannel:
         self._aliases_in: dict[int, str] = _NO_ALIASES
         self._aliases_out: dict[str, int] = _NO_ALIASES
         self._monotonic = monotonic
-        self._out: list[Effect] = []
-        self._busy = False
+        # effects of the entry point running now; _NOT_BUSY (None) between entry points
+        self._out: list[Effect] = _NOT_BUSY
         self._held: list[Delivery] | None = None
         self._core_closed = False
         # protection: rate buckets, reading paused until (monotonic), the start of the
@@ -416,16 +417,15 @@ class MqttChannel:
     # -- plumbing ------------------------------------------------------------------
 
     def _enter(self) -> bool:
-        if self._busy:
+        if self._out is not _NOT_BUSY:
             return False
-        self._busy = True
+        self._out = []
         return True
 
     def _leave(self, outer: bool) -> list[Effect]:
         if not outer:
             return []
-        self._busy = False
-        out, self._out = self._out, []
+        out, self._out = self._out, _NOT_BUSY
         return out
 
     def _send(self, packet: Packet) -> None:
