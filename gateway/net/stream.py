@@ -155,7 +155,9 @@ class StreamShell(EffectLoop, asyncio.Protocol):
         self.resume: asyncio.TimerHandle | None = None  # reading paused (rate limit) until
         self.write_blocked = False  # the transport is above its high-water mark
         self.send_timer: asyncio.TimerHandle | None = None
-        self.wbuf: list[bytes] = []  # written this loop turn, flushed by _flush
+        # written this loop turn, flushed by _flush; None between turns (an idle
+        # connection holds no list)
+        self.wbuf: list[bytes] | None = None
 
     # -- asyncio.Protocol ------------------------------------------------------------
 
@@ -275,18 +277,18 @@ class StreamShell(EffectLoop, asyncio.Protocol):
         subscriber fed by many publishers (or a publisher answered with many acks) costs
         one send() per turn instead of one per packet."""
         buf = self.wbuf
-        if not buf:
+        if buf is None:
+            self.wbuf = buf = []
             self.loop.call_soon(self._flush)
         buf.extend(writes)
 
     def _flush(self) -> None:
         buf = self.wbuf
+        self.wbuf = None
         transport = self.transport
         if not buf or transport is None or transport.is_closing():
-            buf.clear()
             return
         transport.write(buf[0] if len(buf) == 1 else b"".join(buf))
-        buf.clear()
         if self.write_blocked:
             cap = self.limits.max_send_buffer
             if cap and transport.get_write_buffer_size() > cap:
