@@ -39,7 +39,7 @@ from gateway.core.deferred import fold_deferred
 from gateway.core.hooks import Hooks, Priority
 from gateway.core.metrics import Metrics
 from gateway.core.retainer import Retainer
-from gateway.core.session import NEVER_EXPIRE, Session
+from gateway.core.session import NEVER_EXPIRE, Session, SessionConfig
 from gateway.store.sessions import SessionStore, StoredSession
 from protocols.context import (
     AUTH_PENDING,
@@ -116,10 +116,15 @@ class Node:
         # registered by gateway.auth
         self.auth_methods: dict[str, Callable[[ClientInfo], AuthExchange]] = {}
         self.cluster: Any = None  # gateway.cluster.Cluster, when clustered
-        # bound once: a bound method is 64 bytes, and every session holds these three
-        self._session_now = scheduler.time
-        self._on_session_drop = self._session_drop
-        self._on_session_ack = self._session_ack
+        # shared by every session (six slots and three bound methods less per session)
+        self._session_config = SessionConfig(
+            max_mqueue_len=settings.max_mqueue_len,
+            store_qos0=settings.mqueue_store_qos0,
+            drop_oldest=settings.mqueue_overflow == "drop_oldest",
+            now=scheduler.time,
+            on_drop=self._session_drop,
+            on_ack=self._session_ack,
+        )
 
     # -- GatewayContext: connection life cycle -----------------------------------------
 
@@ -252,17 +257,7 @@ class Node:
         return ConnectResult(0, existing, present, expiry_interval)
 
     def _new_session(self, cid: str, receive_maximum: int) -> Session:
-        s = self.settings
-        return Session(
-            cid,
-            receive_maximum=receive_maximum,
-            max_mqueue_len=s.max_mqueue_len,
-            store_qos0=s.mqueue_store_qos0,
-            drop_oldest=s.mqueue_overflow == "drop_oldest",
-            now=self._session_now,
-            on_drop=self._on_session_drop,
-            on_ack=self._on_session_ack,
-        )
+        return Session(cid, receive_maximum=receive_maximum, config=self._session_config)
 
     def _set_durable(
         self, session: Session, durable: bool, *, disconnected_at: float | None

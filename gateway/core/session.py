@@ -67,6 +67,30 @@ class _NoDict(dict[Any, Any]):
 _NO_DICT: Any = _NoDict()
 
 
+class SessionConfig:
+    """What every session of a node shares: one object per node instead of six slots
+    per session. ``on_drop`` reports a dropped delivery, ``on_ack`` an acknowledged one."""
+
+    __slots__ = ("drop_oldest", "max_mqueue_len", "now", "on_ack", "on_drop", "store_qos0")
+
+    def __init__(
+        self,
+        *,
+        max_mqueue_len: int,
+        store_qos0: bool,
+        drop_oldest: bool,
+        now: Callable[[], float],
+        on_drop: DropCallback,
+        on_ack: AckCallback,
+    ) -> None:
+        self.max_mqueue_len = max_mqueue_len
+        self.store_qos0 = store_qos0
+        self.drop_oldest = drop_oldest
+        self.now = now
+        self.on_drop = on_drop
+        self.on_ack = on_ack
+
+
 class Journal(Protocol):
     """Where a persistent session records its changes (gateway.store.SessionStore)."""
 
@@ -88,9 +112,7 @@ class Session:
         "released",
         "mqueue",
         "receive_maximum",
-        "max_mqueue_len",
-        "store_qos0",
-        "drop_oldest",
+        "config",
         "awaiting_rel",
         "will",
         "will_delay",
@@ -98,9 +120,6 @@ class Session:
         "expiry_timer",
         "created_at",
         "_next_pid",
-        "_on_drop",
-        "_on_ack",
-        "_now",
         "info",
         "journal",
     )
@@ -110,12 +129,7 @@ class Session:
         client_id: str,
         *,
         receive_maximum: int,
-        max_mqueue_len: int,
-        store_qos0: bool,
-        drop_oldest: bool,
-        now: Callable[[], float],
-        on_drop: DropCallback,
-        on_ack: AckCallback,
+        config: SessionConfig,
     ) -> None:
         self.client_id = client_id
         # the four dicts start as the shared _NO_DICT and are made on first write
@@ -127,9 +141,7 @@ class Session:
         self.released: dict[int, None] = _NO_DICT
         self.mqueue: deque[Delivery] = _NO_QUEUE  # a real deque on first use
         self.receive_maximum = receive_maximum
-        self.max_mqueue_len = max_mqueue_len
-        self.store_qos0 = store_qos0
-        self.drop_oldest = drop_oldest
+        self.config = config
         # incoming QoS 2 packet ids whose PUBREL we await -> time received
         self.awaiting_rel: dict[int, float] = _NO_DICT
         self.will: Message | None = None
@@ -137,12 +149,13 @@ class Session:
         self.will_timer: Any = None
         self.expiry_timer: Any = None
         self._next_pid = 1
-        self._on_drop = on_drop
-        self._on_ack = on_ack
-        self._now = now
-        self.created_at = now()
+        self.created_at = config.now()
         self.info: Any = None  # the ClientInfo of the last connection
         self.journal: Journal | None = None
+
+    @property
+    def max_mqueue_len(self) -> int:
+        return self.config.max_mqueue_len
 
     # -- state that is made on first use -------------------------------------------
 
@@ -179,8 +192,8 @@ class Session:
         """Accept one delivery: send it now if possible, else queue it."""
         handle = self.handle
         if handle is None:
-            if delivery.qos == 0 and not self.store_qos0:
-                self._on_drop("qos0_offline", delivery)
+            if delivery.qos == 0 and not self.config.store_qos0:
+                self.config.on_drop("qos0_offline", delivery)
                 return
             self._queue(delivery)
             return
@@ -189,8 +202,8 @@ class Session:
                 self._queue(delivery)
                 return
             expires = delivery.message.expires_at
-            if expires is not None and expires <= self._now():
-                self._on_drop("expired", delivery)
+            if expires is not None and expires <= self.config.now():
+                self.config.on_drop("expired", delivery)
                 return
             handle.deliver([delivery])
             return
@@ -198,8 +211,8 @@ class Session:
             self._queue(delivery)
             return
         expires = delivery.message.expires_at
-        if expires is not None and expires <= self._now():
-            self._on_drop("expired", delivery)
+        if expires is not None and expires <= self.config.now():
+            self.config.on_drop("expired", delivery)
             return
         delivery.packet_id = self._allocate_pid()
         self._own_inflight()[delivery.packet_id] = delivery
@@ -208,16 +221,16 @@ class Session:
         handle.deliver([delivery])
 
     def _queue(self, delivery: Delivery) -> None:
-        limit = self.max_mqueue_len
+        limit = self.config.max_mqueue_len
         journal = self.journal
         if limit and len(self.mqueue) >= limit:
-            if self.drop_oldest:
+            if self.config.drop_oldest:
                 oldest = self.mqueue.popleft()
                 if journal is not None:
                     journal.removed(oldest)
-                self._on_drop("queue_full", oldest)
+                self.config.on_drop("queue_full", oldest)
             else:
-                self._on_drop("queue_full", delivery)
+                self.config.on_drop("queue_full", delivery)
                 return
         if self.mqueue is _NO_QUEUE:
             self.mqueue = deque()
@@ -239,7 +252,7 @@ class Session:
         if handle is None or not self.mqueue:
             return
         out: list[Delivery] = []
-        now = self._now()
+        now = self.config.now()
         mqueue = self.mqueue
         journal = self.journal
         while mqueue:
@@ -251,7 +264,7 @@ class Session:
             if expires is not None and expires <= now:
                 if journal is not None:
                     journal.removed(d)
-                self._on_drop("expired", d)
+                self.config.on_drop("expired", d)
                 continue
             if d.qos > 0:
                 d.packet_id = self._allocate_pid()
@@ -289,7 +302,7 @@ class Session:
         del self.inflight[packet_id]
         if self.journal is not None:
             self.journal.removed(d)
-        self._on_ack(self, d)
+        self.config.on_ack(self, d)
         self.drain()
         return True
 
@@ -312,7 +325,7 @@ class Session:
         if d is not None:
             if self.journal is not None:
                 self.journal.removed(d)
-            self._on_ack(self, d)
+            self.config.on_ack(self, d)
         self.drain()
         return True
 
@@ -327,7 +340,7 @@ class Session:
     def await_rel(self, packet_id: int) -> None:
         if packet_id not in self.awaiting_rel and self.journal is not None:
             self.journal.awaiting_rel_added(self.client_id, packet_id)
-        self.awaiting_rel_restored(packet_id, self._now())
+        self.awaiting_rel_restored(packet_id, self.config.now())
 
     def complete_rel(self, packet_id: int) -> bool:
         if self.awaiting_rel.pop(packet_id, None) is None:
