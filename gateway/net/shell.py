@@ -46,15 +46,58 @@ class CommitGate(Protocol):
     def after_commit(self, callback: Callable[[], None]) -> None: ...
 
 
+class Bucket:
+    """The owners with a timer due in one second of a :class:`TimerWheel`.
+
+    The owners' first timers form a circular doubly linked list through their own
+    ``_w_prev``/``_w_next`` slots, the bucket being the list's head: entering and leaving
+    cost no allocation and an idle connection costs the wheel two slots. An owner's
+    other wheel timers (rare: a connection with a stalled packet and a keepalive due in
+    the same second) go in ``extra``."""
+
+    __slots__ = ("_w_next", "_w_prev", "extra")
+
+    def __init__(self) -> None:
+        self._w_next: Bucket | EffectLoop = self
+        self._w_prev: Bucket | EffectLoop = self
+        self.extra: set[EffectLoop] | None = None
+
+    def link(self, owner: EffectLoop) -> None:
+        last = self._w_prev
+        owner._w_prev = last
+        owner._w_next = self
+        last._w_next = owner
+        self._w_prev = owner
+
+    def owners(self) -> list[EffectLoop]:
+        out: list[EffectLoop] = []
+        node = self._w_next
+        while isinstance(node, EffectLoop):  # back at the bucket: done
+            out.append(node)
+            nxt = node._w_next
+            assert nxt is not None, "an owner in a bucket's list is linked"
+            node = nxt
+        if self.extra:
+            out.extend(o for o in self.extra if o not in out)
+        return out
+
+
+def _unlink(owner: EffectLoop) -> None:
+    prev, nxt = owner._w_prev, owner._w_next
+    if prev is not None and nxt is not None:
+        prev._w_next = nxt
+        nxt._w_prev = prev
+    owner._w_prev = owner._w_next = None
+
+
 class TimerWheel:
     """Coarse timers, one second of resolution, for the long timeouts every connection
     has (keepalive, idle, packet timeouts): one event-loop callback per second for all
     of them instead of one ``TimerHandle`` (~650 bytes) per connection.
 
-    A bucket is the set of the owners with a timer due in that second; the owner keeps
-    the bucket itself (not a key, not a tuple) as its timer, so an idle connection costs
-    the wheel one set entry. Invariant: an entry fires at most once, no earlier than
-    asked and at most about a second later; a cancelled entry never fires.
+    An owner's timer is the :class:`Bucket` it waits in (no key, no tuple, no handle).
+    Invariant: an entry fires at most once, no earlier than asked and at most about a
+    second later; a cancelled entry never fires.
     """
 
     _wheels: ClassVar[dict[asyncio.AbstractEventLoop, TimerWheel]] = {}
@@ -62,7 +105,7 @@ class TimerWheel:
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         # second -> owners due then; a bucket emptied by cancels stays until its second
-        self.buckets: dict[int, set[EffectLoop]] = {}
+        self.buckets: dict[int, Bucket] = {}
         self.handle: asyncio.TimerHandle | None = None
 
     @classmethod
@@ -72,14 +115,19 @@ class TimerWheel:
             wheel = cls._wheels[loop] = TimerWheel(loop)
         return wheel
 
-    def add(self, owner: EffectLoop, delay: float) -> set[EffectLoop]:
-        """Enter ``owner`` in the bucket due ``delay`` seconds from now; returns it (the
-        owner cancels with ``bucket.discard(owner)``)."""
+    def add(self, owner: EffectLoop, delay: float, *, first: bool) -> Bucket:
+        """Enter ``owner`` in the bucket due ``delay`` seconds from now, linked in (its
+        ``first`` timer) or in the bucket's ``extra`` set; returns the bucket."""
         key = int(self.loop.time() + delay) + 1
         bucket = self.buckets.get(key)
         if bucket is None:
-            bucket = self.buckets[key] = set()
-        bucket.add(owner)
+            bucket = self.buckets[key] = Bucket()
+        if first:
+            bucket.link(owner)
+        else:
+            if bucket.extra is None:
+                bucket.extra = set()
+            bucket.extra.add(owner)
         if self.handle is None:
             self.handle = self.loop.call_later(1.0, self._tick)
         return bucket
@@ -88,7 +136,7 @@ class TimerWheel:
         now = self.loop.time()
         for key in sorted(k for k in self.buckets if k <= now):
             bucket = self.buckets.pop(key)
-            for owner in list(bucket):  # firing may discard owners from it
+            for owner in bucket.owners():  # a snapshot: firing unlinks owners
                 owner._fire_wheel(bucket)
         self.handle = self.loop.call_later(1.0, self._tick) if self.buckets else None
 
@@ -98,21 +146,24 @@ WHEEL_MIN_DELAY = 2.0
 
 
 # A timer: an event-loop handle, or the TimerWheel bucket it waits in.
-TimerEntry = asyncio.TimerHandle | set["EffectLoop"]
+TimerEntry = asyncio.TimerHandle | Bucket
 
 
 class EffectLoop:
     """Carries out one channel's effects; base class of the transport shells.
 
     Slots, and nothing made before it is needed: there is one per connection (an idle
-    MQTT connection has one timer, its keepalive, held in ``_t_name``/``_t_entry``;
-    ``timers`` is made only for a second timer, ``held`` only for a commit hold)."""
+    MQTT connection has one timer, its keepalive, held in ``_t_name``/``_t_entry`` and,
+    on the wheel, linked into its bucket through ``_w_prev``/``_w_next``; ``timers`` is
+    made only for a second timer, ``held`` only for a commit hold)."""
 
     __slots__ = (
         "_held_total",
         "_released_total",
         "_t_entry",
         "_t_name",
+        "_w_next",
+        "_w_prev",
         "channel",
         "closed",
         "gate",
@@ -134,6 +185,9 @@ class EffectLoop:
         self._t_name: str | None = None
         self._t_entry: TimerEntry | None = None
         self.timers: dict[str, TimerEntry] | None = None
+        # links of the first timer in its wheel bucket (None: not on the wheel)
+        self._w_prev: Bucket | EffectLoop | None = None
+        self._w_next: Bucket | EffectLoop | None = None
         self.closed = False
 
     # -- what a shell provides ---------------------------------------------------------
@@ -182,12 +236,25 @@ class EffectLoop:
         return timers.get(name) if timers else None
 
     def _pop_timer(self, name: str) -> TimerEntry | None:
+        """Forget timer ``name`` (and leave its wheel bucket); its entry, or None."""
         if self._t_name == name:
             entry = self._t_entry
             self._t_name = self._t_entry = None
+            if type(entry) is Bucket:  # the first timer is linked into its bucket
+                _unlink(self)
             return entry
         timers = self.timers
-        return timers.pop(name, None) if timers else None
+        if not timers:
+            return None
+        entry = timers.pop(name, None)
+        # the others wait in the bucket's set: leave it unless another one is there
+        if (
+            type(entry) is Bucket
+            and entry.extra is not None
+            and not any(e is entry for e in timers.values())
+        ):
+            entry.extra.discard(self)
+        return entry
 
     def _put_timer(self, name: str, entry: TimerEntry) -> None:
         if self._t_name is None:
@@ -204,7 +271,7 @@ class EffectLoop:
         if self.channel is not None and not self.closed:
             self._run(self.channel.on_timer(name))
 
-    def _fire_wheel(self, bucket: set[EffectLoop]) -> None:
+    def _fire_wheel(self, bucket: Bucket) -> None:
         """The wheel reached ``bucket``: fire this owner's timers that wait in it."""
         names = [self._t_name] if self._t_entry is bucket else []
         if self.timers:
@@ -217,22 +284,15 @@ class EffectLoop:
         self._cancel_timer(name)
         entry: TimerEntry
         if seconds >= WHEEL_MIN_DELAY:
-            entry = TimerWheel.of(self.loop).add(self, seconds)
+            first = self._t_name is None  # as _put_timer decides
+            entry = TimerWheel.of(self.loop).add(self, seconds, first=first)
         else:
             entry = self.loop.call_later(seconds, self._fire, name)
         self._put_timer(name, entry)
 
     def _cancel_timer(self, name: str) -> None:
         old = self._pop_timer(name)
-        if old is None:
-            return
-        if isinstance(old, set):
-            # leave the bucket unless another timer of ours waits in it too
-            if self._t_entry is not old and not (
-                self.timers and any(e is old for e in self.timers.values())
-            ):
-                old.discard(self)
-        else:
+        if old is not None and not isinstance(old, Bucket):  # a loop handle (uvloop's too)
             old.cancel()
 
     def _cancel_timers(self) -> None:

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gateway.net.shell import EffectLoop, TimerWheel
+from gateway.net.shell import Bucket, EffectLoop, TimerWheel
 from protocols.context import Delivery
 from protocols.effects import CancelTimer, Effect, SetTimer
 
@@ -68,7 +68,8 @@ def test_an_idle_connection_keeps_its_one_timer_inline(loop: ClockLoop) -> None:
     shell = Shell(loop)
     shell._run([SetTimer("keepalive", 90.0)])
     assert shell.timers is None and shell._t_name == "keepalive"
-    assert isinstance(shell._t_entry, set) and shell in shell._t_entry
+    bucket = shell._t_entry
+    assert isinstance(bucket, Bucket) and bucket.owners() == [shell] and bucket.extra is None
     assert not hasattr(shell, "__dict__")
 
 
@@ -88,9 +89,9 @@ def test_cancelled_timer_never_fires_and_leaves_the_bucket(loop: ClockLoop) -> N
     shell = Shell(loop)
     shell._run([SetTimer("idle", 5.0)])
     bucket = shell._t_entry
-    assert isinstance(bucket, set)
+    assert isinstance(bucket, Bucket)
     shell._run([CancelTimer("idle")])
-    assert shell not in bucket
+    assert bucket.owners() == [] and shell._w_prev is None and shell._w_next is None
     tick(loop, 10.0)
     assert shell.fired.names == []
 
@@ -98,10 +99,23 @@ def test_cancelled_timer_never_fires_and_leaves_the_bucket(loop: ClockLoop) -> N
 def test_two_timers_in_one_bucket_cancel_one(loop: ClockLoop) -> None:
     shell = Shell(loop)
     shell._run([SetTimer("idle", 5.0), SetTimer("packet", 5.2)])
-    assert shell.timers is not None and shell.timers["packet"] is shell._t_entry
+    bucket = shell._t_entry
+    assert isinstance(bucket, Bucket) and shell.timers is not None
+    assert shell.timers["packet"] is bucket and bucket.extra == {shell}
+    assert bucket.owners() == [shell]
     shell._run([CancelTimer("idle")])
+    assert bucket.owners() == [shell]  # still there for "packet"
     tick(loop, 7.0)
     assert shell.fired.names == ["packet"]
+    assert not bucket.extra
+
+
+def test_second_timer_cancelled_first_still_fires(loop: ClockLoop) -> None:
+    shell = Shell(loop)
+    shell._run([SetTimer("idle", 5.0), SetTimer("packet", 5.2)])
+    shell._run([CancelTimer("packet")])
+    tick(loop, 7.0)
+    assert shell.fired.names == ["idle"]
 
 
 def test_setting_a_timer_again_replaces_it(loop: ClockLoop) -> None:
@@ -124,10 +138,27 @@ def test_short_timers_use_the_event_loop(loop: ClockLoop) -> None:
     assert handle.cancelled() and shell._t_name is None and not shell.timers
 
 
+def test_uvloop_handles_are_cancelled() -> None:
+    import uvloop
+
+    uv = uvloop.new_event_loop()
+    try:
+        shell = Shell(uv)
+        shell._run([SetTimer("pause", 0.5)])
+        handle = shell._t_entry
+        assert handle is not None and not isinstance(handle, Bucket)
+        shell._run([CancelTimer("pause")])
+        assert handle.cancelled()
+    finally:
+        uv.close()
+
+
 def test_many_owners_one_bucket(loop: ClockLoop) -> None:
     shells = [Shell(loop) for _ in range(5)]
     for s in shells:
         s._run([SetTimer("keepalive", 3.0)])
     shells[2]._run([CancelTimer("keepalive")])
+    shells[0]._run([CancelTimer("keepalive")])
+    shells[0]._run([SetTimer("keepalive", 3.0)])  # back in, now last in the list
     tick(loop, 5.0)
     assert [s.fired.names for s in shells] == [["keepalive"]] * 2 + [[]] + [["keepalive"]] * 2
