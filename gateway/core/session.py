@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from protocols.context import ConnectionHandle, Delivery, Message, SubOptions
+from protocols.rare import Rare
 
 DropCallback = Callable[[str, Delivery], None]
 AckCallback = Callable[["Session", Delivery], None]
@@ -103,6 +104,12 @@ class Journal(Protocol):
 
 
 class Session:
+    # A will, its delay and the will and expiry timers are rare: kept out of the slots.
+    will: Rare[Message | None] = Rare(None)
+    will_delay: Rare[int] = Rare(0)
+    will_timer: Rare[Any] = Rare(None)
+    expiry_timer: Rare[Any] = Rare(None)
+
     __slots__ = (
         "client_id",
         "subscriptions",
@@ -114,10 +121,7 @@ class Session:
         "receive_maximum",
         "config",
         "awaiting_rel",
-        "will",
-        "will_delay",
-        "will_timer",
-        "expiry_timer",
+        "_rare",
         "created_at",
         "_next_pid",
         "info",
@@ -144,10 +148,7 @@ class Session:
         self.config = config
         # incoming QoS 2 packet ids whose PUBREL we await -> time received
         self.awaiting_rel: dict[int, float] = _NO_DICT
-        self.will: Message | None = None
-        self.will_delay = 0
-        self.will_timer: Any = None
-        self.expiry_timer: Any = None
+        self._rare: dict[str, Any] | None = None  # will, will_delay, the two timers
         self._next_pid = 1
         self.created_at = config.now()
         self.info: Any = None  # the ClientInfo of the last connection
