@@ -71,6 +71,7 @@ from protocols.mqtt.packets import (
 )
 from protocols.mqtt.reason_codes import ReasonCode, to_v3_connack
 from protocols.mqtt.topics import is_wildcard, parse_shared
+from protocols.rare import Rare
 from protocols.ratelimit import TokenBucket
 
 log = logging.getLogger("protocols.mqtt.channel")
@@ -174,16 +175,24 @@ def _will_properties(p: Properties) -> Properties:
 
 
 class MqttChannel:
-    # One channel per connection: slots keep an idle connection small (bench/README.md).
+    # One channel per connection: slots keep an idle connection small (bench/README.md);
+    # what most connections never set is kept out of them (protocols.rare): the TLS
+    # client certificate, and for authentication the CONNECT (and assigned client id)
+    # while it is decided, the enhanced authentication method and exchange, and data
+    # for the CONNACK.
+    peer_cert: Rare[Mapping[str, str] | None] = Rare(None)
+    _pending_connect: Rare[tuple[Connect, str | None] | None] = Rare(None)
+    _auth_method: Rare[str | None] = Rare(None)
+    _exchange: Rare[AuthExchange | None] = Rare(None)
+    _auth_data_out: Rare[bytes | None] = Rare(None)
+
     __slots__ = (
         "_aliases_in",
         "_aliases_out",
-        "_auth_data_out",
-        "_auth_method",
+        "_rare",
         "_buffered_before",
         "_bytes",
         "_core_closed",
-        "_exchange",
         "_held",
         "_messages",
         "_monotonic",
@@ -191,7 +200,6 @@ class MqttChannel:
         "_packet_timer",
         "_partial_since",
         "_paused_until",
-        "_pending_connect",
         "_published",
         "client_alias_max",
         "conn",
@@ -202,7 +210,6 @@ class MqttChannel:
         "keepalive",
         "last_rx",
         "peer",
-        "peer_cert",
         "session",
         "settings",
         "state",
@@ -223,6 +230,7 @@ class MqttChannel:
         self.settings = settings
         self.handle = handle
         self.peer = peer
+        self._rare: dict[str, Any] | None = None  # see the Rare attributes of the class
         self.peer_cert = peer_cert  # a verified TLS client certificate: "cn", "dn", "san"
         self.conn = Connection(Role.SERVER, max_incoming_packet_size=settings.max_packet_size)
         self.state = State.CONNECTING
@@ -259,12 +267,6 @@ class MqttChannel:
         self._packet_timer = False
         self._buffered_before = 0
         self._published = 0
-        # authentication: the CONNECT (and assigned client id) while it is decided, the
-        # enhanced authentication method and exchange, and data for the CONNACK
-        self._pending_connect: tuple[Connect, str | None] | None = None
-        self._auth_method: str | None = None
-        self._exchange: AuthExchange | None = None
-        self._auth_data_out: bytes | None = None
 
     # -- entry points from the shell ---------------------------------------------------
 
