@@ -37,6 +37,7 @@ from gateway.net.shell import CommitGate, EffectLoop
 from protocols import ratelimit
 from protocols.context import Delivery
 from protocols.effects import Effect
+from protocols.rare import Rare
 
 log = logging.getLogger("gateway.net")
 
@@ -130,13 +131,16 @@ class ListenerLimits:
 
 
 class StreamShell(EffectLoop, asyncio.Protocol):
-    # one per connection: slots (an instance dict would cost ~100 bytes more)
+    # one per connection: slots (an instance dict would cost ~100 bytes more); the
+    # timers of a closing, rate-limited or slow-reading connection are rare: kept out
+    linger: Rare[asyncio.TimerHandle | None] = Rare(None)
+    resume: Rare[asyncio.TimerHandle | None] = Rare(None)  # reading paused until
+    send_timer: Rare[asyncio.TimerHandle | None] = Rare(None)
+
     __slots__ = (
+        "_rare",
         "factory",
         "limits",
-        "linger",
-        "resume",
-        "send_timer",
         "transport",
         "wbuf",
         "write_blocked",
@@ -151,10 +155,8 @@ class StreamShell(EffectLoop, asyncio.Protocol):
         self.limits = limits
         self.factory = factory
         self.transport: asyncio.Transport | None = None
-        self.linger: asyncio.TimerHandle | None = None
-        self.resume: asyncio.TimerHandle | None = None  # reading paused (rate limit) until
+        self._rare: dict[str, Any] | None = None  # linger, resume, send_timer
         self.write_blocked = False  # the transport is above its high-water mark
-        self.send_timer: asyncio.TimerHandle | None = None
         # written this loop turn, flushed by _flush; None between turns (an idle
         # connection holds no list)
         self.wbuf: list[bytes] | None = None
