@@ -185,6 +185,13 @@ class MqttChannel:
     _auth_method: Rare[str | None] = Rare(None)
     _exchange: Rare[AuthExchange | None] = Rare(None)
     _auth_data_out: Rare[bytes | None] = Rare(None)
+    # ... and what is set only before the CONNACK or at the end: the peer address (until
+    # ClientInfo holds it), deliveries pushed before the CONNACK, a non-zero session
+    # expiry, whether the core has been told of the end
+    peer: Rare[tuple[str, int] | None] = Rare(None)
+    _held: Rare[list[Delivery] | None] = Rare(None)
+    expiry_interval: Rare[int] = Rare(0)
+    _core_closed: Rare[bool] = Rare(False)
 
     __slots__ = (
         "_aliases_in",
@@ -192,8 +199,6 @@ class MqttChannel:
         "_rare",
         "_buffered_before",
         "_bytes",
-        "_core_closed",
-        "_held",
         "_messages",
         "_monotonic",
         "_out",
@@ -204,12 +209,10 @@ class MqttChannel:
         "client_alias_max",
         "conn",
         "context",
-        "expiry_interval",
         "handle",
         "info",
         "keepalive",
         "last_rx",
-        "peer",
         "session",
         "settings",
         "state",
@@ -229,8 +232,8 @@ class MqttChannel:
         self.context = context
         self.settings = settings
         self.handle = handle
-        self.peer = peer
         self._rare: dict[str, Any] | None = None  # see the Rare attributes of the class
+        self.peer = peer
         self.peer_cert = peer_cert  # a verified TLS client certificate: "cn", "dn", "san"
         self.conn = Connection(Role.SERVER, max_incoming_packet_size=settings.max_packet_size)
         self.state = State.CONNECTING
@@ -239,7 +242,6 @@ class MqttChannel:
         self.session: SessionAPI | None = None
         self.keepalive = 0.0
         self.last_rx = 0.0
-        self.expiry_interval = 0
         self.client_alias_max = 0
         # topic aliases (MQTT 5): a read-only empty mapping until the first alias
         self._aliases_in: dict[int, str] = _NO_ALIASES
@@ -247,8 +249,6 @@ class MqttChannel:
         self._monotonic = monotonic
         # effects of the entry point running now; _NOT_BUSY (None) between entry points
         self._out: list[Effect] = _NOT_BUSY
-        self._held: list[Delivery] | None = None
-        self._core_closed = False
         # protection: rate buckets, reading paused until (monotonic), the start of the
         # packet being received and whether its timer runs, PUBLISH count not yet charged
         now = monotonic()
