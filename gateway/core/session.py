@@ -109,11 +109,11 @@ class Session:
     will_delay: Rare[int] = Rare(0)
     will_timer: Rare[Any] = Rare(None)
     expiry_timer: Rare[Any] = Rare(None)
+    expiry_interval: Rare[int] = Rare(0)  # 0 for every clean session
 
     __slots__ = (
         "client_id",
         "subscriptions",
-        "expiry_interval",
         "handle",
         "inflight",
         "released",
@@ -138,7 +138,6 @@ class Session:
         self.client_id = client_id
         # the four dicts start as the shared _NO_DICT and are made on first write
         self.subscriptions: dict[str, SubOptions] = _NO_DICT
-        self.expiry_interval = 0
         self.handle: ConnectionHandle | None = None
         self.inflight: dict[int, Delivery] = _NO_DICT
         # QoS 2 packet ids whose PUBREC arrived (a dict: smaller than an empty set)
@@ -148,7 +147,7 @@ class Session:
         self.config = config
         # incoming QoS 2 packet ids whose PUBREL we await -> time received
         self.awaiting_rel: dict[int, float] = _NO_DICT
-        self._rare: dict[str, Any] | None = None  # will, will_delay, the two timers
+        self._rare: dict[str, Any] | None = None  # the Rare attributes of the class
         self._next_pid = 1
         self.created_at = config.now()
         self.info: Any = None  # the ClientInfo of the last connection
