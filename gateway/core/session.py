@@ -104,12 +104,10 @@ class Journal(Protocol):
 
 
 class Session:
-    # A will, its delay and the will and expiry timers are rare: kept out of the slots.
-    will: Rare[Message | None] = Rare(None)
-    will_delay: Rare[int] = Rare(0)
+    # Only what is set for few sessions at a time is kept out of the slots (a Rare value
+    # costs a dict): the will-delay timer runs only between a disconnect and the will.
+    # A will, an expiry and the expiry timer of an offline session are common.
     will_timer: Rare[Any] = Rare(None)
-    expiry_timer: Rare[Any] = Rare(None)
-    expiry_interval: Rare[int] = Rare(0)  # 0 for every clean session
 
     __slots__ = (
         "client_id",
@@ -122,6 +120,10 @@ class Session:
         "config",
         "awaiting_rel",
         "_rare",
+        "expiry_interval",
+        "will",
+        "will_delay",
+        "expiry_timer",
         "created_at",
         "_next_pid",
         "info",
@@ -148,6 +150,10 @@ class Session:
         # incoming QoS 2 packet ids whose PUBREL we await -> time received
         self.awaiting_rel: dict[int, float] = _NO_DICT
         self._rare: dict[str, Any] | None = None  # the Rare attributes of the class
+        self.expiry_interval = 0
+        self.will: Message | None = None
+        self.will_delay = 0
+        self.expiry_timer: Any = None
         self._next_pid = 1
         self.created_at = config.now()
         self.info: Any = None  # the ClientInfo of the last connection

@@ -176,27 +176,27 @@ def _will_properties(p: Properties) -> Properties:
 
 class MqttChannel:
     # One channel per connection: slots keep an idle connection small (bench/README.md);
-    # what most connections never set is kept out of them (protocols.rare): the TLS
-    # client certificate, and for authentication the CONNECT (and assigned client id)
-    # while it is decided, the enhanced authentication method and exchange, and data
+    # what few connections hold at a time is kept out of them (protocols.rare; a Rare
+    # value costs a dict while set): for authentication the CONNECT (and assigned client
+    # id) while it is decided, the enhanced authentication method and exchange, and data
     # for the CONNACK.
-    peer_cert: Rare[Mapping[str, str] | None] = Rare(None)
     _pending_connect: Rare[tuple[Connect, str | None] | None] = Rare(None)
     _auth_method: Rare[str | None] = Rare(None)
     _exchange: Rare[AuthExchange | None] = Rare(None)
     _auth_data_out: Rare[bytes | None] = Rare(None)
     # ... and what is set only before the CONNACK or at the end: the peer address (until
-    # ClientInfo holds it), deliveries pushed before the CONNACK, a non-zero session
-    # expiry, whether the core has been told of the end
+    # ClientInfo holds it), deliveries pushed before the CONNACK, whether the core has
+    # been told of the end
     peer: Rare[tuple[str, int] | None] = Rare(None)
     _held: Rare[list[Delivery] | None] = Rare(None)
-    expiry_interval: Rare[int] = Rare(0)
     _core_closed: Rare[bool] = Rare(False)
 
     __slots__ = (
         "_aliases_in",
         "_aliases_out",
         "_rare",
+        "expiry_interval",
+        "peer_cert",
         "_buffered_before",
         "_bytes",
         "_messages",
@@ -234,6 +234,7 @@ class MqttChannel:
         self.handle = handle
         self._rare: dict[str, Any] | None = None  # see the Rare attributes of the class
         self.peer = peer
+        self.expiry_interval = 0
         self.peer_cert = peer_cert  # a verified TLS client certificate: "cn", "dn", "san"
         self.conn = Connection(Role.SERVER, max_incoming_packet_size=settings.max_packet_size)
         self.state = State.CONNECTING
