@@ -21,10 +21,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 from protocols.context import Delivery
 from protocols.effects import CancelTimer, Close, Effect, Pause, SetTimer
+from protocols.rare import Rare
 
 log = logging.getLogger("gateway.net")
 
@@ -159,6 +160,7 @@ class EffectLoop:
 
     __slots__ = (
         "_held_total",
+        "_rare",
         "_released_total",
         "_t_entry",
         "_t_name",
@@ -169,12 +171,15 @@ class EffectLoop:
         "gate",
         "held",
         "loop",
-        "timers",
     )
 
     channel: Channel | None
+    # name -> entry of the timers after the first (rare: a stalled packet's timer while
+    # the keepalive runs); protocols.rare keeps it out of the slots
+    timers: Rare[dict[str, TimerEntry] | None] = Rare(None)
 
     def __init__(self, gate: CommitGate | None, loop: asyncio.AbstractEventLoop) -> None:
+        self._rare: dict[str, Any] | None = None  # the Rare attributes of the class
         self.gate = gate
         self.loop = loop
         self.channel = None
@@ -184,7 +189,6 @@ class EffectLoop:
         # the first timer inline, the others in ``timers`` (name -> entry)
         self._t_name: str | None = None
         self._t_entry: TimerEntry | None = None
-        self.timers: dict[str, TimerEntry] | None = None
         # links of the first timer in its wheel bucket (None: not on the wheel)
         self._w_prev: Bucket | EffectLoop | None = None
         self._w_next: Bucket | EffectLoop | None = None
@@ -254,6 +258,8 @@ class EffectLoop:
             and not any(e is entry for e in timers.values())
         ):
             entry.extra.discard(self)
+        if not timers:
+            self.timers = None
         return entry
 
     def _put_timer(self, name: str, entry: TimerEntry) -> None:

@@ -138,7 +138,6 @@ class StreamShell(EffectLoop, asyncio.Protocol):
     send_timer: Rare[asyncio.TimerHandle | None] = Rare(None)
 
     __slots__ = (
-        "_rare",
         "factory",
         "limits",
         "transport",
@@ -155,7 +154,6 @@ class StreamShell(EffectLoop, asyncio.Protocol):
         self.limits = limits
         self.factory = factory
         self.transport: asyncio.Transport | None = None
-        self._rare: dict[str, Any] | None = None  # linger, resume, send_timer
         self.write_blocked = False  # the transport is above its high-water mark
         # written this loop turn, flushed by _flush; None between turns (an idle
         # connection holds no list)
