@@ -353,7 +353,7 @@ class Admin:
             node.discard_session(clientid, send_will=will)
             log.info("admin discarded the session of %s", clientid)
             return "discarded"
-        info.attrs["disconnect_reason"] = "kicked"
+        info.set_attr("disconnect_reason", "kicked")
         node.close(info, handle, send_will=will, expiry_interval=0 if discard else None)
         handle.kick(ReasonCode.ADMINISTRATIVE_ACTION)
         log.info("admin kicked %s%s", clientid, " and discarded its session" if discard else "")

@@ -177,8 +177,8 @@ class SysPublisher:
 
     def _emit(self, client: ClientInfo, event: str, payload: dict[str, Any]) -> None:
         topic = self._event_topic(client, event)
-        if topic is None:
-            return
+        if topic is None or not self.node.broker.index.has_match(topic):
+            return  # nobody listens: no JSON, no timer, no cached one-off topic
         data = json.dumps(payload, separators=(",", ":"))
 
         def later() -> None:

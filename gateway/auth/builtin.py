@@ -66,8 +66,8 @@ class ThreadOffload:
 
 
 def _succeeded(client: ClientInfo, user: User) -> None:
-    client.attrs["is_superuser"] = user.is_superuser
-    client.attrs["authn"] = "builtin_db"
+    client.set_attr("is_superuser", user.is_superuser)
+    client.set_attr("authn", "builtin_db")
 
 
 class BuiltinAuthenticator:

@@ -205,8 +205,8 @@ class HttpAuthenticator:
     def _decide(self, client: ClientInfo, answer: Answer) -> Stop[int] | None:
         result = answer.result
         if result == "allow":
-            client.attrs["is_superuser"] = answer.is_superuser
-            client.attrs["authn"] = "http"
+            client.set_attr("is_superuser", answer.is_superuser)
+            client.set_attr("authn", "http")
             return Stop(0)
         if result == "deny":
             return Stop(RC.BAD_USER_NAME_OR_PASSWORD)

@@ -126,7 +126,7 @@ def import_session(node: Node, cid: str, export: dict[str, Any]) -> int:
         if f in session.subscriptions:
             continue
         opts = SubOptions(int(qos), bool(nl), bool(rap), int(rh), sid)
-        session.subscriptions[f] = opts
+        session.subscribed(f, opts)
         if session.journal is not None and store is not None:
             store.subscribed(cid, f, opts)
         node.broker.subscribe(cid, f, opts)

@@ -39,7 +39,7 @@ from gateway.core.deferred import fold_deferred
 from gateway.core.hooks import Hooks, Priority
 from gateway.core.metrics import Metrics
 from gateway.core.retainer import Retainer
-from gateway.core.session import NEVER_EXPIRE, Session
+from gateway.core.session import NEVER_EXPIRE, Session, SessionConfig
 from gateway.store.sessions import SessionStore, StoredSession
 from protocols.context import (
     AUTH_PENDING,
@@ -118,6 +118,15 @@ class Node:
         # registered by gateway.auth
         self.auth_methods: dict[str, Callable[[ClientInfo], AuthExchange]] = {}
         self.cluster: Any = None  # gateway.cluster.Cluster, when clustered
+        # shared by every session (six slots and three bound methods less per session)
+        self._session_config = SessionConfig(
+            max_mqueue_len=settings.max_mqueue_len,
+            store_qos0=settings.mqueue_store_qos0,
+            drop_oldest=settings.mqueue_overflow == "drop_oldest",
+            now=scheduler.time,
+            on_drop=self._session_drop,
+            on_ack=self._session_ack,
+        )
 
     # -- GatewayContext: connection life cycle -----------------------------------------
 
@@ -233,8 +242,10 @@ class Node:
                 present = True
                 self.hooks.run("session.resumed", client)
                 self.metrics.incr("session.resumed")
+        connected_at: float | None = None
         if existing is None:
             existing = self._new_session(cid, receive_maximum)
+            connected_at = existing.created_at  # the same moment: one float, not two
             self.sessions[cid] = existing
             self.hooks.run("session.created", client)
             self.metrics.incr("session.created")
@@ -245,24 +256,14 @@ class Node:
         existing.will = will
         existing.will_delay = will_delay
         existing.info = client
-        client.connected_at = self.scheduler.time()
+        client.connected_at = self.scheduler.time() if connected_at is None else connected_at
         self.connections += 1
         self.metrics.incr("client.connected")
         self.hooks.run("client.connected", client)
         return ConnectResult(0, existing, present, expiry_interval)
 
     def _new_session(self, cid: str, receive_maximum: int) -> Session:
-        s = self.settings
-        return Session(
-            cid,
-            receive_maximum=receive_maximum,
-            max_mqueue_len=s.max_mqueue_len,
-            store_qos0=s.mqueue_store_qos0,
-            drop_oldest=s.mqueue_overflow == "drop_oldest",
-            now=self.scheduler.time,
-            on_drop=self._session_drop,
-            on_ack=self._session_ack,
-        )
+        return Session(cid, receive_maximum=receive_maximum, config=self._session_config)
 
     def _set_durable(
         self, session: Session, durable: bool, *, disconnected_at: float | None
@@ -302,16 +303,18 @@ class Node:
             session.expiry_interval = st.expiry_interval
             session.journal = self.store
             for f, opts in st.subscriptions.items():
-                session.subscriptions[f] = opts
+                session.subscribed(f, opts)
                 self.broker.subscribe(st.client_id, f, opts)
             for d in st.deliveries:
                 if d.packet_id is not None:
-                    session.inflight[d.packet_id] = d
+                    session.inflight_restored(d)
                 else:
                     session.queue_restored(d)
-            session.released = {pid: None for pid in st.released if pid in session.inflight}
+            released = {pid: None for pid in st.released if pid in session.inflight}
+            if released:
+                session.released = released
             for pid in st.awaiting_rel:
-                session.awaiting_rel[pid] = now
+                session.awaiting_rel_restored(pid, now)
             self.sessions[st.client_id] = session
             if st.expiry_interval != NEVER_EXPIRE:
                 left = st.expiry_interval - (now - (st.disconnected_at or now))
@@ -432,11 +435,13 @@ class Node:
         self.authz_generation += 1
 
     def authorize(self, client: ClientInfo, action: str, topic: str) -> bool:
-        """The rules, then the ``client.authorize`` hooks; decisions are cached per
-        client for ``authz_cache_ttl`` seconds (EMQX's authorization cache), at most
+        """The rules, then the ``client.authorize`` hooks; publish decisions are cached
+        per client for ``authz_cache_ttl`` seconds (EMQX's authorization cache), at most
         ``authz_cache_max`` of them, and dropped when the rules are replaced."""
         ttl = self.settings.authz_cache_ttl
-        if ttl <= 0:
+        if ttl <= 0 or action != "publish":
+            # Only publishes repeat: a client subscribes once or rarely, and a cached
+            # subscribe decision would stay with every idle client (~370 bytes each).
             return self._authorize(client, action, topic)
         cache = client.authz_cache
         key = (action, topic)
@@ -522,7 +527,7 @@ class Node:
     def subscribe(self, client: ClientInfo, topic_filter: str, options: SubOptions) -> bool:
         session = self.sessions[client.client_id]
         existed = topic_filter in session.subscriptions
-        session.subscriptions[topic_filter] = options
+        session.subscribed(topic_filter, options)
         if session.journal is not None and self.store is not None:
             self.store.subscribed(client.client_id, topic_filter, options)
         self.broker.subscribe(client.client_id, topic_filter, options)

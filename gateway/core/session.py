@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from protocols.context import ConnectionHandle, Delivery, Message, SubOptions
+from protocols.rare import Rare
 
 DropCallback = Callable[[str, Delivery], None]
 AckCallback = Callable[["Session", Delivery], None]
@@ -47,6 +48,50 @@ class _NoQueue(deque[Delivery]):
 _NO_QUEUE = _NoQueue()
 
 
+class _NoDict(dict[Any, Any]):
+    """The shared empty dict of every session that has no subscription, inflight
+    delivery or awaited PUBREL yet: an idle session holds no dict of its own (an empty
+    dict costs 64 bytes, and a session has four). Reading, ``pop``, ``clear`` and
+    iteration work as on any empty dict; writing is a bug, so it is loud. Writers go
+    through :meth:`Session.subscribed`, ``_own_inflight`` and the like."""
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        raise RuntimeError("write to a session's shared empty dict")
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        raise RuntimeError("write to a session's shared empty dict")
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("write to a session's shared empty dict")
+
+
+_NO_DICT: Any = _NoDict()
+
+
+class SessionConfig:
+    """What every session of a node shares: one object per node instead of six slots
+    per session. ``on_drop`` reports a dropped delivery, ``on_ack`` an acknowledged one."""
+
+    __slots__ = ("drop_oldest", "max_mqueue_len", "now", "on_ack", "on_drop", "store_qos0")
+
+    def __init__(
+        self,
+        *,
+        max_mqueue_len: int,
+        store_qos0: bool,
+        drop_oldest: bool,
+        now: Callable[[], float],
+        on_drop: DropCallback,
+        on_ack: AckCallback,
+    ) -> None:
+        self.max_mqueue_len = max_mqueue_len
+        self.store_qos0 = store_qos0
+        self.drop_oldest = drop_oldest
+        self.now = now
+        self.on_drop = on_drop
+        self.on_ack = on_ack
+
+
 class Journal(Protocol):
     """Where a persistent session records its changes (gateway.store.SessionStore)."""
 
@@ -59,28 +104,28 @@ class Journal(Protocol):
 
 
 class Session:
+    # Only what is set for few sessions at a time is kept out of the slots (a Rare value
+    # costs a dict): the will-delay timer runs only between a disconnect and the will.
+    # A will, an expiry and the expiry timer of an offline session are common.
+    will_timer: Rare[Any] = Rare(None)
+
     __slots__ = (
         "client_id",
         "subscriptions",
-        "expiry_interval",
         "handle",
         "inflight",
         "released",
         "mqueue",
         "receive_maximum",
-        "max_mqueue_len",
-        "store_qos0",
-        "drop_oldest",
+        "config",
         "awaiting_rel",
+        "_rare",
+        "expiry_interval",
         "will",
         "will_delay",
-        "will_timer",
         "expiry_timer",
         "created_at",
         "_next_pid",
-        "_on_drop",
-        "_on_ack",
-        "_now",
         "info",
         "journal",
     )
@@ -90,38 +135,59 @@ class Session:
         client_id: str,
         *,
         receive_maximum: int,
-        max_mqueue_len: int,
-        store_qos0: bool,
-        drop_oldest: bool,
-        now: Callable[[], float],
-        on_drop: DropCallback,
-        on_ack: AckCallback,
+        config: SessionConfig,
     ) -> None:
         self.client_id = client_id
-        self.subscriptions: dict[str, SubOptions] = {}
-        self.expiry_interval = 0
+        # the four dicts start as the shared _NO_DICT and are made on first write
+        self.subscriptions: dict[str, SubOptions] = _NO_DICT
         self.handle: ConnectionHandle | None = None
-        self.inflight: dict[int, Delivery] = {}
+        self.inflight: dict[int, Delivery] = _NO_DICT
         # QoS 2 packet ids whose PUBREC arrived (a dict: smaller than an empty set)
-        self.released: dict[int, None] = {}
+        self.released: dict[int, None] = _NO_DICT
         self.mqueue: deque[Delivery] = _NO_QUEUE  # a real deque on first use
         self.receive_maximum = receive_maximum
-        self.max_mqueue_len = max_mqueue_len
-        self.store_qos0 = store_qos0
-        self.drop_oldest = drop_oldest
+        self.config = config
         # incoming QoS 2 packet ids whose PUBREL we await -> time received
-        self.awaiting_rel: dict[int, float] = {}
+        self.awaiting_rel: dict[int, float] = _NO_DICT
+        self._rare: dict[str, Any] | None = None  # the Rare attributes of the class
+        self.expiry_interval = 0
         self.will: Message | None = None
         self.will_delay = 0
-        self.will_timer: Any = None
         self.expiry_timer: Any = None
         self._next_pid = 1
-        self._on_drop = on_drop
-        self._on_ack = on_ack
-        self._now = now
-        self.created_at = now()
+        self.created_at = config.now()
         self.info: Any = None  # the ClientInfo of the last connection
         self.journal: Journal | None = None
+
+    @property
+    def max_mqueue_len(self) -> int:
+        return self.config.max_mqueue_len
+
+    # -- state that is made on first use -------------------------------------------
+
+    def subscribed(self, topic_filter: str, options: SubOptions) -> None:
+        """Record a subscription (replacing the options of an existing one)."""
+        subs = self.subscriptions
+        if subs is _NO_DICT:
+            subs = self.subscriptions = {}
+        subs[topic_filter] = options
+
+    def _own_inflight(self) -> dict[int, Delivery]:
+        inflight = self.inflight
+        if inflight is _NO_DICT:
+            inflight = self.inflight = {}
+        return inflight
+
+    def inflight_restored(self, delivery: Delivery) -> None:
+        """Put back an inflight delivery loaded from the store (already journaled)."""
+        assert delivery.packet_id is not None
+        self._own_inflight()[delivery.packet_id] = delivery
+
+    def awaiting_rel_restored(self, packet_id: int, since: float) -> None:
+        """Put back an awaited PUBREL loaded from the store (already journaled)."""
+        if self.awaiting_rel is _NO_DICT:
+            self.awaiting_rel = {}
+        self.awaiting_rel[packet_id] = since
 
     # -- outgoing ------------------------------------------------------------------
 
@@ -132,8 +198,8 @@ class Session:
         """Accept one delivery: send it now if possible, else queue it."""
         handle = self.handle
         if handle is None:
-            if delivery.qos == 0 and not self.store_qos0:
-                self._on_drop("qos0_offline", delivery)
+            if delivery.qos == 0 and not self.config.store_qos0:
+                self.config.on_drop("qos0_offline", delivery)
                 return
             self._queue(delivery)
             return
@@ -142,8 +208,8 @@ class Session:
                 self._queue(delivery)
                 return
             expires = delivery.message.expires_at
-            if expires is not None and expires <= self._now():
-                self._on_drop("expired", delivery)
+            if expires is not None and expires <= self.config.now():
+                self.config.on_drop("expired", delivery)
                 return
             handle.deliver([delivery])
             return
@@ -151,26 +217,26 @@ class Session:
             self._queue(delivery)
             return
         expires = delivery.message.expires_at
-        if expires is not None and expires <= self._now():
-            self._on_drop("expired", delivery)
+        if expires is not None and expires <= self.config.now():
+            self.config.on_drop("expired", delivery)
             return
         delivery.packet_id = self._allocate_pid()
-        self.inflight[delivery.packet_id] = delivery
+        self._own_inflight()[delivery.packet_id] = delivery
         if self.journal is not None:
             self.journal.queued(self.client_id, delivery)
         handle.deliver([delivery])
 
     def _queue(self, delivery: Delivery) -> None:
-        limit = self.max_mqueue_len
+        limit = self.config.max_mqueue_len
         journal = self.journal
         if limit and len(self.mqueue) >= limit:
-            if self.drop_oldest:
+            if self.config.drop_oldest:
                 oldest = self.mqueue.popleft()
                 if journal is not None:
                     journal.removed(oldest)
-                self._on_drop("queue_full", oldest)
+                self.config.on_drop("queue_full", oldest)
             else:
-                self._on_drop("queue_full", delivery)
+                self.config.on_drop("queue_full", delivery)
                 return
         if self.mqueue is _NO_QUEUE:
             self.mqueue = deque()
@@ -192,7 +258,7 @@ class Session:
         if handle is None or not self.mqueue:
             return
         out: list[Delivery] = []
-        now = self._now()
+        now = self.config.now()
         mqueue = self.mqueue
         journal = self.journal
         while mqueue:
@@ -204,11 +270,11 @@ class Session:
             if expires is not None and expires <= now:
                 if journal is not None:
                     journal.removed(d)
-                self._on_drop("expired", d)
+                self.config.on_drop("expired", d)
                 continue
             if d.qos > 0:
                 d.packet_id = self._allocate_pid()
-                self.inflight[d.packet_id] = d
+                self._own_inflight()[d.packet_id] = d
                 if journal is not None:
                     journal.assigned(d)
             out.append(d)
@@ -245,7 +311,7 @@ class Session:
         del self.inflight[packet_id]
         if self.journal is not None:
             self.journal.removed(d)
-        self._on_ack(self, d)
+        self.config.on_ack(self, d)
         if drain:
             self.drain()
         return True
@@ -254,6 +320,8 @@ class Session:
         d = self.inflight.get(packet_id)
         if d is None or d.qos != 2:
             return False
+        if self.released is _NO_DICT:
+            self.released = {}
         self.released[packet_id] = None
         if self.journal is not None:
             self.journal.released(d)
@@ -267,7 +335,7 @@ class Session:
         if d is not None:
             if self.journal is not None:
                 self.journal.removed(d)
-            self._on_ack(self, d)
+            self.config.on_ack(self, d)
         self.drain()
         return True
 
@@ -282,7 +350,7 @@ class Session:
     def await_rel(self, packet_id: int) -> None:
         if packet_id not in self.awaiting_rel and self.journal is not None:
             self.journal.awaiting_rel_added(self.client_id, packet_id)
-        self.awaiting_rel[packet_id] = self._now()
+        self.awaiting_rel_restored(packet_id, self.config.now())
 
     def complete_rel(self, packet_id: int) -> bool:
         if self.awaiting_rel.pop(packet_id, None) is None:

@@ -35,6 +35,8 @@ Callers strip any ``$share/<group>/`` prefix before calling anything here.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from types import MappingProxyType
+from typing import Any
 
 __all__ = [
     "TopicIndex",
@@ -45,6 +47,7 @@ __all__ = [
 ]
 
 DEFAULT_CACHE_SIZE = 4096
+_NO_CHILDREN: Any = MappingProxyType({})
 
 
 def is_valid_topic_name(topic: str) -> bool:
@@ -142,7 +145,9 @@ class _Node:
     __slots__ = ("children", "filter")
 
     def __init__(self) -> None:
-        self.children: dict[str, _Node] = {}
+        # a leaf (most nodes: one per client-specific filter) shares one read-only empty
+        # mapping; the first child makes a dict
+        self.children: dict[str, _Node] = _NO_CHILDREN
         self.filter: str | None = None
 
 
@@ -204,6 +209,8 @@ class TopicIndex:
         for level in topic_filter.split("/"):
             child = node.children.get(level)
             if child is None:
+                if node.children is _NO_CHILDREN:
+                    node.children = {}
                 child = node.children[level] = _Node()
             node = child
         if node.filter is not None:
@@ -263,6 +270,15 @@ class TopicIndex:
                 del cache[next(iter(cache))]
             cache[topic] = result
         return result
+
+    def has_match(self, topic: str) -> bool:
+        """Whether any stored filter matches ``topic``, without adding it to the match
+        cache: for one-off topics (``$SYS`` client events name the client) that would
+        only evict the hot ones."""
+        hit = self._cache.get(topic)
+        if hit is not None:
+            return bool(hit)
+        return bool(self._collect(topic))
 
     def _collect(self, topic: str) -> list[str]:
         out: list[str] = []

@@ -30,10 +30,11 @@ import asyncio
 import logging
 import threading
 from collections.abc import Callable
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 from protocols.context import Delivery
 from protocols.effects import CancelTimer, Close, Effect, Pause, SetTimer
+from protocols.rare import Rare
 
 log = logging.getLogger("gateway.net")
 
@@ -55,11 +56,56 @@ class CommitGate(Protocol):
     def after_commit(self, callback: Callable[[], None]) -> None: ...
 
 
+class Bucket:
+    """The owners with a timer due in one second of a :class:`TimerWheel`.
+
+    The owners' first timers form a circular doubly linked list through their own
+    ``_w_prev``/``_w_next`` slots, the bucket being the list's head: entering and leaving
+    cost no allocation and an idle connection costs the wheel two slots. An owner's
+    other wheel timers (rare: a connection with a stalled packet and a keepalive due in
+    the same second) go in ``extra``."""
+
+    __slots__ = ("_w_next", "_w_prev", "extra")
+
+    def __init__(self) -> None:
+        self._w_next: Bucket | EffectLoop = self
+        self._w_prev: Bucket | EffectLoop = self
+        self.extra: set[EffectLoop] | None = None
+
+    def link(self, owner: EffectLoop) -> None:
+        last = self._w_prev
+        owner._w_prev = last
+        owner._w_next = self
+        last._w_next = owner
+        self._w_prev = owner
+
+    def owners(self) -> list[EffectLoop]:
+        out: list[EffectLoop] = []
+        node = self._w_next
+        while isinstance(node, EffectLoop):  # back at the bucket: done
+            out.append(node)
+            nxt = node._w_next
+            assert nxt is not None, "an owner in a bucket's list is linked"
+            node = nxt
+        if self.extra:
+            out.extend(o for o in self.extra if o not in out)
+        return out
+
+
+def _unlink(owner: EffectLoop) -> None:
+    prev, nxt = owner._w_prev, owner._w_next
+    if prev is not None and nxt is not None:
+        prev._w_next = nxt
+        nxt._w_prev = prev
+    owner._w_prev = owner._w_next = None
+
+
 class TimerWheel:
     """Coarse timers, one second of resolution, for the long timeouts every connection
     has (keepalive, idle, packet timeouts): one event-loop callback per second for all
     of them instead of one ``TimerHandle`` (~650 bytes) per connection.
 
+    An owner's timer is the :class:`Bucket` it waits in (no key, no tuple, no handle).
     Invariant: an entry fires at most once, no earlier than asked and at most about a
     second later; a cancelled entry never fires.
     """
@@ -68,7 +114,8 @@ class TimerWheel:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self.buckets: dict[int, set[tuple[EffectLoop, str]]] = {}
+        # second -> owners due then; a bucket emptied by cancels stays until its second
+        self.buckets: dict[int, Bucket] = {}
         self.handle: asyncio.TimerHandle | None = None
 
     @classmethod
@@ -78,28 +125,29 @@ class TimerWheel:
             wheel = cls._wheels[loop] = TimerWheel(loop)
         return wheel
 
-    def add(self, owner: EffectLoop, name: str, delay: float) -> int:
+    def add(self, owner: EffectLoop, delay: float, *, first: bool) -> Bucket:
+        """Enter ``owner`` in the bucket due ``delay`` seconds from now, linked in (its
+        ``first`` timer) or in the bucket's ``extra`` set; returns the bucket."""
         key = int(self.loop.time() + delay) + 1
         bucket = self.buckets.get(key)
         if bucket is None:
-            bucket = self.buckets[key] = set()
-        bucket.add((owner, name))
+            bucket = self.buckets[key] = Bucket()
+        if first:
+            bucket.link(owner)
+        else:
+            if bucket.extra is None:
+                bucket.extra = set()
+            bucket.extra.add(owner)
         if self.handle is None:
             self.handle = self.loop.call_later(1.0, self._tick)
-        return key
-
-    def cancel(self, owner: EffectLoop, name: str, key: int) -> None:
-        bucket = self.buckets.get(key)
-        if bucket is not None:
-            bucket.discard((owner, name))
-            if not bucket:
-                del self.buckets[key]
+        return bucket
 
     def _tick(self) -> None:
         now = self.loop.time()
         for key in sorted(k for k in self.buckets if k <= now):
-            for owner, name in self.buckets.pop(key, ()):
-                owner._fire_wheel(name, key)
+            bucket = self.buckets.pop(key)
+            for owner in bucket.owners():  # a snapshot: firing unlinks owners
+                owner._fire_wheel(bucket)
         self.handle = self.loop.call_later(1.0, self._tick) if self.buckets else None
 
 
@@ -120,20 +168,52 @@ _input = _InputState()
 WHEEL_MIN_DELAY = 2.0
 
 
+# A timer: an event-loop handle, or the TimerWheel bucket it waits in.
+TimerEntry = asyncio.TimerHandle | Bucket
+
+
 class EffectLoop:
-    """Carries out one channel's effects; base class of the transport shells."""
+    """Carries out one channel's effects; base class of the transport shells.
+
+    Slots, and nothing made before it is needed: there is one per connection (an idle
+    MQTT connection has one timer, its keepalive, held in ``_t_name``/``_t_entry`` and,
+    on the wheel, linked into its bucket through ``_w_prev``/``_w_next``; ``timers`` is
+    made only for a second timer, ``held`` only for a commit hold)."""
+
+    __slots__ = (
+        "_held_total",
+        "_rare",
+        "_released_total",
+        "_t_entry",
+        "_t_name",
+        "_w_next",
+        "_w_prev",
+        "channel",
+        "closed",
+        "gate",
+        "held",
+        "loop",
+    )
 
     channel: Channel | None
+    # name -> entry of the timers after the first (rare: a stalled packet's timer while
+    # the keepalive runs); protocols.rare keeps it out of the slots
+    timers: Rare[dict[str, TimerEntry] | None] = Rare(None)
 
     def __init__(self, gate: CommitGate | None, loop: asyncio.AbstractEventLoop) -> None:
+        self._rare: dict[str, Any] | None = None  # the Rare attributes of the class
         self.gate = gate
         self.loop = loop
         self.channel = None
-        self.held: list[Effect] = []
+        self.held: list[Effect] | None = None
         self._held_total = 0  # effects ever held, and ever released (commit marks)
         self._released_total = 0
-        # name -> a loop TimerHandle, or the TimerWheel bucket (an int) it waits in
-        self.timers: dict[str, asyncio.TimerHandle | int] = {}
+        # the first timer inline, the others in ``timers`` (name -> entry)
+        self._t_name: str | None = None
+        self._t_entry: TimerEntry | None = None
+        # links of the first timer in its wheel bucket (None: not on the wheel)
+        self._w_prev: Bucket | EffectLoop | None = None
+        self._w_next: Bucket | EffectLoop | None = None
         self.closed = False
 
     # -- what a shell provides ---------------------------------------------------------
@@ -211,34 +291,80 @@ class EffectLoop:
 
     # -- effects -------------------------------------------------------------------
 
+    def _timer(self, name: str) -> TimerEntry | None:
+        if self._t_name == name:
+            return self._t_entry
+        timers = self.timers
+        return timers.get(name) if timers else None
+
+    def _pop_timer(self, name: str) -> TimerEntry | None:
+        """Forget timer ``name`` (and leave its wheel bucket); its entry, or None."""
+        if self._t_name == name:
+            entry = self._t_entry
+            self._t_name = self._t_entry = None
+            if type(entry) is Bucket:  # the first timer is linked into its bucket
+                _unlink(self)
+            return entry
+        timers = self.timers
+        if not timers:
+            return None
+        entry = timers.pop(name, None)
+        # the others wait in the bucket's set: leave it unless another one is there
+        if (
+            type(entry) is Bucket
+            and entry.extra is not None
+            and not any(e is entry for e in timers.values())
+        ):
+            entry.extra.discard(self)
+        if not timers:
+            self.timers = None
+        return entry
+
+    def _put_timer(self, name: str, entry: TimerEntry) -> None:
+        if self._t_name is None:
+            self._t_name = name
+            self._t_entry = entry
+            return
+        timers = self.timers
+        if timers is None:
+            timers = self.timers = {}
+        timers[name] = entry
+
     def _fire(self, name: str) -> None:
-        self.timers.pop(name, None)
+        self._pop_timer(name)
         if self.channel is not None and not self.closed:
             self._run(self.channel.on_timer(name))
 
-    def _fire_wheel(self, name: str, key: int) -> None:
-        if self.timers.get(name) == key:
-            self._fire(name)
+    def _fire_wheel(self, bucket: Bucket) -> None:
+        """The wheel reached ``bucket``: fire this owner's timers that wait in it."""
+        names = [self._t_name] if self._t_entry is bucket else []
+        if self.timers:
+            names.extend(n for n, e in self.timers.items() if e is bucket)
+        for name in names:
+            if name is not None and self._timer(name) is bucket:  # not re-set meanwhile
+                self._fire(name)
 
     def _set_timer(self, name: str, seconds: float) -> None:
         self._cancel_timer(name)
+        entry: TimerEntry
         if seconds >= WHEEL_MIN_DELAY:
-            self.timers[name] = TimerWheel.of(self.loop).add(self, name, seconds)
+            first = self._t_name is None  # as _put_timer decides
+            entry = TimerWheel.of(self.loop).add(self, seconds, first=first)
         else:
-            self.timers[name] = self.loop.call_later(seconds, self._fire, name)
+            entry = self.loop.call_later(seconds, self._fire, name)
+        self._put_timer(name, entry)
 
     def _cancel_timer(self, name: str) -> None:
-        old = self.timers.pop(name, None)
-        if old is None:
-            return
-        if isinstance(old, int):
-            TimerWheel.of(self.loop).cancel(self, name, old)
-        else:
+        old = self._pop_timer(name)
+        if old is not None and not isinstance(old, Bucket):  # a loop handle (uvloop's too)
             old.cancel()
 
     def _cancel_timers(self) -> None:
-        for name in list(self.timers):
-            self._cancel_timer(name)
+        if self._t_name is not None:
+            self._cancel_timer(self._t_name)
+        if self.timers:
+            for name in list(self.timers):
+                self._cancel_timer(name)
 
     def _run(self, effects: list[Effect]) -> None:
         if not effects:
@@ -249,7 +375,10 @@ class EffectLoop:
             # since an earlier hold registered its callback, so they wait for a callback
             # registered now. Callbacks run in registration order; each releases what
             # was held up to its registration.
-            self.held.extend(effects)
+            held = self.held
+            if held is None:
+                held = self.held = []
+            held.extend(effects)
             self._held_total += len(effects)
             mark = self._held_total
             gate.after_commit(lambda: self._release(mark))
@@ -258,10 +387,13 @@ class EffectLoop:
 
     def _release(self, mark: int) -> None:
         n = mark - self._released_total
-        if n <= 0:
+        held = self.held
+        if n <= 0 or held is None:
             return
-        effects = self.held[:n]
-        del self.held[:n]
+        effects = held[:n]
+        del held[:n]
+        if not held:
+            self.held = None  # an idle connection keeps no empty list
         self._released_total = mark
         if self._writable():
             self._execute(effects)

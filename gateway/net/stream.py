@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, cast
@@ -36,6 +37,7 @@ from gateway.net.shell import CommitGate, EffectLoop
 from protocols import ratelimit
 from protocols.context import Delivery
 from protocols.effects import Effect
+from protocols.rare import Rare
 
 log = logging.getLogger("gateway.net")
 
@@ -129,6 +131,20 @@ class ListenerLimits:
 
 
 class StreamShell(EffectLoop, asyncio.Protocol):
+    # one per connection: slots (an instance dict would cost ~100 bytes more); the
+    # timers of a closing, rate-limited or slow-reading connection are rare: kept out
+    linger: Rare[asyncio.TimerHandle | None] = Rare(None)
+    resume: Rare[asyncio.TimerHandle | None] = Rare(None)  # reading paused until
+    send_timer: Rare[asyncio.TimerHandle | None] = Rare(None)
+
+    __slots__ = (
+        "factory",
+        "limits",
+        "transport",
+        "wbuf",
+        "write_blocked",
+    )
+
     channel: StreamChannel | None
 
     def __init__(
@@ -138,11 +154,10 @@ class StreamShell(EffectLoop, asyncio.Protocol):
         self.limits = limits
         self.factory = factory
         self.transport: asyncio.Transport | None = None
-        self.linger: asyncio.TimerHandle | None = None
-        self.resume: asyncio.TimerHandle | None = None  # reading paused (rate limit) until
         self.write_blocked = False  # the transport is above its high-water mark
-        self.send_timer: asyncio.TimerHandle | None = None
-        self.wbuf: list[bytes] = []  # written this loop turn, flushed by _flush
+        # written this loop turn, flushed by _flush; None between turns (an idle
+        # connection holds no list)
+        self.wbuf: list[bytes] | None = None
 
     # -- asyncio.Protocol ------------------------------------------------------------
 
@@ -150,7 +165,8 @@ class StreamShell(EffectLoop, asyncio.Protocol):
         # uvloop's transports implement asyncio.Transport without subclassing it
         self.transport = transport = cast(asyncio.Transport, transport)
         peer = transport.get_extra_info("peername")
-        peer_t: tuple[str, int] | None = (peer[0], peer[1]) if peer else None
+        # (host, port), the host interned: clients behind one address share the string
+        peer_t: tuple[str, int] | None = (sys.intern(peer[0]), peer[1]) if peer else None
         refusal = self.limits.admit(peer_t[0] if peer_t else None)
         if refusal is not None:
             self.limits.refuse(peer_t, refusal)
@@ -249,7 +265,7 @@ class StreamShell(EffectLoop, asyncio.Protocol):
             # max_packet_size of a half-received packet) go at once, not at the next
             # full garbage collection.
             self.channel = None
-            self.held = []
+            self.held = None
 
     # -- EffectLoop ------------------------------------------------------------------
 
@@ -261,18 +277,18 @@ class StreamShell(EffectLoop, asyncio.Protocol):
         subscriber fed by many publishers (or a publisher answered with many acks) costs
         one send() per turn instead of one per packet."""
         buf = self.wbuf
-        if not buf:
+        if buf is None:
+            self.wbuf = buf = []
             self.loop.call_soon(self._flush)
         buf.extend(writes)
 
     def _flush(self) -> None:
         buf = self.wbuf
+        self.wbuf = None
         transport = self.transport
         if not buf or transport is None or transport.is_closing():
-            buf.clear()
             return
         transport.write(buf[0] if len(buf) == 1 else b"".join(buf))
-        buf.clear()
         if self.write_blocked:
             cap = self.limits.max_send_buffer
             if cap and transport.get_write_buffer_size() > cap:

@@ -30,6 +30,8 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from enum import Enum
+from types import MappingProxyType
+from typing import Any
 
 from protocols.context import (
     AUTH_PENDING,
@@ -74,6 +76,7 @@ from protocols.mqtt.packets import (
 )
 from protocols.mqtt.reason_codes import ReasonCode, to_v3_connack
 from protocols.mqtt.topics import is_wildcard, parse_shared
+from protocols.rare import Rare
 from protocols.ratelimit import TokenBucket
 
 log = logging.getLogger("protocols.mqtt.channel")
@@ -82,6 +85,17 @@ RC = ReasonCode
 _ACK = struct.Struct(">BBH")  # PUBACK/PUBREC/PUBREL/PUBCOMP: type+flags, length 2, packet id
 _PINGRESP = b"\xd0\x00"
 NO_EXPIRY = 0xFFFFFFFF
+# The alias maps of a connection that has none (most): shared, and writing to it fails.
+_NO_ALIASES: Any = MappingProxyType({})
+# ``_out`` between entry points: no list held by an idle connection; appending is a bug.
+_NOT_BUSY: Any = None
+# Keepalive values above 256 (not cached by CPython) shared between connections: a fleet
+# uses a handful of them, and each would otherwise be a 32-byte int per connection.
+_INTS: dict[int, int] = {}
+
+
+def _shared_int(n: int) -> int:
+    return _INTS.setdefault(n, n)
 
 
 @dataclass(slots=True)
@@ -172,36 +186,44 @@ def _will_properties(p: Properties) -> Properties:
 
 
 class MqttChannel:
-    # One channel per connection: slots keep an idle connection small (bench/README.md).
+    # One channel per connection: slots keep an idle connection small (bench/README.md);
+    # what few connections hold at a time is kept out of them (protocols.rare; a Rare
+    # value costs a dict while set): for authentication the CONNECT (and assigned client
+    # id) while it is decided, the enhanced authentication method and exchange, and data
+    # for the CONNACK.
+    _pending_connect: Rare[tuple[Connect, str | None] | None] = Rare(None)
+    _auth_method: Rare[str | None] = Rare(None)
+    _exchange: Rare[AuthExchange | None] = Rare(None)
+    _auth_data_out: Rare[bytes | None] = Rare(None)
+    # ... and what is set only before the CONNACK or at the end: the peer address (until
+    # ClientInfo holds it), deliveries pushed before the CONNACK, whether the core has
+    # been told of the end
+    peer: Rare[tuple[str, int] | None] = Rare(None)
+    _held: Rare[list[Delivery] | None] = Rare(None)
+    _core_closed: Rare[bool] = Rare(False)
+
     __slots__ = (
         "_aliases_in",
         "_aliases_out",
-        "_auth_data_out",
-        "_auth_method",
+        "_rare",
+        "expiry_interval",
+        "peer_cert",
         "_buffered_before",
-        "_busy",
         "_bytes",
-        "_core_closed",
-        "_exchange",
-        "_held",
         "_messages",
         "_monotonic",
         "_out",
         "_packet_timer",
         "_partial_since",
         "_paused_until",
-        "_pending_connect",
         "_published",
         "client_alias_max",
         "conn",
         "context",
-        "expiry_interval",
         "handle",
         "info",
         "keepalive",
         "last_rx",
-        "peer",
-        "peer_cert",
         "session",
         "settings",
         "state",
@@ -221,7 +243,9 @@ class MqttChannel:
         self.context = context
         self.settings = settings
         self.handle = handle
+        self._rare: dict[str, Any] | None = None  # see the Rare attributes of the class
         self.peer = peer
+        self.expiry_interval = 0
         self.peer_cert = peer_cert  # a verified TLS client certificate: "cn", "dn", "san"
         self.conn = Connection(Role.SERVER, max_incoming_packet_size=settings.max_packet_size)
         self.state = State.CONNECTING
@@ -230,15 +254,13 @@ class MqttChannel:
         self.session: SessionAPI | None = None
         self.keepalive = 0.0
         self.last_rx = 0.0
-        self.expiry_interval = 0
         self.client_alias_max = 0
-        self._aliases_in: dict[int, str] = {}
-        self._aliases_out: dict[str, int] = {}
+        # topic aliases (MQTT 5): a read-only empty mapping until the first alias
+        self._aliases_in: dict[int, str] = _NO_ALIASES
+        self._aliases_out: dict[str, int] = _NO_ALIASES
         self._monotonic = monotonic
-        self._out: list[Effect] = []
-        self._busy = False
-        self._held: list[Delivery] = []
-        self._core_closed = False
+        # effects of the entry point running now; _NOT_BUSY (None) between entry points
+        self._out: list[Effect] = _NOT_BUSY
         # protection: rate buckets, reading paused until (monotonic), the start of the
         # packet being received and whether its timer runs, PUBLISH count not yet charged
         now = monotonic()
@@ -257,12 +279,6 @@ class MqttChannel:
         self._packet_timer = False
         self._buffered_before = 0
         self._published = 0
-        # authentication: the CONNECT (and assigned client id) while it is decided, the
-        # enhanced authentication method and exchange, and data for the CONNACK
-        self._pending_connect: tuple[Connect, str | None] | None = None
-        self._auth_method: str | None = None
-        self._exchange: AuthExchange | None = None
-        self._auth_data_out: bytes | None = None
 
     # -- entry points from the shell ---------------------------------------------------
 
@@ -393,15 +409,16 @@ class MqttChannel:
         if self.state is _CLOSED:
             return []
         if self.state is not _CONNECTED:
+            if self._held is None:
+                self._held = []
             self._held.extend(deliveries)
             return []
-        if self._busy:  # re-entrant: the outer call returns these effects
+        if self._out is not _NOT_BUSY:  # re-entrant: the outer call returns these effects
             self._send_deliveries(deliveries)
             return []
-        self._busy = True
+        out = self._out = []
         self._send_deliveries(deliveries)
-        self._busy = False
-        out, self._out = self._out, []
+        self._out = _NOT_BUSY
         return out
 
     def release(self, packet_id: int) -> list[Effect]:
@@ -425,16 +442,15 @@ class MqttChannel:
     # -- plumbing ------------------------------------------------------------------
 
     def _enter(self) -> bool:
-        if self._busy:
+        if self._out is not _NOT_BUSY:
             return False
-        self._busy = True
+        self._out = []
         return True
 
     def _leave(self, outer: bool) -> list[Effect]:
         if not outer:
             return []
-        self._busy = False
-        out, self._out = self._out, []
+        out, self._out = self._out, _NOT_BUSY
         return out
 
     def _send(self, packet: Packet) -> None:
@@ -575,12 +591,13 @@ class MqttChannel:
             peer_port=port,
             listener=s.listener,
             mountpoint=s.mountpoint,
-            keepalive=p.keepalive,
+            keepalive=_shared_int(p.keepalive),
             clean_start=p.clean_start,
         )
         self.info = info
+        self.peer = None  # the info holds host and port now: one tuple less per connection
         if self.peer_cert is not None and s.peer_cert_authenticates and p.password is None:
-            info.attrs["authn"] = "x509"  # the certificate is the credential
+            info.set_attr("authn", "x509")  # the certificate is the credential
         method = props.authentication_method if v == MQTT_5 else None
         if method is not None:
             self._start_enhanced_auth(p, assigned, method)
@@ -791,14 +808,19 @@ class MqttChannel:
         self._send(ConnAck(result.session_present, 0, ack_props))
         self.context.connack(info, 0)
         self.state = State.CONNECTED
-        self.keepalive = float(keepalive)
+        self.keepalive = _shared_int(keepalive)  # an int, shared: no float per connection
         self._out.append(CancelTimer("idle"))
         if keepalive:
             self._out.append(SetTimer("keepalive", keepalive * s.keepalive_multiplier))
         if self._held:
-            held, self._held = self._held, []
+            held, self._held = self._held, None
             self._send_deliveries(held)
         result.session.resume()
+
+    def _subscriptions_full(self, session: SessionAPI, full: str) -> bool:
+        # read afresh: a session's first subscription replaces its (shared, empty) dict
+        subs = session.subscriptions
+        return full not in subs and len(subs) >= self.settings.max_subscriptions
 
     # -- PUBLISH in ----------------------------------------------------------------
 
@@ -813,6 +835,8 @@ class MqttChannel:
             if alias == 0 or alias > s.max_topic_alias:
                 raise _Disconnect(RC.TOPIC_ALIAS_INVALID, f"topic alias {alias} out of range")
             if topic:
+                if self._aliases_in is _NO_ALIASES:
+                    self._aliases_in = {}
                 self._aliases_in[alias] = topic
             else:
                 known = self._aliases_in.get(alias)
@@ -957,6 +981,8 @@ class MqttChannel:
                 log.info("%s: not sent (%s)", self._who(), exc)
                 continue
             if new_alias:
+                if self._aliases_out is _NO_ALIASES:
+                    self._aliases_out = {}
                 self._aliases_out[topic] = len(self._aliases_out) + 1
         if dropped:
             self.context.incr("messages.dropped", len(dropped))
@@ -1058,7 +1084,6 @@ class MqttChannel:
         sid = ids[0] if ids else None
         codes: list[int] = []
         accepted: list[tuple[str, SubOptions, bool]] = []
-        subs = session.subscriptions
         for sub in p.subscriptions:
             f = sub.topic_filter
             group, real = parse_shared(f)
@@ -1069,7 +1094,7 @@ class MqttChannel:
                 code = RC.WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED
             elif s.max_topic_levels and real.count("/") >= s.max_topic_levels:
                 code = RC.TOPIC_FILTER_INVALID
-            elif s.max_subscriptions and full not in subs and len(subs) >= s.max_subscriptions:
+            elif s.max_subscriptions and self._subscriptions_full(session, full):
                 code = RC.QUOTA_EXCEEDED
             elif not self.context.authorize(info, "subscribe", full):
                 code = s.subscribe_deny_code

@@ -92,6 +92,19 @@ class Role(Enum):
 class Connection:
     """One end of an MQTT connection; see the module docstring for the rules."""
 
+    # one per network connection: slots keep an idle one small
+    __slots__ = (
+        "_buffer",
+        "_connect_received",
+        "_error",
+        "_from_client",
+        "_offset",
+        "max_incoming_packet_size",
+        "max_outgoing_packet_size",
+        "protocol_level",
+        "role",
+    )
+
     def __init__(
         self,
         role: Role,

@@ -312,3 +312,48 @@ def test_unsubscribe(node: Node) -> None:
     node.publish(a, msg("t"))
     assert ha.delivered == []
     assert len(node.broker.index) == 0
+
+
+# -- idle memory: per-session state made on first use -----------------------------------
+
+
+def test_idle_sessions_share_one_read_only_empty_dict(node: Node) -> None:
+    _, _, _ = connect(node, "a")
+    _, _, _ = connect(node, "b")
+    a, b = node.sessions["a"], node.sessions["b"]
+    shared = a.subscriptions
+    assert a.inflight is shared and a.released is shared and a.awaiting_rel is shared
+    assert b.subscriptions is shared
+    with pytest.raises(RuntimeError):
+        a.subscriptions["x"] = SubOptions(1)
+    assert a.inflight.pop(1, None) is None and not shared  # reading works as on {}
+
+
+def test_first_write_gives_a_session_its_own_dicts(node: Node) -> None:
+    info, h, _ = connect(node, "sub", clean=False, expiry=60)
+    connect(node, "other")
+    node.subscribe(info, "t/#", SubOptions(1))
+    node.publish(ClientInfo("pub"), msg("t/1", qos=1))
+    s, other = node.sessions["sub"], node.sessions["other"]
+    assert list(s.subscriptions) == ["t/#"] and len(s.inflight) == 1
+    assert not other.subscriptions and not other.inflight
+    assert s.subscriptions is not other.subscriptions
+    d = h.delivered[0]
+    assert d.packet_id is not None and s.puback(d.packet_id) and not s.inflight
+
+
+def test_only_publish_decisions_are_cached(node: Node) -> None:
+    info, _, _ = connect(node, "c")
+    assert node.authorize(info, "subscribe", "a/b")
+    assert info.authz_cache is None  # an idle subscribed client keeps no cache
+    assert node.authorize(info, "publish", "a/b")
+    assert info.authz_cache is not None and list(info.authz_cache) == [("publish", "a/b")]
+
+
+def test_client_attrs_shared_until_set() -> None:
+    a, b = ClientInfo("a"), ClientInfo("b")
+    assert a.attrs is b.attrs and not a.attrs
+    with pytest.raises(TypeError):
+        a.attrs["x"] = 1
+    a.set_attr("authn", "builtin_db")
+    assert a.attrs == {"authn": "builtin_db"} and not b.attrs

@@ -324,3 +324,25 @@ def test_filter_covers_agrees_with_enumeration(outer: str, inner: str) -> None:
 )
 def test_filter_covers_examples(outer: str, inner: str, covers: bool) -> None:
     assert filter_covers(outer, inner) is covers
+
+
+def test_has_match_leaves_the_cache_alone() -> None:
+    idx = TopicIndex()
+    idx.add("$SYS/brokers/+/clients/#")
+    assert idx.has_match("$SYS/brokers/n/clients/c1/connected")
+    assert not idx.has_match("$SYS/brokers/n/other")
+    assert not idx._cache
+    assert idx.lookup("$SYS/brokers/n/clients/c1/connected")  # now cached
+    assert idx.has_match("$SYS/brokers/n/clients/c1/connected")
+
+
+def test_leaves_share_an_empty_children_mapping() -> None:
+    idx = TopicIndex()
+    idx.add("dev/1/cmd")
+    idx.add("dev/2/cmd")
+    one = idx._root.children["dev"].children["1"].children["cmd"]
+    two = idx._root.children["dev"].children["2"].children["cmd"]
+    assert one.children is two.children and not one.children
+    idx.add("dev/1/cmd/x")
+    assert idx.match("dev/1/cmd/x") == ["dev/1/cmd/x"] and not two.children
+    assert idx.remove("dev/1/cmd/x") and idx.match("dev/1/cmd") == ["dev/1/cmd"]

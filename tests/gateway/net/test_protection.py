@@ -318,5 +318,5 @@ def test_connection_lost_lets_go_of_the_channel() -> None:
     shell, _, _, _ = make_shell()
     shell.held = [b"unsent"]
     shell.connection_lost(None)
-    assert shell.channel is None and shell.held == []
+    assert shell.channel is None and not shell.held
     shell.deliver([])  # a late delivery from the core is ignored
