@@ -142,8 +142,14 @@ def build_authorizer(config: GatewayConfig) -> Authorizer:
 class Gateway:
     """A running node: the core plus its listeners."""
 
-    def __init__(self, config: GatewayConfig) -> None:
+    def __init__(self, config: GatewayConfig, worker: int | None = None) -> None:
         self.config = config
+        # worker index of a multi-worker node (docs/workers.md), None for a single process:
+        # workers share the stream listeners' ports (SO_REUSEPORT); datagram listeners and
+        # bridges run in worker 0 only (a UDP peer or an upstream session needs one home)
+        self.worker = worker
+        self.primary = worker is None or worker == 0
+        self._stream_options: dict[str, Any] = {"reuse_port": True} if worker is not None else {}
         self.node: Node | None = None
         self.committer: GroupCommitter | None = None
         self.archiver: Archiver | None = None
@@ -182,13 +188,16 @@ class Gateway:
         self.cluster = cluster_from_config(config, node, self.committer, self.admin.version)
         if self.cluster is not None:  # before the listeners: publishes are forwarded
             await self.cluster.start()
+            if self.worker is not None:
+                await self._await_siblings(self.cluster)
         if config.fleet.archiver.enable:
             self.archiver = Archiver(
                 settings_from_config(config), node.scheduler, metrics=node.metrics
             )
             self.archiver.attach(node.hooks)
             log.info("fleet archiver writing to %s", self.archiver.settings.root)
-        if config.bridges.mqtt:  # before the listeners: forwards see the first publishes
+        # before the listeners: forwards see the first publishes
+        if config.bridges.mqtt and self.primary:
             self.bridges = Bridges(node, config)
             self.bridges.start()
         gate = self.committer
@@ -207,7 +216,9 @@ class Gateway:
                 deny=[str(n) for n in lst.deny],
             )
             factory = _mqtt_factory(node, settings, monotonic)
-            server = await start_stream_listener(lst.bind, limits, factory, gate)
+            server = await start_stream_listener(
+                lst.bind, limits, factory, gate, **self._stream_options
+            )
             self.servers.append(server)
             addrs = ", ".join(_fmt(s.getsockname()) for s in server.sockets)
             log.info("listener tcp:%s (MQTT) on %s", name, addrs)
@@ -238,6 +249,7 @@ class Gateway:
                 gate,
                 ssl=tls.server_context,
                 ssl_handshake_timeout=config.mqtt.idle_timeout,
+                **self._stream_options,
             )
             self.servers.append(server)
             addrs = ", ".join(_fmt(s.getsockname()) for s in server.sockets)
@@ -246,10 +258,24 @@ class Gateway:
                 "ssl", name, "mqtt", ssl_lst.bind, limits, addrs.split(", ")
             )
         await self._start_websocket_listeners(node, gate, monotonic)
-        await self._start_mqttsn(node, gate, monotonic)
-        await self._start_coap(node, gate, monotonic)
-        await self._start_lwm2m(node, gate, monotonic)
+        if self.primary:
+            await self._start_mqttsn(node, gate, monotonic)
+            await self._start_coap(node, gate, monotonic)
+            await self._start_lwm2m(node, gate, monotonic)
         await self.admin.start()  # API, $SYS, trace: once the core and listeners exist
+
+    async def _await_siblings(self, cluster: Cluster) -> None:
+        """A worker opens its listeners once its links to every sibling are up (their
+        routes and sessions known, so a client it accepts can take its session over), or
+        after twice ``cluster.connect_timeout`` (a sibling that is down or restarting)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 2 * self.config.cluster.connect_timeout
+        while loop.time() < deadline:
+            if all(p.state == "up" for p in cluster.peers.values()):
+                return
+            await asyncio.sleep(0.05)  # bounded poll of the link states
+        down = sorted(n for n, p in cluster.peers.items() if p.state != "up")
+        log.warning("opening the listeners before the links to %s are up", ", ".join(down))
 
     def reload(self) -> None:
         """SIGHUP: re-read the ssl listeners' certificates and the authorization rules
@@ -325,7 +351,9 @@ class Gateway:
                         "ssl": tls.server_context,
                         "ssl_handshake_timeout": config.mqtt.idle_timeout,
                     }
-                server = await start_stream_listener(lst.bind, limits, factory, gate, **extra)
+                server = await start_stream_listener(
+                    lst.bind, limits, factory, gate, **extra, **self._stream_options
+                )
                 self.servers.append(server)
                 addrs = ", ".join(_fmt(s.getsockname()) for s in server.sockets)
                 log.info(
@@ -777,8 +805,8 @@ def lwm2m_settings(config: GatewayConfig, listener: str, model: ObjectModel) -> 
     )
 
 
-async def serve(config: GatewayConfig) -> int:
-    gateway = Gateway(config)
+async def serve(config: GatewayConfig, worker: int | None = None) -> int:
+    gateway = Gateway(config, worker)
     try:
         await gateway.start()
     except OSError as exc:
@@ -803,9 +831,9 @@ async def serve(config: GatewayConfig) -> int:
     return 0
 
 
-def run(config: GatewayConfig) -> int:
+def run(config: GatewayConfig, worker: int | None = None) -> int:
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
-        return asyncio.run(serve(config))
-    return uvloop.run(serve(config))
+        return asyncio.run(serve(config, worker))
+    return uvloop.run(serve(config, worker))

@@ -1,0 +1,133 @@
+"""A 2-worker gatewayd acts as one broker: connections spread over both workers (the
+kernel's SO_REUSEPORT), messages cross between them at QoS 0/1/2, retained messages are
+seen from both, a persistent session follows its client to whichever worker it lands on,
+a worker killed with -9 is restarted, and systemd hears READY once, then watchdog pings."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.gateway.cluster.harness import Client, wait_until
+from tests.gateway.workers.harness import WorkerNode
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def node(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[WorkerNode]:
+    n = WorkerNode(tmp_path)
+    try:
+        n.start()
+        yield n
+    finally:
+        code = n.stop()
+        rep = getattr(request.node, "rep_call", None)
+        if rep is not None and rep.failed:
+            print(f"----- gatewayd -----\n{n.log()[-12000:]}")
+    assert code == 0, n.log()[-4000:]
+
+
+def test_spread_cross_worker_qos_and_retained(node: WorkerNode) -> None:
+    clients = [Client(node, f"spread-{k}") for k in range(16)]  # type: ignore[arg-type]
+    def per_worker() -> list[int] | None:
+        counts = [len(node.connected(i)) for i in (0, 1)]
+        return counts if sum(counts) == 16 else None
+
+    counts = wait_until(per_worker, what="16 clients listed")
+    assert all(c > 0 for c in counts), counts  # the kernel spread them
+    for c in clients:
+        c.close()
+
+    sub0 = node.client_on(0, "sub0").subscribe("x/#", 2)
+    sub1 = node.client_on(1, "sub1").subscribe("x/#", 2)
+    wait_until(lambda: node.routes_of(1, 0) >= 1 and node.routes_of(0, 1) >= 1,
+               what="routes on both workers")
+    pub0 = node.client_on(0, "pub0")
+    pub1 = node.client_on(1, "pub1")
+    for qos in (0, 1, 2):
+        pub1.publish(f"x/from1/{qos}", f"a{qos}", qos=qos)
+        pub0.publish(f"x/from0/{qos}", f"b{qos}", qos=qos)
+    for sub in (sub0, sub1):
+        got = sorted((m.topic, m.payload, m.qos) for m in sub.collect(6))
+        assert got == sorted(
+            [(f"x/from1/{q}", f"a{q}".encode(), q) for q in (0, 1, 2)]
+            + [(f"x/from0/{q}", f"b{q}".encode(), q) for q in (0, 1, 2)]
+        )
+    pub1.publish("r/state", "kept", qos=1, retain=True)
+    for i in (0, 1):  # the retained message is on both workers
+        def retained_on(i: int = i) -> bool:
+            c = node.client_on(i, f"ret{i}").subscribe("r/#", 1)
+            try:
+                m = c.next_message(2)
+                return bool(m.retain and m.payload == b"kept")
+            finally:
+                c.close()
+        wait_until(retained_on, what=f"retained message on worker {i}")
+    for c in (sub0, sub1, pub0, pub1):
+        c.close()
+
+
+def test_persistent_session_follows_its_client(node: WorkerNode) -> None:
+    roamer = Client(node, "roamer", clean=False, session_expiry=600)  # type: ignore[arg-type]
+    roamer.subscribe("q/roam", 1)
+    home = wait_until(lambda: node.where("roamer") is not None and (node.where("roamer"),),
+                      what="roamer listed")[0]
+    wait_until(lambda: node.routes_of(1 - home, home) >= 1, what="the route on the sibling")
+    pub = Client(node, "roam-pub")  # type: ignore[arg-type]
+    seen: set[int] = {home}
+    k = 0
+    while k < 20 and (len(seen) < 2 or k < 6):
+        roamer.close()
+        wait_until(lambda: node.where("roamer") is None, what="roamer offline")
+        pub.publish("q/roam", f"m{k}", qos=1)  # queued for the offline session
+        roamer = Client(node, "roamer", clean=False, session_expiry=600)  # type: ignore[arg-type]
+        assert roamer.session_present
+        m = roamer.next_message()
+        assert (m.payload, m.qos) == (f"m{k}".encode(), 1)
+        home = wait_until(lambda: node.where("roamer") is not None and (node.where("roamer"),),
+                          what="roamer listed")[0]
+        seen.add(home)
+        # the session's route is where the session now is, on both workers' views
+        wait_until(lambda h=home: node.routes_of(1 - h, h) >= 1, what="the route moved")
+        k += 1
+    assert seen == {0, 1}, f"the session never moved ({k} reconnects)"
+    assert roamer.drain() == []  # each message exactly once
+    roamer.close()
+    pub.close()
+
+
+def test_killed_worker_is_restarted(node: WorkerNode) -> None:
+    victim = node.client_on(1, "victim")
+    survivor = node.client_on(0, "survivor").subscribe("k/#", 1)
+    old = node.kill_worker(1)
+    assert victim.disconnected.wait(20)
+    wait_until(lambda: "worker 1 exited (killed by SIGKILL): restarting" in node.log(),
+               what="the supervisor noticing")
+    wait_until(lambda: node.worker_pid(1) != old and node.worker_meshed(1)
+               and node.worker_meshed(0), 60, "worker 1 back and meshed")
+    wait_until(lambda: node.routes_of(1, 0) >= 1, what="worker 0's route on the new worker 1")
+    victim.close()
+    again = node.client_on(1, "victim")  # clients get back onto the restarted worker
+    again.publish("k/back", "hello", qos=1)
+    m = survivor.next_message()
+    assert m.payload == b"hello"
+    assert node.proc is not None and node.proc.poll() is None
+    ready = [m for m in node.notify.all() if "READY=1" in m]
+    assert len(ready) == 1, ready  # READY once, not again after a worker restart
+    again.close()
+    survivor.close()
+
+
+def test_systemd_hears_one_service(node: WorkerNode) -> None:
+    assert node.proc is not None
+    wait_until(lambda: any("WATCHDOG=1" in m for m in node.notify.all()), what="a ping")
+    msgs = node.notify.all()
+    ready = [m for m in msgs if "READY=1" in m]
+    assert len(ready) == 1
+    assert f"MAINPID={node.proc.pid}" in ready[0]
+    assert "w0: " in ready[0] and "w1: " in ready[0]
+    # worker API tokens are the node's: gatewayctl's file works against every worker
+    assert node.http(1, "GET", "/api/v5/clients")[0] == 200
