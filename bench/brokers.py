@@ -444,6 +444,13 @@ class GatewaydWorkers(Gatewayd):
         return total
 
 
+class GatewaydWorkersMemory(GatewaydWorkers):
+    """``gatewayd-2w`` without durability: the cross-worker QoS 1/2 outbox in memory."""
+
+    name = "gatewayd-2w-memory"
+    OPTIONAL_CONFIG = GatewaydMemory.OPTIONAL_CONFIG
+
+
 def free_port_run(n: int) -> int:
     """A port p with p..p+n-1 free on the loopback (probed, then closed)."""
     for _ in range(100):
@@ -464,7 +471,9 @@ def free_port_run(n: int) -> int:
 
 
 BROKERS: dict[str, type[Broker]] = {
-    b.name: b for b in (Gatewayd, GatewaydMemory, GatewaydWorkers, Mosquitto, Amqtt)
+    b.name: b for b in (
+        Gatewayd, GatewaydMemory, GatewaydWorkers, GatewaydWorkersMemory, Mosquitto, Amqtt
+    )
 }
 
 
