@@ -13,7 +13,8 @@ Invariants:
   systemd once every worker has said ``READY=1``; ``STATUS=`` is the workers' status
   lines joined; ``WATCHDOG=1`` is sent from the supervisor's loop, and a worker whose own
   pings (it gets the unit's ``WATCHDOG_USEC``) stop for a whole watchdog period is killed
-  with SIGABRT, as systemd would, and restarted.
+  with SIGABRT, as systemd would (SIGKILL :data:`ABORT_TIMEOUT` later if it is still
+  there), and restarted.
 - **A worker that dies is restarted** (the same index, name, ports and files) after a
   backoff that doubles from 0.5 s to 30 s and resets once it stayed up a minute. A worker
   that exits before its first READY at the node's start makes the node exit 1 (a
@@ -48,6 +49,7 @@ log = logging.getLogger("gateway.workers")
 BACKOFF_MIN = 0.5
 BACKOFF_MAX = 30.0
 STABLE_AFTER = 60.0  # a worker up this long restarts with the shortest backoff again
+ABORT_TIMEOUT = 5.0  # a worker aborted for its watchdog and still there gets SIGKILL
 STOP_TIMEOUT = 110.0  # then SIGKILL (systemd's TimeoutStopSec is 120 s)
 _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
@@ -62,6 +64,7 @@ class Worker:
     last_ping: float = field(default_factory=time.monotonic)
     started: float = 0.0
     restarts: int = 0
+    aborted_at: float | None = None  # when the watchdog sent it SIGABRT
     backoff: float = BACKOFF_MIN
 
 
@@ -143,6 +146,7 @@ class Supervisor:
         """Run worker ``w`` until the node stops, restarting it when it dies."""
         while not self._stop.is_set():
             w.ready = False
+            w.aborted_at = None
             w.status = "starting"
             w.started = w.last_ping = time.monotonic()
             w.proc = await asyncio.create_subprocess_exec(
@@ -251,11 +255,17 @@ class Supervisor:
             self.systemd.notify("WATCHDOG=1")
             now = time.monotonic()
             for w in self.workers:
-                if (w.ready and w.proc is not None and w.proc.returncode is None
-                        and now - w.last_ping > timeout):
+                if not w.ready or w.proc is None or w.proc.returncode is not None:
+                    continue
+                if w.aborted_at is None and now - w.last_ping > timeout:
                     log.error("worker %d missed its watchdog (%.0fs): aborting it",
                               w.index, now - w.last_ping)
+                    w.aborted_at = now
                     w.proc.send_signal(signal.SIGABRT)
+                elif w.aborted_at is not None and now - w.aborted_at > ABORT_TIMEOUT:
+                    log.error("worker %d still there %.0fs after SIGABRT: killing it",
+                              w.index, now - w.aborted_at)
+                    w.proc.send_signal(signal.SIGKILL)
 
 
 def _sender_pid(ancdata: list[tuple[int, int, bytes]]) -> int | None:

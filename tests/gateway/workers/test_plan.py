@@ -65,5 +65,5 @@ def test_pki_made_once_and_verifies(tmp_path: Path) -> None:
 def test_workers_refused_with_a_cluster(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="workers > 1 cannot be combined"):
         load_config(None, {"GATEWAY_NODE__WORKERS": "2", "GATEWAY_CLUSTER__ENABLE": "true"})
-    with pytest.raises(ConfigError, match="node.workers"):
+    with pytest.raises(ConfigError, match=r"node\.workers"):
         load_config(None, {"GATEWAY_NODE__WORKERS": "0"})

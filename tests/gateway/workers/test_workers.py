@@ -5,6 +5,9 @@ a worker killed with -9 is restarted, and systemd hears READY once, then watchdo
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -131,3 +134,25 @@ def test_systemd_hears_one_service(node: WorkerNode) -> None:
     assert "w0: " in ready[0] and "w1: " in ready[0]
     # worker API tokens are the node's: gatewayctl's file works against every worker
     assert node.http(1, "GET", "/api/v5/clients")[0] == 200
+
+
+def test_sighup_reaches_every_worker(node: WorkerNode) -> None:
+    assert node.proc is not None
+    node.proc.send_signal(signal.SIGHUP)
+    wait_until(lambda: all(f"[w{i}] gateway authorization reloaded" in node.log()
+                           for i in (0, 1)), what="both workers reloading")
+
+
+def test_hung_worker_is_aborted_and_restarted(node: WorkerNode) -> None:
+    """A worker whose loop stops (SIGSTOP: no watchdog pings) is aborted by the supervisor
+    after a watchdog period (2 s here), killed when SIGABRT cannot land, and restarted."""
+    old = node.worker_pid(0)
+    os.kill(old, signal.SIGSTOP)
+    try:
+        wait_until(lambda: "worker 0 missed its watchdog" in node.log(), what="the abort")
+        wait_until(lambda: node.worker_pid(0) != old, 30, "a new worker 0")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(old, signal.SIGCONT)
+    wait_until(lambda: node.worker_meshed(0) and node.worker_meshed(1), 60, "mesh again")
+    assert "worker 0 exited (killed by SIGKILL): restarting" in node.log()
