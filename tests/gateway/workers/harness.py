@@ -121,7 +121,7 @@ class WorkerNode:
             env={**clean_environ(), **self.env}, stdout=log, stderr=subprocess.STDOUT,
         )
         log.close()
-        wait_until(self.ready, 60, "every worker ready and meshed")
+        wait_until(self.ready, 120, "every worker ready and meshed")
         return self
 
     def ready(self) -> bool:
