@@ -145,8 +145,9 @@ class Gateway:
     def __init__(self, config: GatewayConfig, worker: int | None = None) -> None:
         self.config = config
         # worker index of a multi-worker node (docs/workers.md), None for a single process:
-        # workers share the stream listeners' ports (SO_REUSEPORT); datagram listeners and
-        # bridges run in worker 0 only (a UDP peer or an upstream session needs one home)
+        # workers share the stream listeners' ports (SO_REUSEPORT); datagram listeners run
+        # in worker 0 only (a UDP peer needs one home), bridge subscriptions too (each
+        # worker forwards its own clients' publishes: see egress_only)
         self.worker = worker
         self.primary = worker is None or worker == 0
         self._stream_options: dict[str, Any] = {"reuse_port": True} if worker is not None else {}
@@ -197,8 +198,9 @@ class Gateway:
             self.archiver.attach(node.hooks)
             log.info("fleet archiver writing to %s", self.archiver.settings.root)
         # before the listeners: forwards see the first publishes
-        if config.bridges.mqtt and self.primary:
-            self.bridges = Bridges(node, config)
+        bridging = config if self.primary else egress_only(config, self.worker)
+        if bridging.bridges.mqtt:
+            self.bridges = Bridges(node, bridging)
             self.bridges.start()
         gate = self.committer
         monotonic = loop.time
@@ -620,6 +622,25 @@ class Gateway:
         if self.auth is not None:
             await self.auth.close()
             self.auth = None
+
+
+def egress_only(config: GatewayConfig, worker: int | None) -> GatewayConfig:
+    """The bridges of worker ``worker`` (not 0) of a multi-worker node: forwards only.
+
+    A bridge forwards what the ``message.publish`` hook sees, the publishes of this
+    worker's own clients, so every worker runs the forward rules; messages from upstream
+    (subscriptions) come in through worker 0 only, which publishes them to the node (the
+    cluster takes them to the other workers), or they would arrive once per worker. A
+    configured ``clientid`` gets ``-w<I>``; the default one contains the worker's name.
+    """
+    bridges = {}
+    for name, b in config.bridges.mqtt.items():
+        if b.forwards:
+            clientid = f"{b.clientid}-w{worker}" if b.clientid else ""
+            bridges[name] = b.model_copy(update={"subscriptions": [], "clientid": clientid})
+    return config.model_copy(
+        update={"bridges": config.bridges.model_copy(update={"mqtt": bridges})}
+    )
 
 
 def _fmt(addr: tuple[str, int] | tuple[str, int, int, int]) -> str:

@@ -80,9 +80,13 @@ class NotifySink:
 class WorkerNode:
     """The supervisor process; ``worker(i)`` gives a handle on worker ``i``."""
 
-    def __init__(self, workdir: Path, workers: int = 2, extra: dict[str, str] | None = None
-                 ) -> None:
+    def __init__(self, workdir: Path, workers: int = 2, extra: dict[str, str] | None = None,
+                 config: str | None = None) -> None:
         self.workdir = workdir
+        self.config_args: list[str] = []
+        if config is not None:
+            (workdir / "gateway.toml").write_text(config)
+            self.config_args = ["--config", str(workdir / "gateway.toml")]
         self.n = workers
         self.mqtt_port = free_port()
         self.api_port = free_ports(workers)
@@ -115,13 +119,26 @@ class WorkerNode:
         return self.workdir / "gatewayd.log"
 
     def start(self) -> WorkerNode:
-        log = open(self.log_path, "ab")  # noqa: SIM115 - the child keeps it
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway.cli.gatewayd"], cwd=self.workdir,
-            env={**clean_environ(), **self.env}, stdout=log, stderr=subprocess.STDOUT,
-        )
-        log.close()
-        wait_until(self.ready, 120, "every worker ready and meshed")
+        for attempt in range(3):
+            log = open(self.log_path, "wb")  # noqa: SIM115 - the child keeps it
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "gateway.cli.gatewayd", *self.config_args],
+                cwd=self.workdir,
+                env={**clean_environ(), **self.env}, stdout=log, stderr=subprocess.STDOUT,
+            )
+            log.close()
+            try:
+                wait_until(self.ready, 120, "every worker ready and meshed")
+                return self
+            except RuntimeError:
+                # a port picked free was taken meanwhile (by another test's connection):
+                # the node refuses to start (exit 1); pick new ports
+                if attempt == 2 or "address already in use" not in self.log():
+                    raise
+                self.proc.wait(30)
+                self.mqtt_port = free_port()
+                self.api_port = free_ports(self.n)
+                self.cluster_port = free_ports(self.n)
         return self
 
     def ready(self) -> bool:
