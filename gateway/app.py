@@ -49,6 +49,7 @@ from gateway.store.db import db_path, ensure_schema, open_db
 from gateway.store.lwm2m import Lwm2mStore
 from gateway.store.sessions import SCHEMA, SessionStore
 from gateway.store.writer import GroupCommitter
+from gateway.workers.plan import node_data_dir
 from protocols.coap.channel import CoapChannel, CoapSettings
 from protocols.context import ConnectionHandle
 from protocols.lwm2m.bootstrap import BootstrapPlan
@@ -151,6 +152,10 @@ class Gateway:
         self.worker = worker
         self.primary = worker is None or worker == 0
         self._stream_options: dict[str, Any] = {"reuse_port": True} if worker is not None else {}
+        # where the users and banned clients are: shared by the workers of a node
+        self.shared_dir = (
+            config.node.data_dir if worker is None else node_data_dir(config.node.data_dir)
+        )
         self.node: Node | None = None
         self.committer: GroupCommitter | None = None
         self.archiver: Archiver | None = None
@@ -185,7 +190,7 @@ class Gateway:
         if store is not None:
             node.restore(*store.load())
         self._start_protection(node)
-        self.auth = install_auth(node, config, loop)
+        self.auth = install_auth(node, config, loop, data_dir=self.shared_dir)
         self.cluster = cluster_from_config(config, node, self.committer, self.admin.version)
         if self.cluster is not None:  # before the listeners: publishes are forwarded
             await self.cluster.start()
@@ -304,7 +309,7 @@ class Gateway:
         """Banned clients (from ``gateway.db`` whether or not durability is on, so that
         ``gatewayctl ban`` works; memory only if the file cannot be opened) and flapping
         detection."""
-        path = db_path(self.config.node.data_dir)
+        path = db_path(self.shared_dir)
         try:
             bans: BannedStore | None = BannedStore.open(path, now=node.scheduler.time)
         except (OSError, sqlite3.Error) as exc:

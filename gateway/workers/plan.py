@@ -12,6 +12,8 @@ Invariants:
 - Worker ``I`` is named ``<local>-w<I>@<host>`` for a node named ``<local>@<host>``
   (``<name>-w<I>`` without ``@``): certificate names allow no ``#``, and cluster seeds are
   ``name@host[:port]``.
+- The node's own ``{data_dir}/gateway.db`` holds what every worker shares: the built-in
+  users and the banned clients (:func:`node_data_dir`).
 - Its cluster link listens on ``127.0.0.1:<cluster.bind port + I>`` (loopback only), its
   data (the SQLite store) is in ``{data_dir}/worker-<I>``, the private worker CA and the
   workers' certificates in ``{data_dir}/workers-pki``. The management API of worker
@@ -33,6 +35,16 @@ from gateway.security import pki
 
 PKI_DIR = "workers-pki"
 WORKER_CA_NAME = "gateway workers CA"
+
+
+def node_data_dir(worker_data_dir: Path) -> Path:
+    """The node's ``data_dir``, seen from a worker (whose own is ``{data_dir}/worker-<I>``).
+
+    The built-in users and the banned clients live there, in the node's ``gateway.db``,
+    shared by every worker and ``gatewayctl users``/``ban`` (those stores are made for
+    several processes: each reader notices others' commits by ``PRAGMA data_version``).
+    """
+    return Path(worker_data_dir).parent
 
 
 def worker_name(node_name: str, index: int) -> str:

@@ -8,12 +8,13 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.gateway.cluster.harness import Client, wait_until
+from tests.gateway.cluster.harness import Client, gatewayctl, wait_until
 from tests.gateway.workers.harness import WorkerNode
 
 pytestmark = pytest.mark.slow
@@ -156,3 +157,41 @@ def test_hung_worker_is_aborted_and_restarted(node: WorkerNode) -> None:
             os.kill(old, signal.SIGCONT)
     wait_until(lambda: node.worker_meshed(0) and node.worker_meshed(1), 60, "mesh again")
     assert "worker 0 exited (killed by SIGKILL): restarting" in node.log()
+
+
+def _connack(port: int, clientid: str, user: str = "", password: str = "") -> int | None:
+    """CONNECT (MQTT 3.1.1) and the CONNACK return code; None if the broker closed."""
+    def s(b: bytes) -> bytes:
+        return len(b).to_bytes(2, "big") + b
+    flags = 0x02 | (0x80 if user else 0) | (0x40 if password else 0)
+    body = s(b"MQTT") + bytes([4, flags]) + (60).to_bytes(2, "big") + s(clientid.encode())
+    if user:
+        body += s(user.encode())
+    if password:
+        body += s(password.encode())
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(bytes([0x10, len(body)]) + body)
+        data = b""
+        while len(data) < 4:
+            chunk = sock.recv(4 - len(data))
+            if not chunk:
+                return None
+            data += chunk
+        return data[3]
+
+
+def test_users_and_bans_are_shared(node: WorkerNode) -> None:
+    """``gatewayctl users``/``ban`` write the node's gateway.db; every worker reads it."""
+    env = {"GATEWAY_NODE__DATA_DIR": str(node.workdir / "data")}
+    r = gatewayctl("users", "add", "alice", "--password", "secret-pw", "--iterations", "4096",
+                   env=env)
+    assert r.returncode == 0, r.stderr
+    r = gatewayctl("ban", "add", "clientid", "evil", env=env)
+    assert r.returncode == 0, r.stderr
+    # 10 connections each: with SO_REUSEPORT both workers answer some of them
+    wait_until(lambda: all(_connack(node.mqtt_port, "evil") != 0 for _ in range(10)),
+               what="the ban on both workers")
+    assert all(_connack(node.mqtt_port, f"a{k}", "alice", "secret-pw") == 0
+               for k in range(10))
+    assert all(_connack(node.mqtt_port, f"b{k}", "alice", "wrong") not in (0,)
+               for k in range(10))
