@@ -195,3 +195,24 @@ def test_users_and_bans_are_shared(node: WorkerNode) -> None:
                for k in range(10))
     assert all(_connack(node.mqtt_port, f"b{k}", "alice", "wrong") not in (0,)
                for k in range(10))
+
+
+def test_shared_subscription_across_workers(node: WorkerNode) -> None:
+    members = [node.client_on(i, f"member{i}").subscribe("$share/g/s/#", 1) for i in (0, 1)]
+    wait_until(lambda: node.routes_of(0, 1) >= 1 and node.routes_of(1, 0) >= 1,
+               what="the group's route on both workers")
+    pub = Client(node, "share-pub")  # type: ignore[arg-type]
+    for k in range(20):
+        pub.publish(f"s/{k}", str(k), qos=1)
+    got: list[list[bytes]] = [[], []]
+
+    def arrived() -> bool:
+        for i, c in enumerate(members):
+            got[i].extend(m.payload for m in c.drain())
+        return len(got[0]) + len(got[1]) >= 20
+
+    wait_until(arrived, what="20 messages across the group")
+    assert sorted(got[0] + got[1], key=int) == [str(k).encode() for k in range(20)]  # once
+    assert got[0] and got[1], got  # both workers' members had a share
+    for c in (*members, pub):
+        c.close()
