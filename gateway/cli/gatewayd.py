@@ -39,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     # internal: run as worker I of a multi-worker node (started by the supervisor)
     parser.add_argument("--worker", type=int, metavar="I", help=argparse.SUPPRESS)
+    parser.add_argument("--supervisor", type=int, metavar="PID", help=argparse.SUPPRESS)
     parser.add_argument("--version", action="version", version=f"{PROG} {version()}")
     return parser
 
@@ -69,6 +70,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: configuration OK")
         return 0
     configure_logging(config, args.worker)
+    if args.supervisor is not None:
+        from gateway.workers.supervisor import die_with_supervisor
+
+        die_with_supervisor(args.supervisor)
     if args.worker is None and config.node.workers > 1:
         from gateway.workers.supervisor import run as supervise
 

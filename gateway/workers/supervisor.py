@@ -19,6 +19,7 @@ Invariants:
   backoff that doubles from 0.5 s to 30 s and resets once it stayed up a minute. A worker
   that exits before its first READY at the node's start makes the node exit 1 (a
   configuration error or a port in use would only loop).
+- A worker dies with its supervisor (:func:`die_with_supervisor`).
 - SIGHUP is passed to every worker; SIGTERM/SIGINT: ``STOPPING=1``, SIGTERM to every
   worker, wait for them (each drains as a single gatewayd does).
 """
@@ -28,6 +29,7 @@ from __future__ import annotations
 import array
 import asyncio
 import contextlib
+import ctypes
 import logging
 import os
 import secrets
@@ -126,7 +128,8 @@ class Supervisor:
         return True
 
     def _command(self, index: int) -> list[str]:
-        cmd = [sys.executable, "-m", "gateway.cli.gatewayd", "--worker", str(index)]
+        cmd = [sys.executable, "-m", "gateway.cli.gatewayd", "--worker", str(index),
+               "--supervisor", str(os.getpid())]
         if self.config_path is not None:
             cmd += ["--config", self.config_path]
         return cmd
@@ -284,6 +287,23 @@ def _describe(code: int) -> str:
         except ValueError:
             return f"killed by signal {-code}"
     return f"status {code}"
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_supervisor(supervisor_pid: int) -> None:
+    """In a worker: get SIGTERM when the supervisor dies (``PR_SET_PDEATHSIG``), so a
+    supervisor killed with -9 outside systemd leaves no worker holding the ports (under
+    systemd, ``KillMode=mixed`` stops them anyway). A supervisor already gone: SIGTERM
+    now."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):  # pragma: no cover - not Linux
+        return
+    if os.getppid() != supervisor_pid:
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def run(config: GatewayConfig, config_path: str | None) -> int:

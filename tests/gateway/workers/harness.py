@@ -93,6 +93,7 @@ class WorkerNode:
         self.cluster_port = free_ports(workers)
         self.extra = dict(extra or {})
         self.proc: subprocess.Popen[bytes] | None = None
+        self.killed = False  # the test killed the supervisor itself
         self.notify = NotifySink(workdir / "notify.sock")
 
     @property
@@ -152,8 +153,9 @@ class WorkerNode:
         return len(members) == self.n - 1 and all(m["status"] == "up" for m in members)
 
     def stop(self) -> int | None:
-        code = None
-        if self.proc is not None and self.proc.poll() is None:
+        """SIGTERM and the supervisor's exit status (or the one it already had)."""
+        code = None if self.proc is None else self.proc.poll()
+        if self.proc is not None and code is None:
             self.proc.terminate()
             try:
                 code = self.proc.wait(60)

@@ -31,7 +31,7 @@ def node(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[WorkerNode]
         rep = getattr(request.node, "rep_call", None)
         if rep is not None and rep.failed:
             print(f"----- gatewayd -----\n{n.log()[-12000:]}")
-    assert code == 0, n.log()[-4000:]
+    assert code == (-9 if n.killed else 0), n.log()[-4000:]
 
 
 def test_spread_cross_worker_qos_and_retained(node: WorkerNode) -> None:
@@ -216,3 +216,22 @@ def test_shared_subscription_across_workers(node: WorkerNode) -> None:
     assert got[0] and got[1], got  # both workers' members had a share
     for c in (*members, pub):
         c.close()
+
+
+def test_workers_die_with_their_supervisor(node: WorkerNode) -> None:
+    """The supervisor killed with -9 (outside systemd): its workers get SIGTERM and go."""
+    assert node.proc is not None
+    pids = node.worker_pids()
+    assert len(pids) == 2
+    node.killed = True
+    node.proc.kill()
+    node.proc.wait()
+
+    def gone(pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] == "Z"  # zombie: exited
+        except FileNotFoundError:
+            return True
+
+    wait_until(lambda: all(gone(p) for p in pids), 60, "the workers gone")
