@@ -153,9 +153,7 @@ class Gateway:
         self.primary = worker is None or worker == 0
         self._stream_options: dict[str, Any] = {"reuse_port": True} if worker is not None else {}
         # where the users and banned clients are: shared by the workers of a node
-        self.shared_dir = (
-            config.node.data_dir if worker is None else node_data_dir(config.node.data_dir)
-        )
+        self.shared_dir = node_data_dir(config.node.data_dir, worker)
         self.node: Node | None = None
         self.committer: GroupCommitter | None = None
         self.archiver: Archiver | None = None

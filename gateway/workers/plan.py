@@ -15,7 +15,8 @@ Invariants:
 - The node's own ``{data_dir}/gateway.db`` holds what every worker shares: the built-in
   users and the banned clients (:func:`node_data_dir`).
 - Its cluster link listens on ``127.0.0.1:<cluster.bind port + I>`` (loopback only), its
-  data (the SQLite store) is in ``{data_dir}/worker-<I>``, the private worker CA and the
+  data (the SQLite store) is in ``{data_dir}`` for worker 0 and ``{data_dir}/worker-<I>``
+  for the others (:func:`worker_data_dir`), the private worker CA and the
   workers' certificates in ``{data_dir}/workers-pki``. The management API of worker
   ``I`` is on ``<api.bind port + I>`` (port 0 stays 0), all with the node's API token.
 - A worker's configuration is the node's plus ``GATEWAY_*`` overrides (the environment
@@ -37,14 +38,22 @@ PKI_DIR = "workers-pki"
 WORKER_CA_NAME = "gateway workers CA"
 
 
-def node_data_dir(worker_data_dir: Path) -> Path:
-    """The node's ``data_dir``, seen from a worker (whose own is ``{data_dir}/worker-<I>``).
+def worker_data_dir(data_dir: Path, index: int) -> Path:
+    """Worker 0 keeps the node's ``data_dir`` (so going from one process to several, or
+    back, keeps its sessions and retained messages); worker I > 0 has
+    ``{data_dir}/worker-<I>``."""
+    return data_dir if index == 0 else data_dir / f"worker-{index}"
+
+
+def node_data_dir(own_data_dir: Path, index: int | None) -> Path:
+    """The node's ``data_dir`` seen from worker ``index`` (None: a single process).
 
     The built-in users and the banned clients live there, in the node's ``gateway.db``,
     shared by every worker and ``gatewayctl users``/``ban`` (those stores are made for
     several processes: each reader notices others' commits by ``PRAGMA data_version``).
     """
-    return Path(worker_data_dir).parent
+    own = Path(own_data_dir)
+    return own if not index else own.parent
 
 
 def worker_name(node_name: str, index: int) -> str:
@@ -83,7 +92,7 @@ class NodePlan:
                 i,
                 worker_name(config.node.name, i),
                 base + i,
-                data_dir / f"worker-{i}",
+                worker_data_dir(data_dir, i),
             )
             for i in range(config.node.workers)
         )

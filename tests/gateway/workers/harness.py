@@ -75,6 +75,7 @@ class NotifySink:
         self.running = False
         self.thread.join(2)
         self.sock.close()
+        self.path.unlink(missing_ok=True)
 
 
 class WorkerNode:
@@ -146,6 +147,8 @@ class WorkerNode:
         assert self.proc is not None
         if self.proc.poll() is not None:
             raise RuntimeError(f"gatewayd exited {self.proc.returncode}:\n{self.log()}")
+        if self.n == 1:  # one process, no cluster
+            return self.http(0, "GET", "/status", auth=False)[0] == 200
         return all(self.worker_meshed(i) for i in range(self.n))
 
     def worker_meshed(self, i: int) -> bool:

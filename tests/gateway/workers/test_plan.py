@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gateway.config import ConfigError, load_config
-from gateway.workers.plan import NodePlan, worker_name
+from gateway.workers.plan import NodePlan, node_data_dir, worker_name
 
 
 def test_worker_names() -> None:
@@ -35,6 +35,11 @@ def test_environment_of_each_worker(tmp_path: Path) -> None:
     assert env["GATEWAY_NODE__NAME"] == "gateway-w1@127.0.0.1"
     assert env["GATEWAY_NODE__WORKERS"] == "1"
     assert env["GATEWAY_NODE__DATA_DIR"] == str(tmp_path / "data" / "worker-1")
+    # worker 0 keeps the node's data_dir: one process -> several (and back) keeps its store
+    assert plan.environment(0)["GATEWAY_NODE__DATA_DIR"] == str(tmp_path / "data")
+    assert node_data_dir(tmp_path / "data" / "worker-1", 1) == tmp_path / "data"
+    assert node_data_dir(tmp_path / "data", 0) == tmp_path / "data"
+    assert node_data_dir(tmp_path / "data", None) == tmp_path / "data"
     assert env["GATEWAY_CLUSTER__BIND"] == "127.0.0.1:6001"
     assert env["GATEWAY_CLUSTER__SEEDS"] == (
         "gateway-w0@127.0.0.1:6000,gateway-w2@127.0.0.1:6002"

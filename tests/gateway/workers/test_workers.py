@@ -235,3 +235,29 @@ def test_workers_die_with_their_supervisor(node: WorkerNode) -> None:
             return True
 
     wait_until(lambda: all(gone(p) for p in pids), 60, "the workers gone")
+
+
+def test_one_process_to_two_workers_keeps_sessions(tmp_path: Path) -> None:
+    """Worker 0 keeps the node's data_dir: a persistent session and its queued message
+    from a single-process run are there when the node restarts with 2 workers."""
+    single = WorkerNode(tmp_path, workers=1)
+    try:
+        single.start()
+        keeper = Client(single, "keeper", clean=False, session_expiry=600)  # type: ignore[arg-type]
+        keeper.subscribe("keep/#", 1)
+        keeper.close()
+        pub = Client(single, "keep-pub")  # type: ignore[arg-type]
+        pub.publish("keep/1", "queued", qos=1)
+        pub.close()
+    finally:
+        assert single.stop() == 0, single.log()[-4000:]
+    double = WorkerNode(tmp_path, workers=2)
+    try:
+        double.start()
+        keeper = Client(double, "keeper", clean=False, session_expiry=600)  # type: ignore[arg-type]
+        assert keeper.session_present
+        m = keeper.next_message()
+        assert (m.topic, m.payload) == ("keep/1", b"queued")
+        keeper.close()
+    finally:
+        assert double.stop() == 0, double.log()[-4000:]
