@@ -127,8 +127,14 @@ def test_killed_worker_is_restarted(node: WorkerNode) -> None:
 
 def test_systemd_hears_one_service(node: WorkerNode) -> None:
     assert node.proc is not None
-    wait_until(lambda: any("WATCHDOG=1" in m for m in node.notify.all()), what="a ping")
-    msgs = node.notify.all()
+    # the API answers a moment before a worker's READY=1 reaches the supervisor; pings
+    # go out from the supervisor's start
+    def ready_and_ping() -> list[str] | None:
+        msgs = node.notify.all()
+        seen = ("READY=1" in m for m in msgs), ("WATCHDOG=1" in m for m in msgs)
+        return msgs if all(any(s) for s in seen) else None
+
+    msgs = wait_until(ready_and_ping, what="READY and a ping")
     ready = [m for m in msgs if "READY=1" in m]
     assert len(ready) == 1
     assert f"MAINPID={node.proc.pid}" in ready[0]
