@@ -7,6 +7,12 @@ logs an error and keeps what was in force.
 
 This is the only place that knows both the configuration schema and the constructors of
 the core, the channels and the listeners.
+
+As worker ``I`` of a multi-worker node (``gatewayd --worker I``, started by
+:mod:`gateway.workers.supervisor`; docs/workers.md) the same gateway opens its stream
+listeners with ``SO_REUSEPORT``, opens them only once its cluster links to the sibling
+workers are up, runs the datagram front-ends and the bridges' subscriptions in worker 0
+only, and reads the users and bans from the node's own ``data_dir``.
 """
 
 from __future__ import annotations
