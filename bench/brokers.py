@@ -391,8 +391,89 @@ class GatewaydMemory(Gatewayd):
     OPTIONAL_CONFIG = (*Gatewayd.OPTIONAL_CONFIG, "[durability]\nenable = false\n")
 
 
+class GatewaydWorkers(Gatewayd):
+    """gatewayd with ``[node] workers = 2`` (docs/workers.md): a supervisor and two worker
+    processes behind SO_REUSEPORT, meshed over loopback cluster links. CPU and memory are
+    the sums over the supervisor and its workers."""
+
+    name = "gatewayd-2w"
+    WORKERS = 2
+
+    def command(self) -> list[str]:
+        cmd = super().command()
+        conf = self.tmp / "gateway.toml"
+        text = conf.read_text().replace("[node]\n", f"[node]\nworkers = {self.WORKERS}\n", 1)
+        cluster = free_port_run(self.WORKERS)
+        conf.write_text(text + f'[cluster]\nbind = "127.0.0.1:{cluster}"\n')
+        return cmd
+
+    def start(self) -> None:
+        super().start()  # one worker answers; wait for the supervisor's "all ready"
+        deadline = time.monotonic() + READY_TIMEOUT
+        while f"all {self.WORKERS} workers ready" not in self.log_since_start():
+            if time.monotonic() > deadline or not self.alive():
+                self.stop()
+                raise RuntimeError(f"{self.name}: workers not ready:\n{self.log_tail()}")
+            time.sleep(0.05)
+
+    def _pids(self) -> list[int]:
+        pid = self.pid
+        try:
+            with open(f"/proc/{pid}/task/{pid}/children") as f:
+                return [pid, *(int(p) for p in f.read().split())]
+        except OSError:
+            return [pid]
+
+    def rss_kib(self) -> int:
+        total = 0
+        for pid in self._pids():
+            with contextlib.suppress(OSError), open(f"/proc/{pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1])
+        return total
+
+    def cpu_seconds(self) -> float:
+        """The supervisor's and its live workers' CPU (a worker restarted during a run
+        would lose its share; the run's log says so)."""
+        total = 0.0
+        for pid in self._pids():
+            with contextlib.suppress(OSError), open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+                total += (int(fields[11]) + int(fields[12])) / CLK_TCK
+        return total
+
+
+class GatewaydWorkersMemory(GatewaydWorkers):
+    """``gatewayd-2w`` without durability: the cross-worker QoS 1/2 outbox in memory."""
+
+    name = "gatewayd-2w-memory"
+    OPTIONAL_CONFIG = GatewaydMemory.OPTIONAL_CONFIG
+
+
+def free_port_run(n: int) -> int:
+    """A port p with p..p+n-1 free on the loopback (probed, then closed)."""
+    for _ in range(100):
+        base = free_port()
+        socks: list[socket.socket] = []
+        try:
+            for i in range(n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind((HOST, base + i))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no run of free ports")
+
+
 BROKERS: dict[str, type[Broker]] = {
-    b.name: b for b in (Gatewayd, GatewaydMemory, Mosquitto, Amqtt)
+    b.name: b for b in (
+        Gatewayd, GatewaydMemory, GatewaydWorkers, GatewaydWorkersMemory, Mosquitto, Amqtt
+    )
 }
 
 

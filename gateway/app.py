@@ -7,6 +7,12 @@ logs an error and keeps what was in force.
 
 This is the only place that knows both the configuration schema and the constructors of
 the core, the channels and the listeners.
+
+As worker ``I`` of a multi-worker node (``gatewayd --worker I``, started by
+:mod:`gateway.workers.supervisor`; docs/workers.md) the same gateway opens its stream
+listeners with ``SO_REUSEPORT``, opens them only once its cluster links to the sibling
+workers are up, runs the datagram front-ends and the bridges' subscriptions in worker 0
+only, and reads the users and bans from the node's own ``data_dir``.
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ from gateway.store.db import db_path, ensure_schema, open_db
 from gateway.store.lwm2m import Lwm2mStore
 from gateway.store.sessions import SCHEMA, SessionStore
 from gateway.store.writer import GroupCommitter
+from gateway.workers.plan import node_data_dir
 from protocols.coap.channel import CoapChannel, CoapSettings
 from protocols.context import ConnectionHandle
 from protocols.lwm2m.bootstrap import BootstrapPlan
@@ -142,8 +149,17 @@ def build_authorizer(config: GatewayConfig) -> Authorizer:
 class Gateway:
     """A running node: the core plus its listeners."""
 
-    def __init__(self, config: GatewayConfig) -> None:
+    def __init__(self, config: GatewayConfig, worker: int | None = None) -> None:
         self.config = config
+        # worker index of a multi-worker node (docs/workers.md), None for a single process:
+        # workers share the stream listeners' ports (SO_REUSEPORT); datagram listeners run
+        # in worker 0 only (a UDP peer needs one home), bridge subscriptions too (each
+        # worker forwards its own clients' publishes: see egress_only)
+        self.worker = worker
+        self.primary = worker is None or worker == 0
+        self._stream_options: dict[str, Any] = {"reuse_port": True} if worker is not None else {}
+        # where the users and banned clients are: shared by the workers of a node
+        self.shared_dir = node_data_dir(config.node.data_dir, worker)
         self.node: Node | None = None
         self.committer: GroupCommitter | None = None
         self.archiver: Archiver | None = None
@@ -178,18 +194,22 @@ class Gateway:
         if store is not None:
             node.restore(*store.load())
         self._start_protection(node)
-        self.auth = install_auth(node, config, loop)
+        self.auth = install_auth(node, config, loop, data_dir=self.shared_dir)
         self.cluster = cluster_from_config(config, node, self.committer, self.admin.version)
         if self.cluster is not None:  # before the listeners: publishes are forwarded
             await self.cluster.start()
+            if self.worker is not None:
+                await self._await_siblings(self.cluster)
         if config.fleet.archiver.enable:
             self.archiver = Archiver(
                 settings_from_config(config), node.scheduler, metrics=node.metrics
             )
             self.archiver.attach(node.hooks)
             log.info("fleet archiver writing to %s", self.archiver.settings.root)
-        if config.bridges.mqtt:  # before the listeners: forwards see the first publishes
-            self.bridges = Bridges(node, config)
+        # before the listeners: forwards see the first publishes
+        bridging = config if self.primary else egress_only(config, self.worker)
+        if bridging.bridges.mqtt:
+            self.bridges = Bridges(node, bridging)
             self.bridges.start()
         gate = self.committer
         monotonic = loop.time
@@ -207,7 +227,9 @@ class Gateway:
                 deny=[str(n) for n in lst.deny],
             )
             factory = _mqtt_factory(node, settings, monotonic)
-            server = await start_stream_listener(lst.bind, limits, factory, gate)
+            server = await start_stream_listener(
+                lst.bind, limits, factory, gate, **self._stream_options
+            )
             self.servers.append(server)
             addrs = ", ".join(_fmt(s.getsockname()) for s in server.sockets)
             log.info("listener tcp:%s (MQTT) on %s", name, addrs)
@@ -238,6 +260,7 @@ class Gateway:
                 gate,
                 ssl=tls.server_context,
                 ssl_handshake_timeout=config.mqtt.idle_timeout,
+                **self._stream_options,
             )
             self.servers.append(server)
             addrs = ", ".join(_fmt(s.getsockname()) for s in server.sockets)
@@ -246,10 +269,24 @@ class Gateway:
                 "ssl", name, "mqtt", ssl_lst.bind, limits, addrs.split(", ")
             )
         await self._start_websocket_listeners(node, gate, monotonic)
-        await self._start_mqttsn(node, gate, monotonic)
-        await self._start_coap(node, gate, monotonic)
-        await self._start_lwm2m(node, gate, monotonic)
+        if self.primary:
+            await self._start_mqttsn(node, gate, monotonic)
+            await self._start_coap(node, gate, monotonic)
+            await self._start_lwm2m(node, gate, monotonic)
         await self.admin.start()  # API, $SYS, trace: once the core and listeners exist
+
+    async def _await_siblings(self, cluster: Cluster) -> None:
+        """A worker opens its listeners once its links to every sibling are up (their
+        routes and sessions known, so a client it accepts can take its session over), or
+        after twice ``cluster.connect_timeout`` (a sibling that is down or restarting)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 2 * self.config.cluster.connect_timeout
+        while loop.time() < deadline:
+            if all(p.state == "up" for p in cluster.peers.values()):
+                return
+            await asyncio.sleep(0.05)  # bounded poll of the link states
+        down = sorted(n for n, p in cluster.peers.items() if p.state != "up")
+        log.warning("opening the listeners before the links to %s are up", ", ".join(down))
 
     def reload(self) -> None:
         """SIGHUP: re-read the ssl listeners' certificates and the authorization rules
@@ -276,7 +313,7 @@ class Gateway:
         """Banned clients (from ``gateway.db`` whether or not durability is on, so that
         ``gatewayctl ban`` works; memory only if the file cannot be opened) and flapping
         detection."""
-        path = db_path(self.config.node.data_dir)
+        path = db_path(self.shared_dir)
         try:
             bans: BannedStore | None = BannedStore.open(path, now=node.scheduler.time)
         except (OSError, sqlite3.Error) as exc:
@@ -325,7 +362,9 @@ class Gateway:
                         "ssl": tls.server_context,
                         "ssl_handshake_timeout": config.mqtt.idle_timeout,
                     }
-                server = await start_stream_listener(lst.bind, limits, factory, gate, **extra)
+                server = await start_stream_listener(
+                    lst.bind, limits, factory, gate, **extra, **self._stream_options
+                )
                 self.servers.append(server)
                 addrs = ", ".join(_fmt(s.getsockname()) for s in server.sockets)
                 log.info(
@@ -594,6 +633,25 @@ class Gateway:
             self.auth = None
 
 
+def egress_only(config: GatewayConfig, worker: int | None) -> GatewayConfig:
+    """The bridges of worker ``worker`` (not 0) of a multi-worker node: forwards only.
+
+    A bridge forwards what the ``message.publish`` hook sees, the publishes of this
+    worker's own clients, so every worker runs the forward rules; messages from upstream
+    (subscriptions) come in through worker 0 only, which publishes them to the node (the
+    cluster takes them to the other workers), or they would arrive once per worker. A
+    configured ``clientid`` gets ``-w<I>``; the default one contains the worker's name.
+    """
+    bridges = {}
+    for name, b in config.bridges.mqtt.items():
+        if b.forwards:
+            clientid = f"{b.clientid}-w{worker}" if b.clientid else ""
+            bridges[name] = b.model_copy(update={"subscriptions": [], "clientid": clientid})
+    return config.model_copy(
+        update={"bridges": config.bridges.model_copy(update={"mqtt": bridges})}
+    )
+
+
 def _fmt(addr: tuple[str, int] | tuple[str, int, int, int]) -> str:
     host, port = addr[0], addr[1]
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -777,8 +835,8 @@ def lwm2m_settings(config: GatewayConfig, listener: str, model: ObjectModel) -> 
     )
 
 
-async def serve(config: GatewayConfig) -> int:
-    gateway = Gateway(config)
+async def serve(config: GatewayConfig, worker: int | None = None) -> int:
+    gateway = Gateway(config, worker)
     try:
         await gateway.start()
     except OSError as exc:
@@ -803,9 +861,9 @@ async def serve(config: GatewayConfig) -> int:
     return 0
 
 
-def run(config: GatewayConfig) -> int:
+def run(config: GatewayConfig, worker: int | None = None) -> int:
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
-        return asyncio.run(serve(config))
-    return uvloop.run(serve(config))
+        return asyncio.run(serve(config, worker))
+    return uvloop.run(serve(config, worker))

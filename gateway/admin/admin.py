@@ -60,7 +60,8 @@ class Admin:
                 f"connections {self.max_connections} (+ reserve)",
                 self.nofile.as_dict(),
             )
-        data_dir = self.config.node.data_dir
+        # the users and bans: the node's data_dir, shared by the workers of a node
+        data_dir = gateway.shared_dir
         self.users = UsersAdapter(data_dir)
         self.banned = BannedAdapter(data_dir)
         self.api: ManagementApi | None = None

@@ -12,6 +12,7 @@ import asyncio
 import logging
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from gateway.auth.builtin import BuiltinAuthenticator, ScramExchange, ThreadOffload
 from gateway.auth.http import AiohttpPoster, HttpAuthenticator, HttpAuthSettings
@@ -46,13 +47,21 @@ class AuthServices:
 
 
 def install_auth(
-    node: Node, config: GatewayConfig, loop: asyncio.AbstractEventLoop
+    node: Node,
+    config: GatewayConfig,
+    loop: asyncio.AbstractEventLoop,
+    *,
+    data_dir: Path | None = None,
 ) -> AuthServices:
+    """Authentication as configured; the user store in ``data_dir`` (default
+    ``node.data_dir``; a worker of a multi-worker node passes the node's)."""
     a = config.authentication
     services = AuthServices()
     chain: list[str] = []
     # the store also holds per-user rules, which apply whichever backend authenticated
-    store = services.store = UserStore.open(db_path(config.node.data_dir))
+    store = services.store = UserStore.open(
+        db_path(config.node.data_dir if data_dir is None else data_dir)
+    )
     if a.builtin_db.enable:
         db = a.builtin_db
         offload = services.offload = ThreadOffload(loop, db.hash_workers)

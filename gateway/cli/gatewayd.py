@@ -37,15 +37,21 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="validate the configuration and exit (0 valid, 2 invalid)",
     )
+    # internal: run as worker I of a multi-worker node (started by the supervisor)
+    parser.add_argument("--worker", type=int, metavar="I", help=argparse.SUPPRESS)
+    parser.add_argument("--supervisor", type=int, metavar="PID", help=argparse.SUPPRESS)
     parser.add_argument("--version", action="version", version=f"{PROG} {version()}")
     return parser
 
 
-def configure_logging(config: GatewayConfig) -> None:
+def configure_logging(config: GatewayConfig, worker: int | None = None) -> None:
+    fmt = LOG_FORMAT if worker is None else LOG_FORMAT.replace(
+        "%(name)s", f"[w{worker}] %(name)s"
+    )
     logging.basicConfig(
         stream=sys.stderr,
         level=config.log.level.upper(),
-        format=LOG_FORMAT,
+        format=fmt,
         force=True,
     )
 
@@ -63,10 +69,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.check:
         print(f"{PROG}: configuration OK")
         return 0
-    configure_logging(config)
+    configure_logging(config, args.worker)
+    if args.supervisor is not None:
+        from gateway.workers.supervisor import die_with_supervisor
+
+        die_with_supervisor(args.supervisor)
+    if args.worker is None and config.node.workers > 1:
+        from gateway.workers.supervisor import run as supervise
+
+        return supervise(config, args.config)
     from gateway.app import run
 
-    status: int = run(config)
+    status: int = run(config, worker=args.worker)
     return status
 
 

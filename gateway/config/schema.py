@@ -244,6 +244,9 @@ class NodeConfig(_Section):
     # cluster role (EMQX 5 / Mria): core nodes own the cluster's shared tables; replicants
     # follow one core (see docs/cluster.md)
     role: Annotated[Literal["core", "replicant"], BeforeValidator(_lower_role)] = "core"
+    # worker processes behind SO_REUSEPORT listeners, meshed as a private cluster over
+    # loopback (docs/workers.md); 1 = one process, as before
+    workers: int = Field(default=1, ge=1, le=64)
 
 
 def _lower(value: object) -> object:
@@ -1213,3 +1216,12 @@ class GatewayConfig(_Section):
     api: ApiConfig = Field(default_factory=ApiConfig)
     sys_topics: SysTopicsConfig = Field(default_factory=SysTopicsConfig)
     bridges: BridgesConfig = Field(default_factory=BridgesConfig)
+
+    @model_validator(mode="after")
+    def _workers_alone(self) -> GatewayConfig:
+        if self.node.workers > 1 and self.cluster.enable:
+            raise ValueError(
+                "node.workers > 1 cannot be combined with a configured cluster yet "
+                "(the workers form their own private cluster; docs/workers.md)"
+            )
+        return self
