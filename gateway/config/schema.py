@@ -313,6 +313,14 @@ def _join_ciphers(value: object) -> object:
     return value
 
 
+def _no_peer_keys(listener: Any, *more: str) -> None:
+    """Without ``verify = "verify_peer"`` no client certificate is asked for, so the keys
+    that use one must stay off (the first one set is named)."""
+    for key in ("fail_if_no_peer_cert", "peer_cert_as_clientid", "peer_cert_as_username", *more):
+        if getattr(listener, key) not in (False, "none"):
+            raise ValueError(f'{key} needs verify = "verify_peer"')
+
+
 class SslListener(TcpListener):
     """``[listeners.ssl.<name>]``: a TCP listener that speaks TLS (MQTT over TLS, 8883).
 
@@ -352,18 +360,7 @@ class SslListener(TcpListener):
             if self.cacertfile is None:
                 raise ValueError('verify = "verify_peer" needs cacertfile (the clients\' CA)')
         else:
-            needs_peer = [
-                key
-                for key, on in (
-                    ("fail_if_no_peer_cert", self.fail_if_no_peer_cert),
-                    ("peer_cert_as_clientid", self.peer_cert_as_clientid != "none"),
-                    ("peer_cert_as_username", self.peer_cert_as_username != "none"),
-                    ("peer_cert_authenticates", self.peer_cert_authenticates),
-                )
-                if on
-            ]
-            if needs_peer:
-                raise ValueError(f'{needs_peer[0]} needs verify = "verify_peer"')
+            _no_peer_keys(self, "peer_cert_authenticates")
         indexes = sorted({TLS_VERSIONS.index(v) for v in self.versions})
         if indexes != list(range(indexes[0], indexes[-1] + 1)):
             raise ValueError(f"versions must be a contiguous range, got {self.versions}")
@@ -593,17 +590,7 @@ class DtlsListener(UdpListener):
             if self.cacertfile is None:
                 raise ValueError('verify = "verify_peer" needs cacertfile (the clients\' CA)')
         else:
-            needs_peer = [
-                key
-                for key, on in (
-                    ("fail_if_no_peer_cert", self.fail_if_no_peer_cert),
-                    ("peer_cert_as_clientid", self.peer_cert_as_clientid != "none"),
-                    ("peer_cert_as_username", self.peer_cert_as_username != "none"),
-                )
-                if on
-            ]
-            if needs_peer:
-                raise ValueError(f'{needs_peer[0]} needs verify = "verify_peer"')
+            _no_peer_keys(self)
         if self.psk_file is None:
             for key in ("psk_identity_as_clientid", "psk_identity_as_username"):
                 if getattr(self, key):

@@ -408,21 +408,7 @@ class Lwm2mChannel(CoapEndpoint):
         self.objects = [str(o) for o in d.get("objectList") or []]
         self.alternate = str(d.get("alternatePath") or "/")
         self.root_formats = [int(f) for f in d.get("ct") or [] if str(f).isdigit()]
-        q = query_of(msg)
-        if "lt" in q:
-            try:
-                lt = float(q["lt"])
-            except ValueError:
-                lt = -1
-            if not (self.settings.lifetime_min <= lt <= self.settings.lifetime_max):
-                self._respond(msg, Code.BAD_REQUEST)
-                return
-            self.lifetime = lt
-        if "b" in q:
-            self.binding = q["b"]
-            self.queue_mode = "Q" in self.binding
-        if not self._links(msg):
-            self._respond(msg, Code.BAD_REQUEST)
+        if not self._apply_update(msg):
             return
         self._start_session(msg, ep, resumed=True)
 
@@ -614,23 +600,29 @@ class Lwm2mChannel(CoapEndpoint):
                 "b": self.binding, "objectList": self.objects,
                 "alternatePath": self.alternate}
 
-    def _update(self, msg: Message) -> None:
+    def _apply_update(self, msg: Message) -> bool:
+        """The parameters of an update (``lt``, ``b``, object links); False, after
+        answering 4.00, when one of them is invalid."""
         q = query_of(msg)
         if "lt" in q:
             try:
                 lt = float(q["lt"])
             except ValueError:
-                self._respond(msg, Code.BAD_REQUEST)
-                return
+                lt = -1.0
             if not (self.settings.lifetime_min <= lt <= self.settings.lifetime_max):
                 self._respond(msg, Code.BAD_REQUEST)
-                return
+                return False
             self.lifetime = lt
         if "b" in q:
             self.binding = q["b"]
             self.queue_mode = "Q" in self.binding
         if not self._links(msg):
             self._respond(msg, Code.BAD_REQUEST)
+            return False
+        return True
+
+    def _update(self, msg: Message) -> None:
+        if not self._apply_update(msg):
             return
         self._respond(msg, Code.CHANGED)
         self._out.append(SetTimer("lifetime", self.lifetime))
