@@ -106,7 +106,6 @@ class Connection:
         "max_incoming_packet_size",
         "max_outgoing_packet_size",
         "protocol_level",
-        "role",
     )
 
     def __init__(
@@ -118,16 +117,20 @@ class Connection:
     ) -> None:
         if protocol_level is not None and protocol_level not in SUPPORTED_LEVELS:
             raise LocalProtocolError(f"unsupported protocol level {protocol_level!r}")
-        self.role = role
         self.protocol_level: int | None = protocol_level
         self.max_incoming_packet_size = max_incoming_packet_size
         self.max_outgoing_packet_size: int | None = None
-        self._from_client = role is Role.SERVER  # the direction of what we receive
+        # the direction of what we receive (the role, without a slot of its own)
+        self._from_client = role is Role.SERVER
         self._connect_received = False
         # _EMPTY when drained; else what is buffered from _offset on (bytes or bytearray)
         self._buffer: bytes | bytearray = _EMPTY
         self._offset = 0
         self._error: RemoteProtocolError | None = None
+
+    @property
+    def role(self) -> Role:
+        return Role.SERVER if self._from_client else Role.CLIENT
 
     @property
     def buffered(self) -> int:
@@ -259,7 +262,7 @@ class Connection:
         ptype = _PACKET_TYPE.get(type(packet))
         if ptype is None:
             raise LocalProtocolError(f"not an MQTT packet: {packet!r}")
-        client = self.role is Role.CLIENT
+        client = not self._from_client
         if client and type(packet) is Connect:
             if packet.protocol_level not in SUPPORTED_LEVELS:
                 raise LocalProtocolError(f"unsupported protocol level {packet.protocol_level}")
