@@ -230,11 +230,14 @@ class MqttChannel:
     # been told of the end
     peer: Rare[tuple[str, int] | None] = Rare(None)
     _held: Rare[list[Delivery] | None] = Rare(None)
+    # topic aliases (MQTT 5), in and out: the shared read-only empty mapping until the
+    # first alias (a client that uses aliases holds a _rare dict, idle channels no slot);
+    # replaced with a one-entry dict (an empty one would equal the default), then filled
+    _aliases_in: Rare[dict[int, str]] = Rare(_NO_ALIASES)
+    _aliases_out: Rare[dict[str, int]] = Rare(_NO_ALIASES)
     _core_closed: Rare[bool] = Rare(False)
 
     __slots__ = (
-        "_aliases_in",
-        "_aliases_out",
         "_rare",
         "expiry_interval",
         "peer_cert",
@@ -279,9 +282,6 @@ class MqttChannel:
         self.keepalive = 0.0
         self.last_rx = 0.0
         self.client_alias_max = 0
-        # topic aliases (MQTT 5): a read-only empty mapping until the first alias
-        self._aliases_in: dict[int, str] = _NO_ALIASES
-        self._aliases_out: dict[str, int] = _NO_ALIASES
         self._monotonic = monotonic
         # effects of the entry point running now; _NOT_BUSY (None) between entry points
         self._out: list[Effect] = _NOT_BUSY
@@ -868,9 +868,11 @@ class MqttChannel:
             if alias == 0 or alias > s.max_topic_alias:
                 raise _Disconnect(RC.TOPIC_ALIAS_INVALID, f"topic alias {alias} out of range")
             if topic:
-                if self._aliases_in is _NO_ALIASES:
-                    self._aliases_in = {}
-                self._aliases_in[alias] = topic
+                aliases = self._aliases_in
+                if aliases is _NO_ALIASES:
+                    self._aliases_in = {alias: topic}
+                else:
+                    aliases[alias] = topic
             else:
                 known = self._aliases_in.get(alias)
                 if known is None:
@@ -1014,9 +1016,11 @@ class MqttChannel:
                 log.info("%s: not sent (%s)", self._who(), exc)
                 continue
             if new_alias:
-                if self._aliases_out is _NO_ALIASES:
-                    self._aliases_out = {}
-                self._aliases_out[topic] = len(self._aliases_out) + 1
+                aliases = self._aliases_out
+                if aliases is _NO_ALIASES:
+                    self._aliases_out = {topic: 1}
+                else:
+                    aliases[topic] = len(aliases) + 1
         if dropped:
             self.context.incr("messages.dropped", len(dropped))
             self.context.incr("messages.dropped.too_large", len(dropped))
@@ -1076,11 +1080,12 @@ class MqttChannel:
         topic_out = topic
         new_alias = False
         if self.client_alias_max:
-            alias = self._aliases_out.get(topic)
+            aliases = self._aliases_out
+            alias = aliases.get(topic)
             if alias is not None:
                 topic_out = ""
-            elif len(self._aliases_out) < self.client_alias_max:
-                alias = len(self._aliases_out) + 1
+            elif len(aliases) < self.client_alias_max:
+                alias = len(aliases) + 1
                 new_alias = True
         expires = msg.expires_at
         props = msg.properties
