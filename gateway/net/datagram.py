@@ -29,7 +29,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, Protocol, cast
 
-from gateway.net.shell import CommitGate, EffectLoop
+from gateway.net.shell import CommitGate, EffectLoop, Site
 from gateway.net.stream import ListenerLimits, split_bind
 from protocols.context import Delivery
 from protocols.effects import Effect
@@ -58,7 +58,7 @@ class DatagramPeer(EffectLoop):
     channel: DatagramChannel | None
 
     def __init__(self, shell: DatagramShell, addr: Address) -> None:
-        super().__init__(shell.gate, shell.loop)
+        super().__init__(shell.site)
         self.shell = shell
         self.addr = addr
 
@@ -84,6 +84,7 @@ class DatagramShell(asyncio.DatagramProtocol):
         self.factory = factory
         self.gate = gate
         self.loop = asyncio.get_running_loop()
+        self.site = Site(gate, self.loop)  # shared by the peers
         self.transport: asyncio.DatagramTransport | None = None
         self.peers: dict[Address, DatagramPeer] = {}
         self.open = False

@@ -172,6 +172,18 @@ WHEEL_MIN_DELAY = 2.0
 TimerEntry = asyncio.TimerHandle | Bucket
 
 
+class Site:
+    """What every connection of one listener shares: its commit gate and event loop (a
+    stream listener's adds its limits and channel factory). One per listener; each
+    connection holds it in one slot instead of a slot per field."""
+
+    __slots__ = ("gate", "loop")
+
+    def __init__(self, gate: CommitGate | None, loop: asyncio.AbstractEventLoop) -> None:
+        self.gate = gate
+        self.loop = loop
+
+
 class EffectLoop:
     """Carries out one channel's effects; base class of the transport shells.
 
@@ -190,9 +202,8 @@ class EffectLoop:
         "_w_prev",
         "channel",
         "closed",
-        "gate",
         "held",
-        "loop",
+        "site",
     )
 
     channel: Channel | None
@@ -200,10 +211,9 @@ class EffectLoop:
     # the keepalive runs); protocols.rare keeps it out of the slots
     timers: Rare[dict[str, TimerEntry] | None] = Rare(None)
 
-    def __init__(self, gate: CommitGate | None, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, site: Site) -> None:
         self._rare: dict[str, Any] | None = None  # the Rare attributes of the class
-        self.gate = gate
-        self.loop = loop
+        self.site = site  # the listener's, shared
         self.channel = None
         self.held: list[Effect] | None = None
         self._held_total = 0  # effects ever held, and ever released (commit marks)
@@ -215,6 +225,14 @@ class EffectLoop:
         self._w_prev: Bucket | EffectLoop | None = None
         self._w_next: Bucket | EffectLoop | None = None
         self.closed = False
+
+    @property
+    def gate(self) -> CommitGate | None:
+        return self.site.gate
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        return self.site.loop
 
     # -- what a shell provides ---------------------------------------------------------
 
@@ -244,7 +262,7 @@ class EffectLoop:
         effects = self.channel.deliver(deliveries)
         if not effects:
             return
-        if self.held or (self.gate is not None and any(d.qos == 2 for d in deliveries)):
+        if self.held or (self.site.gate is not None and any(d.qos == 2 for d in deliveries)):
             self._run(effects)
         else:
             # QoS 0/1 deliveries need not wait for the commit (see the invariants)
@@ -273,7 +291,7 @@ class EffectLoop:
         channel afterwards as one batch, so they need not wait behind the input's own
         held effects when they are QoS 0/1 and nothing else of ours is held. Without a
         gate (nothing is ever held) the channel appends them to the input's effects."""
-        if self.gate is None:
+        if self.site.gate is None:
             self._run(handle(data))
             return
         state = _input
@@ -349,9 +367,9 @@ class EffectLoop:
         entry: TimerEntry
         if seconds >= WHEEL_MIN_DELAY:
             first = self._t_name is None  # as _put_timer decides
-            entry = TimerWheel.of(self.loop).add(self, seconds, first=first)
+            entry = TimerWheel.of(self.site.loop).add(self, seconds, first=first)
         else:
-            entry = self.loop.call_later(seconds, self._fire, name)
+            entry = self.site.loop.call_later(seconds, self._fire, name)
         self._put_timer(name, entry)
 
     def _cancel_timer(self, name: str) -> None:
@@ -369,7 +387,7 @@ class EffectLoop:
     def _run(self, effects: list[Effect]) -> None:
         if not effects:
             return
-        gate = self.gate
+        gate = self.site.gate
         if gate is not None and (self.held or gate.dirty):
             # One commit callback per hold: these effects may depend on writes added
             # since an earlier hold registered its callback, so they wait for a callback

@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, cast
 
-from gateway.net.shell import CommitGate, EffectLoop
+from gateway.net.shell import CommitGate, EffectLoop, Site
 from protocols import ratelimit
 from protocols.context import Delivery
 from protocols.effects import Effect
@@ -130,6 +130,24 @@ class ListenerLimits:
         self._unlogged = 0
 
 
+class StreamSite(Site):
+    """A stream listener's shared part of its connections: the gate and loop, the
+    listener's limits and the factory of its channels."""
+
+    __slots__ = ("factory", "limits")
+
+    def __init__(
+        self,
+        limits: ListenerLimits,
+        factory: ChannelFactory,
+        gate: CommitGate | None,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        super().__init__(gate, loop)
+        self.limits = limits
+        self.factory = factory
+
+
 class StreamShell(EffectLoop, asyncio.Protocol):
     # one per connection: slots (an instance dict would cost ~100 bytes more); the
     # timers of a closing, rate-limited or slow-reading connection are rare: kept out
@@ -137,27 +155,26 @@ class StreamShell(EffectLoop, asyncio.Protocol):
     resume: Rare[asyncio.TimerHandle | None] = Rare(None)  # reading paused until
     send_timer: Rare[asyncio.TimerHandle | None] = Rare(None)
 
-    __slots__ = (
-        "factory",
-        "limits",
-        "transport",
-        "wbuf",
-        "write_blocked",
-    )
+    __slots__ = ("transport", "wbuf", "write_blocked")
 
     channel: StreamChannel | None
+    site: StreamSite  # the listener's (limits, factory, gate, loop): one slot, shared
 
-    def __init__(
-        self, limits: ListenerLimits, factory: ChannelFactory, gate: CommitGate | None = None
-    ) -> None:
-        super().__init__(gate, asyncio.get_running_loop())
-        self.limits = limits
-        self.factory = factory
+    def __init__(self, site: StreamSite) -> None:
+        super().__init__(site)
         self.transport: asyncio.Transport | None = None
         self.write_blocked = False  # the transport is above its high-water mark
         # written this loop turn, flushed by _flush; None between turns (an idle
         # connection holds no list)
         self.wbuf: list[bytes] | None = None
+
+    @property
+    def limits(self) -> ListenerLimits:
+        return self.site.limits
+
+    @property
+    def factory(self) -> ChannelFactory:
+        return self.site.factory
 
     # -- asyncio.Protocol ------------------------------------------------------------
 
@@ -167,14 +184,15 @@ class StreamShell(EffectLoop, asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         # (host, port), the host interned: clients behind one address share the string
         peer_t: tuple[str, int] | None = (sys.intern(peer[0]), peer[1]) if peer else None
-        refusal = self.limits.admit(peer_t[0] if peer_t else None)
+        site = self.site
+        refusal = site.limits.admit(peer_t[0] if peer_t else None)
         if refusal is not None:
-            self.limits.refuse(peer_t, refusal)
+            site.limits.refuse(peer_t, refusal)
             self.closed = True
             transport.abort()
             return
-        self.limits.current += 1
-        self.channel = channel = self.factory(self, peer_t)
+        site.limits.current += 1
+        self.channel = channel = site.factory(self, peer_t)
         self._run(channel.connection_made())
 
     def _pause_reading(self, seconds: float) -> None:
@@ -279,7 +297,7 @@ class StreamShell(EffectLoop, asyncio.Protocol):
         buf = self.wbuf
         if buf is None:
             self.wbuf = buf = []
-            self.loop.call_soon(self._flush)
+            self.site.loop.call_soon(self._flush)
         buf.extend(writes)
 
     def _flush(self) -> None:
@@ -326,6 +344,7 @@ async def start_stream_listener(
 ) -> asyncio.Server:
     host, port = split_bind(bind)
     loop = asyncio.get_running_loop()
+    site = StreamSite(limits, factory, gate, loop)
     return await loop.create_server(
-        lambda: StreamShell(limits, factory, gate), host, port, reuse_address=True, **kwargs
+        lambda: StreamShell(site), host, port, reuse_address=True, **kwargs
     )

@@ -185,6 +185,36 @@ def _will_properties(p: Properties) -> Properties:
     )
 
 
+class _Guard:
+    """A channel's protection state: the rate buckets, reading paused until (monotonic),
+    the start of the packet being received and whether its timer runs, the buffered
+    count after the last input, and the PUBLISH packets not yet charged.
+
+    A channel holds one from its start when a rate is configured (and keeps it);
+    otherwise only while a partial packet is buffered and ``packet_timeout`` is set (it
+    is dropped once the buffer is drained), so an idle channel holds none.
+    """
+
+    __slots__ = (
+        "buffered_before",
+        "bytes",
+        "messages",
+        "packet_timer",
+        "partial_since",
+        "paused_until",
+        "published",
+    )
+
+    def __init__(self, messages: TokenBucket | None, bytes_: TokenBucket | None) -> None:
+        self.messages = messages
+        self.bytes = bytes_
+        self.paused_until = 0.0
+        self.partial_since: float | None = None
+        self.packet_timer = False
+        self.buffered_before = 0
+        self.published = 0
+
+
 class MqttChannel:
     # One channel per connection: slots keep an idle connection small (bench/README.md);
     # what few connections hold at a time is kept out of them (protocols.rare; a Rare
@@ -200,23 +230,20 @@ class MqttChannel:
     # been told of the end
     peer: Rare[tuple[str, int] | None] = Rare(None)
     _held: Rare[list[Delivery] | None] = Rare(None)
+    # topic aliases (MQTT 5), in and out: the shared read-only empty mapping until the
+    # first alias (a client that uses aliases holds a _rare dict, idle channels no slot);
+    # replaced with a one-entry dict (an empty one would equal the default), then filled
+    _aliases_in: Rare[dict[int, str]] = Rare(_NO_ALIASES)
+    _aliases_out: Rare[dict[str, int]] = Rare(_NO_ALIASES)
     _core_closed: Rare[bool] = Rare(False)
 
     __slots__ = (
-        "_aliases_in",
-        "_aliases_out",
         "_rare",
         "expiry_interval",
         "peer_cert",
-        "_buffered_before",
-        "_bytes",
-        "_messages",
+        "_guard",
         "_monotonic",
         "_out",
-        "_packet_timer",
-        "_partial_since",
-        "_paused_until",
-        "_published",
         "client_alias_max",
         "conn",
         "context",
@@ -255,30 +282,21 @@ class MqttChannel:
         self.keepalive = 0.0
         self.last_rx = 0.0
         self.client_alias_max = 0
-        # topic aliases (MQTT 5): a read-only empty mapping until the first alias
-        self._aliases_in: dict[int, str] = _NO_ALIASES
-        self._aliases_out: dict[str, int] = _NO_ALIASES
         self._monotonic = monotonic
         # effects of the entry point running now; _NOT_BUSY (None) between entry points
         self._out: list[Effect] = _NOT_BUSY
-        # protection: rate buckets, reading paused until (monotonic), the start of the
-        # packet being received and whether its timer runs, PUBLISH count not yet charged
-        now = monotonic()
-        self._messages = (
-            TokenBucket(settings.messages_rate, max(1.0, settings.messages_rate), now)
-            if settings.messages_rate
-            else None
-        )
-        self._bytes = (
-            TokenBucket(settings.bytes_rate, max(1.0, settings.bytes_rate), now)
-            if settings.bytes_rate
-            else None
-        )
-        self._paused_until = 0.0
-        self._partial_since: float | None = None
-        self._packet_timer = False
-        self._buffered_before = 0
-        self._published = 0
+        # protection (rates, stalled packets): see _Guard for when there is one
+        self._guard: _Guard | None = None
+        if settings.messages_rate or settings.bytes_rate:
+            now = monotonic()
+            self._guard = _Guard(
+                TokenBucket(settings.messages_rate, max(1.0, settings.messages_rate), now)
+                if settings.messages_rate
+                else None,
+                TokenBucket(settings.bytes_rate, max(1.0, settings.bytes_rate), now)
+                if settings.bytes_rate
+                else None,
+            )
 
     # -- entry points from the shell ---------------------------------------------------
 
@@ -339,7 +357,9 @@ class MqttChannel:
                 self._close("authentication not finished within idle timeout")
         elif name == "keepalive" and self.state is State.CONNECTED and self.keepalive:
             limit = self.keepalive * self.settings.keepalive_multiplier
-            idle = self._monotonic() - max(self.last_rx, self._paused_until)
+            guard = self._guard
+            last = self.last_rx if guard is None else max(self.last_rx, guard.paused_until)
+            idle = self._monotonic() - last
             if idle >= limit:
                 self.context.incr("client.keepalive_timeout")
                 self._server_disconnect(RC.KEEP_ALIVE_TIMEOUT, "keepalive timeout")
@@ -354,38 +374,49 @@ class MqttChannel:
     def _after_input(self, n: int) -> None:
         """Charge ``n`` bytes and the PUBLISH packets just handled to the rate buckets
         (Pause when in debt), and time the packet left incomplete in the buffer."""
-        now = self._monotonic()
+        guard = self._guard
         buffered = self.conn.buffered
+        if guard is None:  # no rates: only a partial packet needs a guard
+            if not buffered or not self.settings.packet_timeout:
+                return
+            guard = self._guard = _Guard(None, None)
+        now = self._monotonic()
         if buffered and self.settings.packet_timeout:
-            if self._partial_since is None or buffered < self._buffered_before + n:
-                self._partial_since = now  # a packet completed: the next one starts now
-            if not self._packet_timer:
-                self._packet_timer = True
+            if guard.partial_since is None or buffered < guard.buffered_before + n:
+                guard.partial_since = now  # a packet completed: the next one starts now
+            if not guard.packet_timer:
+                guard.packet_timer = True
                 self._out.append(SetTimer("packet", self.settings.packet_timeout))
         else:
-            self._partial_since = None
-        self._buffered_before = buffered
+            guard.partial_since = None
+            if guard.messages is None and guard.bytes is None:
+                self._guard = None  # drained and no rates: nothing left to keep
+                return
+        guard.buffered_before = buffered
         wait = 0.0
-        if self._bytes is not None:
-            wait = self._bytes.consume(n, now)
-        if self._messages is not None and self._published:
-            wait = max(wait, self._messages.consume(self._published, now))
-        self._published = 0
+        if guard.bytes is not None:
+            wait = guard.bytes.consume(n, now)
+        if guard.messages is not None and guard.published:
+            wait = max(wait, guard.messages.consume(guard.published, now))
+        guard.published = 0
         if wait > 0.0:
-            if self._paused_until <= 0.0:
+            if guard.paused_until <= 0.0:
                 log.info("%s: rate limit reached, pausing reads", self._who())
-            self._paused_until = now + wait
+            guard.paused_until = now + wait
             self.context.incr("client.rate_limited")
             self._out.append(Pause(wait))
 
     def _on_packet_timer(self) -> None:
-        self._packet_timer = False
-        since = self._partial_since
+        guard = self._guard
+        if guard is None:  # drained since the timer was set
+            return
+        guard.packet_timer = False
+        since = guard.partial_since
         if since is None or not self.conn.buffered:
             return
-        left = max(since, self._paused_until) + self.settings.packet_timeout - self._monotonic()
+        left = max(since, guard.paused_until) + self.settings.packet_timeout - self._monotonic()
         if left > 0:
-            self._packet_timer = True
+            guard.packet_timer = True
             self._out.append(SetTimer("packet", left))
             return
         self.context.incr("client.packet_timeout")
@@ -825,7 +856,9 @@ class MqttChannel:
     # -- PUBLISH in ----------------------------------------------------------------
 
     def _on_publish(self, p: Publish) -> None:
-        self._published += 1
+        guard = self._guard
+        if guard is not None:
+            guard.published += 1
         s = self.settings
         v5 = self.version == MQTT_5
         topic = p.topic
@@ -835,9 +868,11 @@ class MqttChannel:
             if alias == 0 or alias > s.max_topic_alias:
                 raise _Disconnect(RC.TOPIC_ALIAS_INVALID, f"topic alias {alias} out of range")
             if topic:
-                if self._aliases_in is _NO_ALIASES:
-                    self._aliases_in = {}
-                self._aliases_in[alias] = topic
+                aliases = self._aliases_in
+                if aliases is _NO_ALIASES:
+                    self._aliases_in = {alias: topic}
+                else:
+                    aliases[alias] = topic
             else:
                 known = self._aliases_in.get(alias)
                 if known is None:
@@ -981,9 +1016,11 @@ class MqttChannel:
                 log.info("%s: not sent (%s)", self._who(), exc)
                 continue
             if new_alias:
-                if self._aliases_out is _NO_ALIASES:
-                    self._aliases_out = {}
-                self._aliases_out[topic] = len(self._aliases_out) + 1
+                aliases = self._aliases_out
+                if aliases is _NO_ALIASES:
+                    self._aliases_out = {topic: 1}
+                else:
+                    aliases[topic] = len(aliases) + 1
         if dropped:
             self.context.incr("messages.dropped", len(dropped))
             self.context.incr("messages.dropped.too_large", len(dropped))
@@ -1043,11 +1080,12 @@ class MqttChannel:
         topic_out = topic
         new_alias = False
         if self.client_alias_max:
-            alias = self._aliases_out.get(topic)
+            aliases = self._aliases_out
+            alias = aliases.get(topic)
             if alias is not None:
                 topic_out = ""
-            elif len(self._aliases_out) < self.client_alias_max:
-                alias = len(self._aliases_out) + 1
+            elif len(aliases) < self.client_alias_max:
+                alias = len(aliases) + 1
                 new_alias = True
         expires = msg.expires_at
         props = msg.properties

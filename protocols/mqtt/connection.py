@@ -8,7 +8,10 @@ Invariants:
 
 - The receive buffer is one ``bytearray`` with a read offset; consumed bytes are cut
   off only when they are at least half the buffer, so buffering costs amortised O(1)
-  per byte however the stream is split.
+  per byte however the stream is split. Drained, it is the shared immutable ``b""``
+  (an idle connection holds no buffer of its own); the first bytes received into it
+  are kept as they came when they are ``bytes`` (no copy), and turned into a
+  ``bytearray`` only when more bytes must be appended to them.
 - ``next_event`` checks the remaining length as soon as it is known: more than four
   length bytes is ``MALFORMED_REMAINING_LENGTH`` and a packet larger than
   ``max_incoming_packet_size`` (fixed header included) is ``PACKET_TOO_LARGE``, both
@@ -79,6 +82,7 @@ __all__ = [
 
 DEFAULT_MAX_PACKET_SIZE = 268_435_460  # 1 + 4 + the largest remaining length
 _COPY_MAX = 16384  # packet bodies up to this size are decoded from a copy, not a view
+_EMPTY = b""  # the drained receive buffer, shared (immutable: receive_data never appends to it)
 _PACKET_TYPE: dict[type, PacketType] = {
     cls: PacketType[cls.__name__.upper()] for cls in Packet.__args__
 }
@@ -102,7 +106,6 @@ class Connection:
         "max_incoming_packet_size",
         "max_outgoing_packet_size",
         "protocol_level",
-        "role",
     )
 
     def __init__(
@@ -114,15 +117,20 @@ class Connection:
     ) -> None:
         if protocol_level is not None and protocol_level not in SUPPORTED_LEVELS:
             raise LocalProtocolError(f"unsupported protocol level {protocol_level!r}")
-        self.role = role
         self.protocol_level: int | None = protocol_level
         self.max_incoming_packet_size = max_incoming_packet_size
         self.max_outgoing_packet_size: int | None = None
-        self._from_client = role is Role.SERVER  # the direction of what we receive
+        # the direction of what we receive (the role, without a slot of its own)
+        self._from_client = role is Role.SERVER
         self._connect_received = False
-        self._buffer = bytearray()
+        # _EMPTY when drained; else what is buffered from _offset on (bytes or bytearray)
+        self._buffer: bytes | bytearray = _EMPTY
         self._offset = 0
         self._error: RemoteProtocolError | None = None
+
+    @property
+    def role(self) -> Role:
+        return Role.SERVER if self._from_client else Role.CLIENT
 
     @property
     def buffered(self) -> int:
@@ -137,9 +145,18 @@ class Connection:
     def receive_data(self, data: bytes) -> None:
         """Append bytes read from the peer (an empty ``data`` is ignored)."""
         self._raise_again()
+        buffer = self._buffer
+        if not buffer:  # drained (_EMPTY): keep the bytes as they came
+            if data:
+                self._buffer = data if type(data) is bytes else bytes(data)
+                self._offset = 0
+            return
         offset = self._offset
-        if offset and offset * 2 >= len(self._buffer):
-            del self._buffer[:offset]
+        if not isinstance(buffer, bytearray):  # the first bytes received, partial: now a bytearray
+            self._buffer = bytearray(memoryview(buffer)[offset:])
+            self._offset = 0
+        elif offset and offset * 2 >= len(buffer):
+            del buffer[:offset]
             self._offset = 0
         self._buffer += data
 
@@ -156,12 +173,12 @@ class Connection:
             packet = self._next(buffer, offset, end)
         except RemoteProtocolError as exc:
             self._error = exc
-            self._buffer = bytearray()  # the old one may still be exported by a traceback
+            self._buffer = _EMPTY  # the old one may still be exported by a traceback
             self._offset = 0
             raise
         return packet
 
-    def _next(self, buffer: bytearray, offset: int, end: int) -> Packet | None:
+    def _next(self, buffer: bytes | bytearray, offset: int, end: int) -> Packet | None:
         server = self._from_client
         if server and not self._connect_received and buffer[offset] >> 4 != 1:
             raise RemoteProtocolError(
@@ -193,7 +210,7 @@ class Connection:
             packet_id = (buffer[offset + 2] << 8) | buffer[offset + 3]
             if packet_id:
                 if stop == end:
-                    buffer.clear()
+                    self._buffer = _EMPTY
                     stop = 0
                 self._offset = stop
                 return PubAck(packet_id)
@@ -206,7 +223,7 @@ class Connection:
                 with memoryview(buffer) as view:
                     raw = bytes(view[offset:stop])
             if stop == end:
-                buffer.clear()
+                self._buffer = _EMPTY
                 stop = 0
             self._offset = stop
             publish = decode_publish(first & 0x0F, raw, header_length, level, server)
@@ -217,7 +234,7 @@ class Connection:
         start = offset + header_length
         # A small packet is copied out (cheaper than a memoryview, ~0.4 us); a large one
         # is read through a view.
-        body: bytearray | memoryview = (
+        body: bytes | bytearray | memoryview = (
             buffer[start:stop] if length <= _COPY_MAX else memoryview(buffer)[start:stop]
         )
         try:
@@ -235,7 +252,7 @@ class Connection:
                 body.release()
         offset = stop
         if offset == end:
-            buffer.clear()
+            self._buffer = _EMPTY
             offset = 0
         self._offset = offset
         return packet
@@ -245,7 +262,7 @@ class Connection:
         ptype = _PACKET_TYPE.get(type(packet))
         if ptype is None:
             raise LocalProtocolError(f"not an MQTT packet: {packet!r}")
-        client = self.role is Role.CLIENT
+        client = not self._from_client
         if client and type(packet) is Connect:
             if packet.protocol_level not in SUPPORTED_LEVELS:
                 raise LocalProtocolError(f"unsupported protocol level {packet.protocol_level}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from gateway.net.shell import EffectLoop
+from gateway.net.shell import EffectLoop, Site
 from protocols.context import Delivery, Message
 from protocols.effects import Effect
 
@@ -67,7 +67,7 @@ def teardown_module() -> None:
 
 class Recorder(EffectLoop):
     def __init__(self, gate: TwoPhaseCommitter) -> None:
-        super().__init__(gate, _LOOP)
+        super().__init__(Site(gate, _LOOP))
         self.written: list[bytes] = []
 
     def _write_all(self, writes: list[bytes]) -> None:

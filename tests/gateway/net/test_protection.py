@@ -3,13 +3,12 @@ shell's handling of Pause, without real sockets or real time."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any
 
 import pytest
 
-from gateway.net.stream import ListenerLimits, StreamShell
+from gateway.net.stream import ListenerLimits, StreamShell, StreamSite
 from protocols.effects import Effect, Pause
 
 
@@ -213,12 +212,14 @@ def make_shell(
 ) -> tuple[StreamShell, FakeTransport, FakeLoop, PausingChannel]:
     channel = PausingChannel()
 
-    async def build() -> StreamShell:
-        return StreamShell(limits or ListenerLimits("tcp:t"), lambda shell, peer: channel)
-
-    shell = asyncio.run(build())
     loop = FakeLoop()
-    shell.loop = loop  # type: ignore[assignment]
+    site = StreamSite(
+        limits or ListenerLimits("tcp:t"),
+        lambda shell, peer: channel,
+        None,
+        loop,  # type: ignore[arg-type]
+    )
+    shell = StreamShell(site)
     transport = FakeTransport()
     shell.connection_made(transport)  # type: ignore[arg-type]
     return shell, transport, loop, channel

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gateway.net.shell import Bucket, EffectLoop, TimerWheel
+from gateway.net.shell import Bucket, EffectLoop, Site, TimerWheel
 from protocols.context import Delivery
 from protocols.effects import CancelTimer, Effect, SetTimer
 
@@ -44,7 +44,7 @@ class Shell(EffectLoop):
     __slots__ = ("fired",)
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        super().__init__(None, loop)
+        super().__init__(Site(None, loop))
         self.fired = Fired()
         self.channel = self.fired
 

@@ -297,6 +297,28 @@ def test_topic_alias_in_and_out(node: Node, clock: VirtualScheduler) -> None:
     assert [p.reason_code for p in pub.take() if isinstance(p, Disconnect)] == [0x82]
 
 
+def test_topic_aliases_are_shared_and_empty_until_used(
+    node: Node, clock: VirtualScheduler
+) -> None:
+    idle = client(node, clock, "idle", properties=Properties(topic_alias_maximum=5))
+    assert idle.channel._aliases_in is idle.channel._aliases_out
+    assert idle.channel._rare is None and len(idle.channel._aliases_in) == 0
+    sub = client(node, clock, "sub", properties=Properties(topic_alias_maximum=5))
+    sub.send(Subscribe(1, (Subscription("a/#", 0),)))
+    sub.take()
+    pub = client(node, clock, "pub")
+    for n, topic in enumerate(["a/1", "a/2", "a/1"]):
+        pub.send(Publish(topic, b"%d" % n, properties=Properties(topic_alias=n % 2 + 1)))
+    pub.send(Publish("", b"3", properties=Properties(topic_alias=2)))
+    assert dict(pub.channel._aliases_in) == {1: "a/1", 2: "a/2"}
+    got = [p for p in sub.take() if isinstance(p, Publish)]
+    assert [(p.topic, p.properties.topic_alias) for p in got] == [
+        ("a/1", 1), ("a/2", 2), ("", 1), ("", 2)
+    ]
+    assert dict(sub.channel._aliases_out) == {"a/1": 1, "a/2": 2}
+    assert len(idle.channel._aliases_in) == 0 and len(idle.channel._aliases_out) == 0
+
+
 def test_message_too_large_for_client_is_not_sent(node: Node, clock: VirtualScheduler) -> None:
     props = Properties(maximum_packet_size=64, topic_alias_maximum=4)
     sub = client(node, clock, "sub", properties=props)

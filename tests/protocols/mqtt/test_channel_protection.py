@@ -319,3 +319,33 @@ def test_max_topic_levels_subscribe(
     w = connect(node, clock, MqttSettings(max_topic_levels=3), level=level)
     w.send(Subscribe(1, (Subscription("a/+/c", 0), Subscription("a/b/c/#", 0))))
     assert w.take() == [SubAck(1, (0, refused))]
+
+
+# -- the protection state (_Guard) exists only while it is needed ------------------------
+
+
+def test_idle_channel_without_rates_holds_no_guard(node: Node, clock: VirtualScheduler) -> None:
+    w = connect(node, clock, MqttSettings(packet_timeout=5), keepalive=0)
+    assert w.channel._guard is None
+    w.send(*publishes(3))
+    assert w.channel._guard is None
+    data = _partial_publish(w)
+    w.send_raw(data[:10])  # a partial packet: timed, by a guard
+    guard = w.channel._guard
+    assert guard is not None and guard.partial_since == clock.time()
+    w.send_raw(data[10:])  # drained: dropped
+    assert w.channel._guard is None
+    w.advance(10)  # the packet timer set for it fires into nothing
+    assert w.closed is None
+    w.send_raw(data[:10])  # a new partial packet: a new guard, a new deadline
+    assert w.channel._guard is not None
+    w.advance(5.1)
+    assert w.closed == "packet not completed in time"
+
+
+def test_rates_keep_their_guard(node: Node, clock: VirtualScheduler) -> None:
+    w = connect(node, clock, MqttSettings(messages_rate=1000, packet_timeout=5))
+    guard = w.channel._guard
+    assert guard is not None and guard.messages is not None and guard.bytes is None
+    w.send(*publishes(3))
+    assert w.channel._guard is guard and guard.published == 0

@@ -373,3 +373,54 @@ def test_module_re_exports_for_shared_publish_bytes() -> None:
     assert connection.encode_publish_with_id(template, offset, 0x1234) == (
         b"\x32\x06\x00\x01t\x12\x34p"
     )
+
+
+# -- the drained receive buffer is one shared empty bytes object ------------------------
+
+
+def test_drained_connections_share_one_empty_buffer() -> None:
+    a, b = Connection(Role.SERVER), Connection(Role.SERVER)
+    assert a._buffer is connection._EMPTY and b._buffer is connection._EMPTY
+    for conn in (a, b):
+        conn.receive_data(_stream(SESSION_5[:3], MQTT_5))
+        assert drain(conn) == SESSION_5[:3]
+        assert conn._buffer is connection._EMPTY
+    assert connection._EMPTY == b"" and type(connection._EMPTY) is bytes
+
+
+def test_partial_input_never_mutates_the_shared_empty_buffer() -> None:
+    data = _stream(SESSION_5, MQTT_5)
+    conns = [Connection(Role.SERVER) for _ in range(3)]
+    # a bytearray and a memoryview from the caller are copied, bytes kept as they are
+    for cut, kind in ((5, bytes), (1, bytearray), (len(data) - 1, memoryview)):
+        conn = conns.pop()
+        head = kind(data[:cut])
+        conn.receive_data(head)
+        got = drain(conn)
+        if isinstance(head, bytearray):
+            head[:] = b"\x00" * len(head)  # the caller reuses its buffer: we hold a copy
+        conn.receive_data(data[cut:])
+        got += drain(conn)
+        assert got == SESSION_5, kind
+        assert conn._buffer is connection._EMPTY
+        assert connection._EMPTY == b""
+
+
+def test_first_chunk_is_kept_without_a_copy_until_more_arrives() -> None:
+    conn = Connection(Role.SERVER)
+    data = _stream(SESSION_5[:1], MQTT_5)
+    conn.receive_data(data[:4])
+    assert conn.buffered == 4
+    conn.receive_data(data[4:])
+    assert type(conn._buffer) is bytearray
+    assert drain(conn) == SESSION_5[:1]
+    assert conn._buffer is connection._EMPTY
+
+
+def test_protocol_error_leaves_the_buffer_shared_and_empty() -> None:
+    conn = Connection(Role.SERVER)
+    conn.receive_data(b"\x30\x02\x00\x00")  # PUBLISH before CONNECT
+    with pytest.raises(RemoteProtocolError):
+        conn.next_event()
+    assert conn._buffer is connection._EMPTY
+    assert connection._EMPTY == b""
