@@ -128,15 +128,27 @@ class Node:
         return self.workdir / "gatewayd.log"
 
     def start(self, *, wait: bool = True) -> Node:
+        """Start gatewayd (and wait until it answers). The client and API ports were
+        picked free but may be taken by someone else before gatewayd binds them: then
+        it exits at once, and it is started again on other ones (at most 3 times; the
+        cluster port is in other nodes' seeds, so it is kept)."""
         self.workdir.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")  # noqa: SIM115 - the child keeps it
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway.cli.gatewayd"], cwd=self.workdir,
-            env={**clean_environ(), **self.env}, stdout=log, stderr=subprocess.STDOUT,
-        )
-        log.close()
-        if wait:
-            wait_until(self._ready, what=f"{self.name} ready")
+        for attempt in range(3):
+            log = open(self.log_path, "ab")  # noqa: SIM115 - the child keeps it
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "gateway.cli.gatewayd"], cwd=self.workdir,
+                env={**clean_environ(), **self.env}, stdout=log, stderr=subprocess.STDOUT,
+            )
+            log.close()
+            if not wait:
+                return self
+            try:
+                wait_until(self._ready, what=f"{self.name} ready")
+                return self
+            except RuntimeError as exc:
+                if "Address already in use" not in str(exc) or attempt == 2:
+                    raise
+                self.mqtt_port, self.api_port = free_port(), free_port()
         return self
 
     def _ready(self) -> bool:
