@@ -6,7 +6,7 @@ to another core and delivery goes on. With and without ``cluster.raft``."""
 from __future__ import annotations
 
 import json
-import time
+import queue
 from collections.abc import Callable
 from typing import Any
 
@@ -80,6 +80,9 @@ def check_takeover_and_shared(r: Node, core: Node, others: list[Node]) -> None:
 
     members = {n.short: Client(n, f"member-{n.short}").subscribe("$share/g/sh/#", qos=1)
                for n in (r, far)}
+    arrived: queue.Queue[Any] = queue.Queue()  # what either member receives
+    for m in members.values():
+        m.messages = arrived
     try:
         wait_until(lambda: far.remote_routes(core) == 3 and r.remote_routes(core) == 3,
                    what="the group known on both sides")
@@ -90,12 +93,7 @@ def check_takeover_and_shared(r: Node, core: Node, others: list[Node]) -> None:
                 p.publish(f"sh/{n.short}", f"{n.short}{i}", qos=1)
                 sent.append(f"{n.short}{i}")
             p.close()
-        got: list[str] = []
-        end = time.monotonic() + 20.0
-        while len(got) < len(sent) and time.monotonic() < end:
-            for m in members.values():
-                got.extend(x.payload.decode() for x in m.drain())
-            time.sleep(0.05)  # bounded poll of two queues
+        got = [arrived.get(timeout=20.0).payload.decode() for _ in sent]
         assert sorted(got) == sorted(sent)
     finally:
         for m in members.values():
