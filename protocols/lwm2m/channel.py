@@ -168,6 +168,21 @@ def _code(code: Any) -> str:
     return f"{c >> 5}.{c & 0x1F:02d}"
 
 
+def _block2_request(first: Message, mid: int, number: int, szx: int) -> Message:
+    """The request for block ``number`` of the answer to ``first``: the same method, path,
+    Accept and (for a FETCH) body and content format, a new token, Block2 set."""
+    fetch = first.code == Code.FETCH  # the same FETCH body asks for the next block
+    req = make(CON, Code.FETCH if fetch else Code.GET, mid, secrets.token_bytes(4),
+               first.payload if fetch else b"")
+    req.opt.uri_path = first.opt.uri_path
+    if fetch and first.opt.content_format is not None:
+        req.opt.content_format = first.opt.content_format
+    if first.opt.accept is not None:
+        req.opt.accept = first.opt.accept
+    req.opt.block2 = Block(number, False, szx)
+    return req
+
+
 class Lwm2mChannel(CoapEndpoint):
     LABEL = "lwm2m"
     CLOSED = State.CLOSED
@@ -952,15 +967,7 @@ class Lwm2mChannel(CoapEndpoint):
         first = obs.request
         b2 = msg.opt.block2
         assert first is not None and b2 is not None
-        fetch = first.code == Code.FETCH
-        req = make(CON, Code.FETCH if fetch else Code.GET, 0, secrets.token_bytes(4),
-                   first.payload if fetch else b"")
-        req.opt.uri_path = first.opt.uri_path
-        if fetch and first.opt.content_format is not None:
-            req.opt.content_format = first.opt.content_format
-        if first.opt.accept is not None:
-            req.opt.accept = first.opt.accept
-        req.opt.block2 = Block(1, False, b2.size_exponent)
+        req = _block2_request(first, 0, 1, b2.size_exponent)
         c = Command(obs.req_id, "notify", obs.path, obs.echo, req, paths=obs.paths,
                     partial=bytearray(msg.payload), notify_of=obs, seq_num=msg.opt.observe)
         self.pending.appendleft(c)
@@ -985,15 +992,7 @@ class Lwm2mChannel(CoapEndpoint):
         c.partial = partial
         first = c.request
         assert first is not None
-        fetch = first.code == Code.FETCH  # the same FETCH body asks for the next block
-        nxt = make(CON, Code.FETCH if fetch else Code.GET, self._mid(), secrets.token_bytes(4),
-                   first.payload if fetch else b"")
-        nxt.opt.uri_path = first.opt.uri_path
-        if fetch and first.opt.content_format is not None:
-            nxt.opt.content_format = first.opt.content_format
-        if first.opt.accept is not None:
-            nxt.opt.accept = first.opt.accept
-        nxt.opt.block2 = Block(b2.block_number + 1, False, b2.size_exponent)
+        nxt = _block2_request(first, self._mid(), b2.block_number + 1, b2.size_exponent)
         data = encode(nxt)
         t = self.settings.ack_timeout
         self.current = _Outstanding(c, data, nxt.mid, nxt.token, 0, t)
