@@ -184,3 +184,39 @@ def path_of(tool: str) -> Path | None:
     found = shutil.which(tool) or (Path(sys.executable).parent / tool)
     p = Path(found)
     return p if p.exists() else None
+
+
+class Lwm2mApp:
+    """The MQTT application of an LwM2M device (paho): subscribes to its ``up/#``, sends
+    commands on ``dn``; at QoS 1 a command returns once gatewayd acknowledged it (for a
+    queue-mode device: once it is on disk)."""
+
+    def __init__(self, gw: Gateway, ep: str, *, qos: int = 0, timeout: float = 10.0) -> None:
+        self.ep = ep
+        self.qos = qos
+        self.timeout = timeout
+        self.q: queue.Queue[tuple[str, dict[str, Any]]] = queue.Queue()
+        self.acked: queue.Queue[int] = queue.Queue()
+        self.c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"app-{ep}")
+        subscribed: queue.Queue[object] = queue.Queue()
+        self.c.on_message = lambda c, u, m: self.q.put((m.topic, json.loads(m.payload)))
+        self.c.on_subscribe = lambda *a: subscribed.put(a)
+        self.c.on_publish = lambda c, u, mid, rc, p: self.acked.put(mid)
+        self.c.connect(gw.host, gw.tcp)
+        self.c.loop_start()
+        self.c.subscribe(f"lwm2m/{ep}/up/#", 0)
+        subscribed.get(timeout=timeout)
+
+    def command(self, req_id: int, msg_type: str, **data: Any) -> None:
+        body = json.dumps({"reqID": req_id, "msgType": msg_type, "data": data})
+        info = self.c.publish(f"lwm2m/{self.ep}/dn", body, self.qos)
+        if self.qos:
+            while self.acked.get(timeout=self.timeout) != info.mid:
+                pass
+
+    def next(self) -> tuple[str, dict[str, Any]]:
+        return self.q.get(timeout=self.timeout)
+
+    def close(self) -> None:
+        self.c.disconnect()
+        self.c.loop_stop()

@@ -4,17 +4,14 @@ real gatewayd, commands and answers through paho-mqtt. Every command round-trips
 from __future__ import annotations
 
 import asyncio
-import json
-import queue
 import socket
 from collections.abc import Iterator
 from typing import Any
 
-import paho.mqtt.client as mqtt
 import pytest
-from paho.mqtt.enums import CallbackAPIVersion
 
 from protocols.lwm2m.client import Lwm2mClient
+from tests.interop.clients import Lwm2mApp
 from tests.interop.conftest import Gateway, free_port, start_gateway, stop, wait_lwm2m
 
 TIMEOUT = 10.0
@@ -35,34 +32,7 @@ def lgw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Gateway, int
         stop(proc)
 
 
-class App:
-    """The MQTT application: subscribes to up/#, sends commands on dn."""
-
-    def __init__(self, gw: Gateway, ep: str) -> None:
-        self.ep = ep
-        self.q: queue.Queue[tuple[str, dict[str, Any]]] = queue.Queue()
-        self.c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"app-{ep}")
-        subscribed: queue.Queue[object] = queue.Queue()
-        self.c.on_message = lambda c, u, m: self.q.put((m.topic, json.loads(m.payload)))
-        self.c.on_subscribe = lambda *a: subscribed.put(a)
-        self.c.connect(gw.host, gw.tcp)
-        self.c.loop_start()
-        self.c.subscribe(f"lwm2m/{ep}/up/#", 0)
-        subscribed.get(timeout=TIMEOUT)
-
-    def command(self, req_id: int, msg_type: str, **data: Any) -> None:
-        body = json.dumps({"reqID": req_id, "msgType": msg_type, "data": data})
-        self.c.publish(f"lwm2m/{self.ep}/dn", body, 0)
-
-    def next(self) -> tuple[str, dict[str, Any]]:
-        return self.q.get(timeout=TIMEOUT)
-
-    def close(self) -> None:
-        self.c.disconnect()
-        self.c.loop_stop()
-
-
-async def _scenario(gw: Gateway, port: int, app: App, ep: str, senml: bool) -> None:
+async def _scenario(gw: Gateway, port: int, app: Lwm2mApp, ep: str, senml: bool) -> None:
     dev = Lwm2mClient(("127.0.0.1", port), ep, senml=senml)
     await dev.start()
     nxt = lambda: asyncio.to_thread(app.next)  # noqa: E731
@@ -127,14 +97,14 @@ async def _scenario(gw: Gateway, port: int, app: App, ep: str, senml: bool) -> N
 def test_device_every_command(lgw: tuple[Gateway, int], uid: str, senml: bool) -> None:
     gw, port = lgw
     ep = f"dev-{uid}"
-    app = App(gw, ep)
+    app = Lwm2mApp(gw, ep, timeout=TIMEOUT)
     try:
         asyncio.run(_scenario(gw, port, app, ep, senml))
     finally:
         app.close()
 
 
-async def _composite(port: int, app: App, ep: str) -> None:
+async def _composite(port: int, app: Lwm2mApp, ep: str) -> None:
     dev = Lwm2mClient(("127.0.0.1", port), ep, version="1.1", senml=True)
     await dev.start()
     nxt = lambda: asyncio.to_thread(app.next)  # noqa: E731
@@ -178,14 +148,14 @@ async def _composite(port: int, app: App, ep: str) -> None:
 def test_device_11_composite(lgw: tuple[Gateway, int], uid: str) -> None:
     gw, port = lgw
     ep = f"dev11-{uid}"
-    app = App(gw, ep)
+    app = Lwm2mApp(gw, ep, timeout=TIMEOUT)
     try:
         asyncio.run(_composite(port, app, ep))
     finally:
         app.close()
 
 
-async def _large_notification(port: int, app: App, ep: str) -> None:
+async def _large_notification(port: int, app: Lwm2mApp, ep: str) -> None:
     dev = Lwm2mClient(("127.0.0.1", port), ep)
     dev.values["/3/0/2"] = "s" * 3000  # serial number: larger than a block
     await dev.start()
@@ -208,7 +178,7 @@ async def _large_notification(port: int, app: App, ep: str) -> None:
 def test_large_notification_published_whole(lgw: tuple[Gateway, int], uid: str) -> None:
     gw, port = lgw
     ep = f"big-{uid}"
-    app = App(gw, ep)
+    app = Lwm2mApp(gw, ep, timeout=TIMEOUT)
     try:
         asyncio.run(_large_notification(port, app, ep))
     finally:

@@ -5,54 +5,19 @@ and the 1.1 Send operation through gatewayd."""
 from __future__ import annotations
 
 import asyncio
-import json
-import queue
 import signal
 import socket
 from pathlib import Path
 from typing import Any
 
-import paho.mqtt.client as mqtt
 import pytest
-from paho.mqtt.enums import CallbackAPIVersion
 
 from protocols.lwm2m.client import Lwm2mClient
+from tests.interop.clients import Lwm2mApp
 from tests.interop.conftest import Gateway, free_port, start_gateway, stop, wait_lwm2m
 
 TIMEOUT = 15.0
 WINDOW = 0.2  # qmode_time_window: the device sleeps this long after each message
-
-
-class App:
-    """The MQTT application (paho): subscribes to up/#, sends commands at QoS 1."""
-
-    def __init__(self, gw: Gateway, ep: str) -> None:
-        self.ep = ep
-        self.q: queue.Queue[tuple[str, dict[str, Any]]] = queue.Queue()
-        self.acked: queue.Queue[int] = queue.Queue()
-        self.c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"app-{ep}")
-        subscribed: queue.Queue[object] = queue.Queue()
-        self.c.on_message = lambda c, u, m: self.q.put((m.topic, json.loads(m.payload)))
-        self.c.on_subscribe = lambda *a: subscribed.put(a)
-        self.c.on_publish = lambda c, u, mid, rc, p: self.acked.put(mid)
-        self.c.connect(gw.host, gw.tcp)
-        self.c.loop_start()
-        self.c.subscribe(f"lwm2m/{ep}/up/#", 0)
-        subscribed.get(timeout=TIMEOUT)
-
-    def command(self, req_id: int, msg_type: str, **data: Any) -> None:
-        """Publish at QoS 1 and wait for the PUBACK (the command is on disk then)."""
-        body = json.dumps({"reqID": req_id, "msgType": msg_type, "data": data})
-        info = self.c.publish(f"lwm2m/{self.ep}/dn", body, 1)
-        while self.acked.get(timeout=TIMEOUT) != info.mid:
-            pass
-
-    def next(self) -> tuple[str, dict[str, Any]]:
-        return self.q.get(timeout=TIMEOUT)
-
-    def close(self) -> None:
-        self.c.disconnect()
-        self.c.loop_stop()
 
 
 def _start(workdir: Path, port: int, **extra: str) -> tuple[Any, Gateway]:
@@ -75,7 +40,7 @@ def test_queued_commands_survive_kill_9(tmp_path: Path) -> None:
     async def scenario() -> None:
         proc, gw = _start(tmp_path, port)
         procs.append(proc)
-        app = App(gw, ep)
+        app = Lwm2mApp(gw, ep, qos=1, timeout=TIMEOUT)
         dev = Lwm2mClient(("127.0.0.1", port), ep, binding="UQ")
         await dev.start()
         try:
@@ -94,7 +59,7 @@ def test_queued_commands_survive_kill_9(tmp_path: Path) -> None:
             app.close()
             proc, gw = await asyncio.to_thread(_start, tmp_path, port)
             procs.append(proc)
-            app = App(gw, ep)
+            app = Lwm2mApp(gw, ep, qos=1, timeout=TIMEOUT)
             r = await dev.update(TIMEOUT)
             assert str(r.code) == "2.04 Changed"  # the registration survived too
             answers: dict[str, dict[str, Any]] = {}
@@ -126,7 +91,7 @@ def test_send_reaches_mqtt(tmp_path: Path) -> None:
     port = free_port(socket.SOCK_DGRAM)
     proc, gw = _start(tmp_path, port)
     ep = "sender-1"
-    app = App(gw, ep)
+    app = Lwm2mApp(gw, ep, qos=1, timeout=TIMEOUT)
 
     async def scenario() -> None:
         dev = Lwm2mClient(("127.0.0.1", port), ep, version="1.1")
@@ -170,7 +135,7 @@ def test_bootstrap_then_register(tmp_path: Path) -> None:
         GATEWAY_GATEWAY__LWM2M__BOOTSTRAP__ENDPOINTS=plan,
     )
     ep = "fresh-1"
-    app = App(gw, ep)
+    app = Lwm2mApp(gw, ep, qos=1, timeout=TIMEOUT)
 
     async def scenario() -> None:
         dev = Lwm2mClient(("127.0.0.1", port), ep)
