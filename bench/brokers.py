@@ -455,6 +455,8 @@ def free_port_run(n: int) -> int:
     """A port p with p..p+n-1 free on the loopback (probed, then closed)."""
     for _ in range(100):
         base = free_port()
+        if base + n > 65535:
+            continue
         socks: list[socket.socket] = []
         try:
             for i in range(n):

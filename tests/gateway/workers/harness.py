@@ -18,28 +18,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from bench.brokers import free_port_run as free_ports
 from tests.gateway.cluster.harness import WAIT, Client, clean_environ, free_port, wait_until
-
-
-def free_ports(n: int) -> int:
-    """A port p with p..p+n-1 free (probed, then closed)."""
-    for _ in range(100):
-        base = free_port()
-        if base + n > 65535:
-            continue
-        socks = []
-        try:
-            for i in range(n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", base + i))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no run of free ports")
 
 
 class NotifySink:
