@@ -1,0 +1,62 @@
+"""scripts/wheelhouse: the wheels it writes install the gateway into a fresh venv with no
+package index, and bad input is one line and exit 2."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+WHEELHOUSE = REPO / "scripts/wheelhouse"
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(WHEELHOUSE), *args], capture_output=True, text=True,
+                          timeout=900)
+
+
+@pytest.mark.slow
+def test_an_offline_install_from_the_wheelhouse_runs(tmp_path: Path) -> None:
+    out = tmp_path / "wheels"
+    r = run(str(out), "--python", sys.executable, "--extras", "")
+    assert r.returncode == 0, r.stderr[-2000:]
+    pins = (out / "requirements.txt").read_text().splitlines()
+    names = {line.split("==")[0] for line in pins}
+    assert {"edge-gateway", "pydantic", "aiohttp", "websockets", "aiocoap"} <= names
+    assert all("--hash=sha256:" in line for line in pins)
+    assert len((out / "SHA256SUMS").read_text().splitlines()) == len(pins)
+
+    env_dir = tmp_path / "venv"
+    venv.create(env_dir, with_pip=True)
+    py = env_dir / "bin/python"
+    r2 = subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-index", "--find-links",
+                         str(out), "-r", str(out / "requirements.txt")],
+                        capture_output=True, text=True, timeout=600)
+    assert r2.returncode == 0, r2.stderr[-2000:]
+    r3 = subprocess.run([str(env_dir / "bin/gatewayd"), "--version"], capture_output=True,
+                        text=True, timeout=60)
+    assert r3.returncode == 0 and "0." in r3.stdout, r3.stdout + r3.stderr
+    # the installed copy is the wheel, not this checkout
+    r4 = subprocess.run([str(py), "-c", "import gateway; print(gateway.__file__)"],
+                        capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert str(env_dir) in r4.stdout
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    ((), "usage: scripts/wheelhouse DIR"),
+    (("a", "b"), "only one DIR"),
+    (("out", "--bogus"), "unknown option --bogus"),
+    (("out", "--python", "/nonexistent/python9"), "no such interpreter"),
+    (("out", "--extras", "sys temd"), "comma-separated list"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, args: tuple[str, ...],
+                                          says: str) -> None:
+    r = subprocess.run([str(WHEELHOUSE), *args], capture_output=True, text=True, timeout=60,
+                       cwd=tmp_path)
+    assert r.returncode == 2
+    assert says in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not (tmp_path / "out").exists()
