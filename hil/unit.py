@@ -35,6 +35,9 @@ class Unit(Protocol):
     def prepare(self, run_dir: Path, env: dict[str, str]) -> None:
         """Set the unit up for one run (``env``: extra GATEWAY_* settings, if it can)."""
 
+    def configure(self, env: dict[str, str]) -> None:
+        """Extra GATEWAY_* settings for the next power-on (Unsupported if it cannot)."""
+
     def power_on(self) -> None: ...
 
     def power_cut(self) -> None: ...

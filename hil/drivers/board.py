@@ -34,6 +34,11 @@ class BoardGatewayDriver(Driver):
                               + ", ".join(sorted(env)))
         self.target.activate(self.ssh)
 
+    def configure(self, env: dict[str, str]) -> None:
+        if env:
+            raise Unsupported("configure the board's gatewayd yourself: "
+                              + ", ".join(sorted(env)))
+
     def power_on(self) -> None:
         self.target.activate(self.power)
         self.power.on()

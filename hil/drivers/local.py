@@ -173,6 +173,9 @@ class LocalGatewayDriver(Driver):
                     self._spawn()
                     self.restarts += 1
 
+    def configure(self, env: dict[str, str]) -> None:
+        self._env.update(env)
+
     def power_on(self) -> None:
         with self._lock:
             self._want = True

@@ -60,6 +60,11 @@ class QemuGatewayDriver(Driver):
         self._ep = Endpoints("127.0.0.1", "127.0.0.1", ports,
                              extra={"ssh_port": str(ports["ssh"])})
 
+    def configure(self, env: dict[str, str]) -> None:
+        if env:
+            raise Unsupported("the qemu target cannot take extra gatewayd settings "
+                              f"({', '.join(sorted(env))}): bake them into the image")
+
     def power_on(self) -> None:
         assert self.disk is not None and self._ep is not None and self.run_dir is not None
         p = self._ep.ports
