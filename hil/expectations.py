@@ -64,6 +64,7 @@ class Facts:
 
     start: float = 0.0
     end: float = 0.0
+    stopped: float = math.inf  # the rig began closing its clients (phase stop)
     devices: int = 0
     connected_at_start: int = 0
     sent: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> sent event
@@ -107,6 +108,8 @@ def collect(events: Iterable[dict[str, Any]]) -> Facts:
             if ev["name"] == "start":
                 f.start = t
                 f.devices = int(ev.get("devices", 0))
+            elif ev["name"] == "stop":
+                f.stopped = t
             elif ev["name"] == "publishing":
                 f.connected_at_start = int(ev.get("connected", 0))
             f.end = max(f.end, t)
@@ -151,7 +154,7 @@ def reconnect_times(f: Facts) -> list[float]:
     for fault in f.faults:
         start, end = fault["start"], fault["end"] or f.end
         for dev, downs in f.downs.items():
-            went = [t for t in downs if t >= start - 0.5]
+            went = [t for t in downs if start - 0.5 <= t < f.stopped]
             if not went or min(went) > end + 30.0:
                 continue
             first_down = min(went)

@@ -35,11 +35,11 @@ class Recorder:
         self._f: IO[str] = path.open("a", buffering=1)  # line buffered: one write per line
         self.counts: dict[str, int] = {}
 
-    def __call__(self, kind: str, **fields: Any) -> None:
+    def __call__(self, event: str, /, **fields: Any) -> None:
         fields["t"] = round(time.time(), 6)
-        fields["e"] = kind
+        fields["e"] = event
         self._f.write(json.dumps(fields, separators=(",", ":")) + "\n")
-        self.counts[kind] = self.counts.get(kind, 0) + 1
+        self.counts[event] = self.counts.get(event, 0) + 1
 
     def close(self) -> None:
         self._f.close()

@@ -59,11 +59,11 @@ class _Tracking(Recorder):
         self.need: dict[str, dict[str, Any]] = {}
         self.got: set[tuple[str, str]] = set()
 
-    def __call__(self, kind: str, **fields: Any) -> None:
-        super().__call__(kind, **fields)
-        if kind == "sent" and fields.get("q", 0) >= 1 and fields.get("p"):
+    def __call__(self, event: str, /, **fields: Any) -> None:
+        super().__call__(event, **fields)
+        if event == "sent" and fields.get("q", 0) >= 1 and fields.get("p"):
             self.need[fields["m"]] = fields
-        elif kind == "recv":
+        elif event == "recv":
             self.got.add((fields["m"], fields["by"]))
 
     def owed(self, acked: set[str], upstream: bool) -> int:
@@ -96,10 +96,10 @@ class Runner:
         self.info = RunInfo(self.run, self.rec.path, time.time(), devices=sc.device_count)
         self.bridge_queue: int | None = None
 
-    def _record(self, kind: str, **fields: Any) -> None:
-        if kind == "acked":
+    def _record(self, event: str, /, **fields: Any) -> None:
+        if event == "acked":
             self.acked.add(fields["m"])
-        self.rec(kind, **fields)
+        self.rec(event, **fields)
 
     def _phase(self, name: str, **fields: Any) -> None:
         self.phase = name
@@ -177,7 +177,10 @@ class Runner:
         await asyncio.sleep(sc.duration)
         ctx.stopping.set()
         self._phase("settle")
-        await asyncio.gather(*faults, return_exceptions=True)
+        for i, res in enumerate(await asyncio.gather(*faults, return_exceptions=True)):
+            if isinstance(res, BaseException):
+                self.info.unsupported.append(f"fault {i} failed: {res!r}")
+                self._record("note", text=f"fault {i} failed: {res!r}")
         settle_end = time.monotonic() + sc.settle
         while time.monotonic() < settle_end:
             owed = self.rec.owed(self.acked, upc is not None)

@@ -70,7 +70,7 @@ def chart(title: str, series: dict[str, list[tuple[float, float]]], ylabel: str,
     lx = W - R - 8
     for i, (name, pts) in enumerate(series.items()):
         colour = COLOURS[i % len(COLOURS)]
-        good = [(x, y) for x, y in pts if not math.isnan(y)]
+        good = [(x, y) for x, y in pts if not math.isnan(y) and 0 <= x <= xmax]
         if good:
             d = " ".join(f"{'M' if j == 0 else 'L'}{px(x):.1f},{py(y):.1f}"
                          for j, (x, y) in enumerate(good))

@@ -129,7 +129,7 @@ class PahoLink:
         def go() -> None:
             was = self.connected
             self.connected = False
-            if was:
+            if was and not self.closing:
                 self.on_down(f"disconnect {rc}")
             if not self.closing:
                 self.schedule_reconnect()
