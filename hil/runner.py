@@ -270,9 +270,8 @@ class Runner:
 
 
 def _bridge_queue(bridges: object) -> int | None:
-    items = bridges.get("data", bridges) if isinstance(bridges, dict) else bridges
-    if isinstance(items, dict):
-        items = list(items.values())
+    """Total ``queue_len`` of ``GET /api/v5/bridges`` (``{"bridges": [...]}``)."""
+    items = bridges.get("bridges") if isinstance(bridges, dict) else bridges
     if not isinstance(items, list):
         return None
     total = 0

@@ -7,6 +7,7 @@ which saves the database) and :meth:`start` again on the same port.
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -30,8 +31,10 @@ class Upstream:
         self.port = free_port(host)
         self.proc: subprocess.Popen[bytes] | None = None
         conf = self.dir / "mosquitto.conf"
+        # as root mosquitto drops to user "mosquitto", which cannot write our directory
+        user = "user root\n" if os.geteuid() == 0 else ""
         conf.write_text(
-            f"listener {self.port} {host}\nallow_anonymous true\npersistence true\n"
+            user + f"listener {self.port} {host}\nallow_anonymous true\npersistence true\n"
             f"persistence_location {self.dir}/\nautosave_interval 1\n"
             "max_queued_messages 0\nmax_inflight_messages 100\n"
             f"log_dest file {self.dir}/mosquitto.log\n")
