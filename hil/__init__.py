@@ -10,6 +10,8 @@ records), ``report/`` (junit.xml, results.json, report.html), ``runner`` and ``c
 
 from __future__ import annotations
 
-PACKAGE_DIR = __import__("pathlib").Path(__file__).resolve().parent
+from pathlib import Path
+
+PACKAGE_DIR = Path(__file__).resolve().parent
 SCENARIO_DIR = PACKAGE_DIR / "scenarios"
 ENV_DIR = PACKAGE_DIR / "envs"

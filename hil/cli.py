@@ -81,7 +81,7 @@ def _run(args: argparse.Namespace) -> int:
         if not sep or not k.startswith("GATEWAY_"):
             raise BadInput("--unit-env", None, item, "expected GATEWAY_KEY=VALUE")
         unit_env[k] = v
-    env, strategy = load_env(args.env)
+    _env, strategy = load_env(args.env)
     out: Path = args.report or Path(tempfile.mkdtemp(prefix=f"hil-{sc.name}-"))
     out.mkdir(parents=True, exist_ok=True)
     strategy.target.activate(strategy.unit)

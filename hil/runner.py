@@ -246,7 +246,9 @@ class Runner:
                 await asyncio.sleep(f.for_)
                 await asyncio.to_thread(u.network_heal)
             elif isinstance(f, DiskFull):
-                await asyncio.to_thread(u.disk_fill)
+                what = await asyncio.to_thread(u.disk_fill)
+                if what:
+                    self._record("note", text=f"fault {i} (disk-full): {what}")
                 await asyncio.sleep(f.for_)
                 await asyncio.to_thread(u.disk_free)
             elif isinstance(f, UpstreamOutage):

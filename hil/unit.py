@@ -55,7 +55,8 @@ class Unit(Protocol):
 
     def network_heal(self) -> None: ...
 
-    def disk_fill(self) -> None: ...
+    def disk_fill(self) -> str | None:
+        """Fill the data file system; say how full it is now (for the record)."""
 
     def disk_free(self) -> None: ...
 

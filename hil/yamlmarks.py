@@ -43,7 +43,7 @@ def _walk(node: yaml.Node, loc: Loc, lines: dict[Loc, int]) -> Any:
 
 def _scalar(node: yaml.Node) -> Any:
     constructor = yaml.SafeLoader("")
-    return constructor.construct_object(node, deep=True)  # type: ignore[no-untyped-call]
+    return constructor.construct_object(node, deep=True)
 
 
 def load(path: Path) -> tuple[Any, dict[Loc, int]]:
@@ -79,10 +79,9 @@ def _data_loc(data: Any, loc: tuple[Any, ...]) -> Loc:
     out: list[str | int] = []
     here = data
     for i, part in enumerate(loc):
-        if isinstance(here, dict) and part in here:
-            out.append(part)
-            here = here[part]
-        elif isinstance(here, list) and isinstance(part, int) and part < len(here):
+        in_dict = isinstance(here, dict) and part in here
+        in_list = isinstance(here, list) and isinstance(part, int) and part < len(here)
+        if in_dict or in_list:
             out.append(part)
             here = here[part]
         elif isinstance(here, dict) and i == len(loc) - 1 and isinstance(part, str):

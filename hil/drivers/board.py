@@ -12,6 +12,7 @@ full fills ``/var/lib/gateway`` with ``fallocate``. Validated here, not run (no 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, ClassVar
 
 import attr
 from labgrid.driver.common import Driver
@@ -25,8 +26,10 @@ from hil.unit import Endpoints, Unsupported
 @target_factory.reg_driver
 @attr.s(eq=False)
 class BoardGatewayDriver(Driver):
-    bindings = {"power": PowerProtocol, "ssh": "SSHDriver", "service": "GatewayService"}
-    data_dir = attr.ib(default="/var/lib/gateway", validator=attr.validators.instance_of(str))
+    bindings: ClassVar[dict[str, Any]] = {
+        "power": PowerProtocol, "ssh": "SSHDriver", "service": "GatewayService"}
+    data_dir: str = attr.ib(default="/var/lib/gateway",
+                            validator=attr.validators.instance_of(str))
 
     def prepare(self, run_dir: Path, env: dict[str, str]) -> None:
         if env:
@@ -81,8 +84,10 @@ class BoardGatewayDriver(Driver):
     def network_heal(self) -> None:
         self.ssh.run("nft delete table inet hil; tc qdisc del dev eth0 root")
 
-    def disk_fill(self) -> None:
+    def disk_fill(self) -> str | None:
         self.ssh.run(f"dd if=/dev/zero of={self.data_dir}/hil-filler bs=64k")
+        out = self.ssh.run_check(f"df -B1 --output=avail {self.data_dir}")
+        return f"data file system: {out[-1].strip()} bytes free"
 
     def disk_free(self) -> None:
         self.ssh.run_check(f"rm -f {self.data_dir}/hil-filler")

@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import attr
 from labgrid.driver.common import Driver
@@ -45,7 +45,7 @@ def _free_port(kind: int) -> int:
 @target_factory.reg_driver
 @attr.s(eq=False)
 class LocalGatewayDriver(Driver):
-    bindings = {"gateway": "LocalGateway"}
+    bindings: ClassVar[dict[str, Any]] = {"gateway": "LocalGateway"}
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -70,7 +70,7 @@ class LocalGatewayDriver(Driver):
         cfg = self.gateway.config
         if cfg and self.target.env:
             return str(self.target.env.config.resolve_path(cfg))
-        return cfg
+        return str(cfg) if cfg else None
 
     def prepare(self, run_dir: Path, env: dict[str, str]) -> None:
         self.run_dir = run_dir
@@ -234,11 +234,14 @@ class LocalGatewayDriver(Driver):
         return subprocess.run(["nsenter", f"--mount={self._ns_dir / 'mnt'}", "--", *cmd],
                               capture_output=True, text=True)
 
-    def disk_fill(self) -> None:
+    def disk_fill(self) -> str:
         if self._ns_dir is None or self._data is None:
             raise Unsupported("disk-full needs disk_size (a tmpfs for the data directory)")
         # dd stops at ENOSPC (exit 1): the file system is then full
         self._in_mount("dd", "if=/dev/zero", f"of={self._data / 'hil-filler'}", "bs=64k")
+        df = self._in_mount("df", "--output=size,avail", "-B1", str(self._data))
+        size, avail = df.stdout.split()[-2:]
+        return f"data file system full: {avail} of {size} bytes free"
 
     def disk_free(self) -> None:
         if self._ns_dir is not None and self._data is not None:

@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 from pathlib import Path
+from typing import Any, ClassVar
 
 import attr
 from labgrid.driver.common import Driver
@@ -29,7 +30,7 @@ from hil.unit import Endpoints, Unsupported
 @target_factory.reg_driver
 @attr.s(eq=False)
 class QemuGatewayDriver(Driver):
-    bindings = {"image": "GatewayImage"}
+    bindings: ClassVar[dict[str, Any]] = {"image": "GatewayImage"}
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -112,7 +113,7 @@ class QemuGatewayDriver(Driver):
     def network_heal(self) -> None:
         pass
 
-    def disk_fill(self) -> None:
+    def disk_fill(self) -> str | None:
         raise Unsupported("disk-full is not implemented on the qemu target yet")
 
     def disk_free(self) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 import tempfile
 from pathlib import Path
+from typing import Any, ClassVar
 
 import attr
 from labgrid.factory import target_factory
@@ -25,10 +26,12 @@ class Status(enum.Enum):
 
 @target_factory.reg_driver
 @attr.s(eq=False)
-class GatewayStrategy(Strategy):  # type: ignore[misc]
-    bindings = {"unit": {"LocalGatewayDriver", "QemuGatewayDriver", "BoardGatewayDriver"}}
-    status = attr.ib(default=Status.unknown)
-    ready_timeout = attr.ib(default=120.0, validator=attr.validators.instance_of(float))
+class GatewayStrategy(Strategy):
+    bindings: ClassVar[dict[str, Any]] = {
+        "unit": {"LocalGatewayDriver", "QemuGatewayDriver", "BoardGatewayDriver"}}
+    status: Status = attr.ib(default=Status.unknown)
+    ready_timeout: float = attr.ib(default=120.0,
+                                   validator=attr.validators.instance_of(float))
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -39,7 +42,7 @@ class GatewayStrategy(Strategy):  # type: ignore[misc]
         self.unit.prepare(run_dir or Path(tempfile.mkdtemp(prefix="hil-")), env or {})
         self.prepared = True
 
-    @never_retry  # type: ignore[misc]
+    @never_retry
     def transition(self, status: str | Status) -> None:
         if not isinstance(status, Status):
             status = Status[status]

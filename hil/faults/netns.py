@@ -26,7 +26,8 @@ from hil.unit import Unsupported
 TABLE = "hil"
 
 
-def _run(*cmd: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+def _run(*cmd: str, input: str | None = None,
+         check: bool = True) -> subprocess.CompletedProcess[str]:
     return subprocess.run(list(cmd), input=input, text=True, capture_output=True, check=check)
 
 

@@ -18,10 +18,10 @@ COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf"]
 def _nice(hi: float) -> float:
     if hi <= 0 or math.isnan(hi):
         return 1.0
-    mag = 10 ** math.floor(math.log10(hi))
+    mag = 10.0 ** math.floor(math.log10(hi))
     for step in (1, 2, 2.5, 5, 10):
         if hi <= step * mag:
-            return step * mag
+            return float(step * mag)
     return 10 * mag
 
 

@@ -44,7 +44,7 @@ def _bins(times: list[float], t0: float, n: int) -> list[tuple[float, float]]:
 
 
 def series(f: Facts, t0: float) -> dict[str, Any]:
-    n = max(1, int(math.ceil(f.end - t0)) + 1)
+    n = max(1, math.ceil(f.end - t0) + 1)
     sent = [ev["t"] for ev in f.sent.values()]
     recv = [min(ts) for (mid, by), ts in f.recv.items() if by != "upstream"]
     up_recv = [min(ts) for (mid, by), ts in f.recv.items() if by == "upstream"]
@@ -89,18 +89,19 @@ def write_reports(out: Path, sc: Scenario, f: Facts, verdicts: list[Verdict],
                   meta: dict[str, Any]) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     passed = all(v.passed for v in verdicts)
-    t0 = next((s for s in [meta.get("publishing_at")] if s), f.start)
+    t0 = float(meta.get("publishing_at") or f.start)
     ser = series(f, t0)
     faults = [(x["start"] - t0, (x["end"] or f.end) - t0, x["kind"]) for x in f.faults]
-    totals: dict[str, dict[str, int]] = defaultdict(lambda: Counter())  # type: ignore[arg-type]
+    totals: dict[str, Counter[str]] = defaultdict(Counter)
     for ev in f.sent.values():
         g = totals[ev.get("g", "?")]
         g["sent"] += 1
         if ev["m"] in f.acked:
             g["acked"] += 1
     for (mid, by), ts in f.recv.items():
-        ev = f.sent.get(mid)
-        if ev is not None:
+        sent_ev = f.sent.get(mid)
+        if sent_ev is not None:
+            ev = sent_ev
             totals[ev.get("g", "?")]["received" if by != "upstream" else "upstream"] += 1
             if len(ts) > 1:
                 totals[ev.get("g", "?")]["duplicates"] += len(ts) - 1
@@ -188,7 +189,8 @@ def _html(path: Path, sc: Scenario, verdicts: list[Verdict], ser: dict[str, Any]
     html = f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>HIL {escape(sc.name)}</title>
 <style>{CSS}</style></head><body>
-<h1>HIL scenario <code>{escape(sc.name)}</code> on <code>{escape(str(results.get("env", "")))}</code></h1>
+<h1>HIL scenario <code>{escape(sc.name)}</code> on
+<code>{escape(str(results.get("env", "")))}</code></h1>
 <p><span class="verdict {"pass" if passed else "fail"}">{"PASS" if passed else "FAIL"}</span>
 <span class="muted">run {escape(str(results.get("run", "")))} ·
 {results["devices"]} devices · {results.get("duration_s", 0):.1f} s wall ·

@@ -12,11 +12,11 @@ import asyncio
 import json
 import random
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from collections.abc import Callable
 from hil.scenario import Group
 from hil.unit import Endpoints
 

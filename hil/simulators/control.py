@@ -52,7 +52,7 @@ class Collector:
         if msg.topic.startswith("lwm2m/"):
             self._lwm2m(msg)
             return
-        mid = message_id(msg.payload)
+        mid = message_id(bytes(msg.payload))
         if mid is not None:
             ctx.received += 1
             ctx.rec("recv", m=mid, by="collector", q=msg.qos)
@@ -169,7 +169,7 @@ class UpstreamCollector:
             self.link.client.subscribe("up/#", 1)
 
     def _msg(self, msg: mqtt.MQTTMessage) -> None:
-        mid = message_id(msg.payload)
+        mid = message_id(bytes(msg.payload))
         if mid is not None:
             self.ctx.rec("recv", m=mid, by="upstream", q=msg.qos)
 

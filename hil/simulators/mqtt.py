@@ -33,7 +33,7 @@ class MqttFleet(Fleet):
             keepalive=int(g.keepalive), ca_file=str(ep.ca_file) if ep.ca_file else None,
             on_up=lambda present: self._up(idx, present),
             on_down=lambda why: self.down(idx, why),
-            on_message=lambda m: self.received(m.payload, idx),
+            on_message=lambda m: self.received(bytes(m.payload), idx),
             on_acked=lambda mid, ok: self._acked(idx, mid, ok),
         )
         self.links[idx] = link

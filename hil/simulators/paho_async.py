@@ -15,6 +15,7 @@ runs on the loop thread, except ``on_connect_fail`` paths, which are re-posted.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import ssl
 import threading
@@ -23,8 +24,8 @@ from typing import Any
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
-from paho.mqtt.properties import Properties
 from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 
 _ALL: set[PahoLink] = set()
 
@@ -108,10 +109,14 @@ class PahoLink:
         self._post(rm)
 
     def _reg_write(self, client: Any, userdata: Any, sock: Any) -> None:
-        self._post(lambda: self.loop.add_writer(sock, self.client.loop_write))
+        def add() -> None:
+            self.loop.add_writer(sock, self.client.loop_write)
+        self._post(add)
 
     def _unreg_write(self, client: Any, userdata: Any, sock: Any) -> None:
-        self._post(lambda: self.loop.remove_writer(sock))
+        def rm() -> None:
+            self.loop.remove_writer(sock)
+        self._post(rm)
 
     # -- paho callbacks -----------------------------------------------------------------
     def _on_connect(self, client: Any, userdata: Any, flags: Any, rc: Any, props: Any) -> None:
@@ -146,7 +151,7 @@ class PahoLink:
     def _connect_blocking(self, first: bool) -> None:
         props = None
         if self.v5:
-            props = Properties(PacketTypes.CONNECT)
+            props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
             props.SessionExpiryInterval = 3600 if self.persistent else 0
         if first:
             self.client.connect(
@@ -178,10 +183,8 @@ class PahoLink:
     def close(self) -> None:
         self.closing = True
         _ALL.discard(self)
-        try:
+        with contextlib.suppress(Exception):
             self.client.disconnect()
-        except Exception:
-            pass
 
 
 async def misc_loop(stop: asyncio.Event) -> None:
@@ -190,7 +193,5 @@ async def misc_loop(stop: asyncio.Event) -> None:
         for link in list(_ALL):
             if link.connected:
                 link.client.loop_misc()
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), 1.0)
-        except TimeoutError:
-            pass
