@@ -194,18 +194,18 @@ class Scenario(_Model):
     @model_validator(mode="after")
     def _consistent(self) -> Scenario:
         names = [g.name for g in self.groups]
-        dup = {n for n in names if names.count(n) > 1}
-        if dup:
-            raise ValueError(f"group names must be unique: {sorted(dup)}")
-        for f in self.faults:
+        for i, n in enumerate(names):
+            if n in names[:i]:
+                raise ValueError(f"groups.{i}.name: group name {n!r} used twice")
+        for i, f in enumerate(self.faults):
             end = f.start(self.duration) + f.length(self.duration)
             if end > self.duration:
-                raise ValueError(
-                    f"fault {f.kind} at {f.at} ends at {end:g}s, after duration {self.duration:g}s")
+                raise ValueError(f"faults.{i}.at: the fault ends at {end:g}s, after "
+                                 f"duration {self.duration:g}s")
             if f.kind == "upstream-outage" and not (self.bridge and self.bridge.enable):
-                raise ValueError("an upstream-outage fault needs bridge.enable")
+                raise ValueError(f"faults.{i}.kind: an upstream-outage needs bridge.enable")
         if self.expect.bridge_drain is not None and not (self.bridge and self.bridge.enable):
-            raise ValueError("expect.bridge_drain needs bridge.enable")
+            raise ValueError("expect.bridge_drain: needs bridge.enable")
         return self
 
     @property

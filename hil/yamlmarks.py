@@ -8,6 +8,7 @@ single line the CLI prints before exiting 2: ``FILE:LINE: FIELD: problem``.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ import yaml
 from pydantic import ValidationError
 
 Loc = tuple[str | int, ...]
+_NAMED = re.compile(r"([a-z_]+(?:\.[a-z0-9_-]+)*): (.+)", re.S)
 
 
 class BadInput(Exception):
@@ -95,8 +97,14 @@ def from_validation(path: Path | str, err: ValidationError, lines: dict[Loc, int
     first = err.errors()[0]
     loc = _data_loc(data, tuple(first["loc"]))
     full = loc
+    msg = first["msg"].removeprefix("Value error, ")
+    # a model-level check names its field itself: "faults.0.at: ends after duration"
+    named = _NAMED.match(msg)
+    if named:
+        parts: Loc = tuple(int(p) if p.isdigit() else p for p in named[1].split("."))
+        if _data_loc(data, parts) == parts:
+            loc, full, msg = parts, parts, named[2]
     field = ".".join(str(p) for p in loc) or "(top level)"
-    msg = first["msg"]
     if first["type"] == "extra_forbidden":
         msg = "unknown field"
     elif first["type"] == "missing":
