@@ -25,7 +25,8 @@ h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:24px 0 8px}
 .verdict{display:inline-block;padding:4px 12px;border-radius:4px;color:#fff;font-weight:600}
 .pass{background:#2e7d32}.fail{background:#c62828}
 table{border-collapse:collapse;width:100%}td,th{border-bottom:1px solid #ddd;padding:4px 6px;
-text-align:left;vertical-align:top}th{background:#f4f4f4}td.num{text-align:right;
+text-align:left;vertical-align:top}th{background:#f4f4f4;white-space:nowrap}
+td.num{text-align:right;white-space:nowrap;
 font-variant-numeric:tabular-nums}tr.bad td{background:#fdecea}
 .chart{width:100%;height:auto;margin:6px 0}.chart .title{font-weight:600;font-size:13px}
 .chart .grid{stroke:#e5e5e5}.chart .frame{fill:none;stroke:#999}
@@ -40,7 +41,7 @@ padding:4px}
 
 def _bins(times: list[float], t0: float, n: int) -> list[tuple[float, float]]:
     c = Counter(int(t - t0) for t in times if t >= t0)
-    return [(float(i), float(c.get(i, 0))) for i in range(n)]
+    return [(i + 0.5, float(c.get(i, 0))) for i in range(n)]  # plotted mid-bin
 
 
 def series(f: Facts, t0: float) -> dict[str, Any]:
@@ -59,9 +60,9 @@ def series(f: Facts, t0: float) -> dict[str, Any]:
         "sent_per_s": _bins(sent, t0, n),
         "received_per_s": _bins(recv, t0, n),
         "upstream_per_s": _bins(up_recv, t0, n) if up_recv else [],
-        "latency_p50_ms": [(float(i), percentile(lat_by_bin[i], 50) * 1000 if lat_by_bin[i]
+        "latency_p50_ms": [(i + 0.5, percentile(lat_by_bin[i], 50) * 1000 if lat_by_bin[i]
                             else math.nan) for i in range(n)],
-        "latency_p99_ms": [(float(i), percentile(lat_by_bin[i], 99) * 1000 if lat_by_bin[i]
+        "latency_p99_ms": [(i + 0.5, percentile(lat_by_bin[i], 99) * 1000 if lat_by_bin[i]
                             else math.nan) for i in range(n)],
         "reconnects_per_s": _bins(reconnects, t0, n),
         "disconnects_per_s": _bins(downs, t0, n),
