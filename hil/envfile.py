@@ -31,9 +31,9 @@ class _Target(BaseModel):
         names = _names(self.drivers)
         units = [n for n in names if n in UNIT_DRIVERS]
         if len(units) != 1:
-            raise ValueError(f"exactly one of {', '.join(UNIT_DRIVERS)} is needed")
+            raise ValueError(f"drivers: exactly one of {', '.join(UNIT_DRIVERS)} is needed")
         if "GatewayStrategy" not in names:
-            raise ValueError("GatewayStrategy is needed")
+            raise ValueError("drivers: GatewayStrategy is needed")
         return self
 
 
@@ -45,9 +45,9 @@ class _EnvFile(BaseModel):
     @model_validator(mode="after")
     def _main(self) -> _EnvFile:
         if "main" not in self.targets:
-            raise ValueError("targets.main is needed")
+            raise ValueError("targets: a target named main is needed")
         if "hil.drivers" not in self.imports:
-            raise ValueError("imports must list hil.drivers")
+            raise ValueError("imports: must list hil.drivers")
         return self
 
 

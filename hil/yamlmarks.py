@@ -91,6 +91,18 @@ def _data_loc(data: Any, loc: tuple[Any, ...]) -> Loc:
     return tuple(out)
 
 
+def _exists(data: Any, loc: Loc) -> bool:
+    here = data
+    for part in loc:
+        if isinstance(here, dict) and part in here:
+            here = here[part]
+        elif isinstance(here, list) and isinstance(part, int) and part < len(here):
+            here = here[part]
+        else:
+            return False
+    return True
+
+
 def from_validation(path: Path | str, err: ValidationError, lines: dict[Loc, int],
                     data: Any) -> BadInput:
     """The first pydantic error as a :class:`BadInput` naming field and line."""
@@ -102,8 +114,10 @@ def from_validation(path: Path | str, err: ValidationError, lines: dict[Loc, int
     named = _NAMED.match(msg)
     if named:
         parts: Loc = tuple(int(p) if p.isdigit() else p for p in named[1].split("."))
-        if _data_loc(data, parts) == parts:
-            loc, full, msg = parts, parts, named[2]
+        for cand in (parts, (*loc, *parts)):  # absolute, or relative to the model's place
+            if _exists(data, cand):
+                loc, full, msg = cand, cand, named[2]
+                break
     field = ".".join(str(p) for p in loc) or "(top level)"
     if first["type"] == "extra_forbidden":
         msg = "unknown field"
