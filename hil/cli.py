@@ -98,11 +98,16 @@ def _run(args: argparse.Namespace) -> int:
     verdicts = evaluate(sc, facts)
     for note in info.unsupported:
         verdicts.append(Verdict("fault_made", False, None, None, "", note))
-    publishing = next((ev["t"] for ev in read(info.records)
-                       if ev["e"] == "phase" and ev["name"] == "publishing"), None)
+    phases = {ev["name"]: ev for ev in read(info.records) if ev["e"] == "phase"}
+    publishing = phases["publishing"]["t"] if "publishing" in phases else None
+    busy = None
+    if "publishing" in phases and "settle" in phases:
+        p0, p1 = phases["publishing"], phases["settle"]
+        busy = round(100 * (p1["cpu"] - p0["cpu"]) / max(1e-9, p1["t"] - p0["t"]), 1)
     meta = {"env": str(args.env), "run": info.run, "duration_s": round(wall, 2),
             "rig_cpu_s": round(info.rig_cpu, 2), "rig_pid": os.getpid(),
-            "publishing_at": publishing, "records": str(info.records)}
+            "publishing_at": publishing, "records": str(info.records),
+            "rig_cpu_publishing_pct": busy}
     write_reports(out, sc, facts, verdicts, meta)
     failed = [v for v in verdicts if not v.passed]
     for v in verdicts:
@@ -115,7 +120,8 @@ def _run(args: argparse.Namespace) -> int:
             print(f"lost/duplicated ids ({v.name}): " + " ".join(v.ids[:200])
                   + (" ..." if len(v.ids) > 200 else ""))
     print(json.dumps({"scenario": sc.name, "passed": not failed, "wall_s": round(wall, 1),
-                      "rig_cpu_s": round(info.rig_cpu, 1), "report": str(out)}))
+                      "rig_cpu_s": round(info.rig_cpu, 1), "rig_cpu_publishing_pct": busy,
+                      "devices": sc.device_count, "report": str(out)}))
     return 1 if failed else 0
 
 

@@ -103,7 +103,8 @@ class Runner:
 
     def _phase(self, name: str, **fields: Any) -> None:
         self.phase = name
-        self._record("phase", name=name, **fields)
+        # the rig's own CPU seconds so far: its cost per phase is in the records
+        self._record("phase", name=name, cpu=round(time.process_time(), 3), **fields)
 
     # -- the run ------------------------------------------------------------------------
     def execute(self) -> RunInfo:
@@ -184,7 +185,8 @@ class Runner:
         settle_end = time.monotonic() + sc.settle
         while time.monotonic() < settle_end:
             owed = self.rec.owed(self.acked, upc is not None)
-            if owed == 0 and (self.bridge_queue in (None, 0)):
+            everyone = self._connected() >= sc.device_count
+            if owed == 0 and everyone and self.bridge_queue in (None, 0):
                 break
             await asyncio.sleep(0.5)
         self._phase("stop")

@@ -94,12 +94,11 @@ def _data_loc(data: Any, loc: tuple[Any, ...]) -> Loc:
 def _exists(data: Any, loc: Loc) -> bool:
     here = data
     for part in loc:
-        if isinstance(here, dict) and part in here:
-            here = here[part]
-        elif isinstance(here, list) and isinstance(part, int) and part < len(here):
-            here = here[part]
-        else:
+        in_dict = isinstance(here, dict) and part in here
+        in_list = isinstance(here, list) and isinstance(part, int) and part < len(here)
+        if not (in_dict or in_list):
             return False
+        here = here[part]
     return True
 
 

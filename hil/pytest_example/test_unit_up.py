@@ -58,7 +58,7 @@ def test_message_survives_power_cut(unit: Any, strategy: Any) -> None:
     strategy.transition("off")  # power cut
     strategy.transition("running")  # cold start
     sub = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=sub_id, clean_session=False)
-    sub.on_message = lambda c, u, m: got.put(m.payload)
+    sub.on_message = lambda c, u, m: got.put(bytes(m.payload))
     sub.connect(ep.device_host, ep.ports["mqtt"], 30)
     sub.loop_start()
     try:

@@ -69,6 +69,8 @@ class Fleet:
         self.ups: dict[int, int] = {}
         self.tasks: list[asyncio.Task[Any]] = []
         self.persistent = group.session == "persistent"
+        # connections are kept (reconnects included) until stop(), after publishing ends
+        self.closed = False
 
     # -- bookkeeping the subclasses call ------------------------------------------------
     def up(self, idx: int) -> None:
@@ -141,6 +143,7 @@ class Fleet:
         raise NotImplementedError
 
     async def stop(self) -> None:
+        self.closed = True
         for t in self.tasks:
             t.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)

@@ -38,12 +38,27 @@ class CoapFleet(Fleet):
             self.observations[idx] = self.ctx.loop.create_task(self._observe(idx))
         else:
             self.up(idx)
+            self.observations[idx] = self.ctx.loop.create_task(self._probe(idx))
+
+    async def _probe(self, idx: int) -> None:
+        """A device that lost its answers asks once a second until the unit answers."""
+        while not self.closed:
+            await asyncio.sleep(1.0)
+            if idx in self.connected:
+                continue
+            msg = Message(code=GET, mtype=CON, uri=self._uri(
+                self.ctx.tele_topic(self.group.name, idx)))
+            try:
+                await asyncio.wait_for(self.contexts[idx].request(msg).response, TIMEOUT)
+                self.up(idx)  # any answer (even 4.04) means the unit is there again
+            except Exception:
+                continue
 
     async def _observe(self, idx: int) -> None:
         g = self.group
         assert g.subscriptions is not None
         topic = self.ctx.cmd_topic(self.ctx.client_id(g.name, idx))
-        while not self.ctx.stopping.is_set():
+        while not self.closed:
             req = self.contexts[idx].request(Message(
                 code=GET, mtype=CON, observe=0,
                 uri=self._uri(topic, f"?qos={g.subscriptions.qos}")))

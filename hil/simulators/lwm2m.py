@@ -34,7 +34,7 @@ class Lwm2mFleet(Fleet):
     async def _keep_registered(self, idx: int) -> None:
         ep = self.ctx.ep
         name = self.ctx.client_id(self.group.name, idx)
-        while not self.ctx.stopping.is_set():
+        while not self.closed:
             if idx not in self.connected:
                 old = self.clients.pop(idx, None)
                 if old is not None:

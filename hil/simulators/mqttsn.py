@@ -48,7 +48,7 @@ class MqttSnFleet(Fleet):
             self.received(msg.payload, idx)
 
     async def _keep_connected(self, idx: int) -> None:
-        while not self.ctx.stopping.is_set():
+        while not self.closed:
             if idx not in self.connected:
                 try:
                     async with self.locks[idx]:

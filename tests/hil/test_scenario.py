@@ -91,9 +91,9 @@ def test_overrides_apply_before_validation(tmp_path: Path) -> None:
     sc = load_scenario(str(p), ["duration=40s", "groups.a.count=7", "expect.rss_max=1MB"])
     assert sc.duration == 40 and sc.groups[0].count == 7 and sc.expect.rss_max == 1 << 20
     assert sc.faults[0].start(sc.duration) == 20.0  # 50 % of the new duration
-    with pytest.raises(BadInput, match="groups.nope"):
+    with pytest.raises(BadInput, match=r"groups\.nope"):
         load_scenario(str(p), ["groups.nope.count=1"])
-    with pytest.raises(BadInput, match="groups.0.count"):
+    with pytest.raises(BadInput, match=r"groups\.0\.count"):
         load_scenario(str(p), ["groups.a.count=0"])
 
 
