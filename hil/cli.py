@@ -15,10 +15,12 @@ import time
 from pathlib import Path
 
 from hil.envfile import load_env
+from hil.envfile import resolve as resolve_env
 from hil.envfile import shipped as shipped_envs
 from hil.expectations import Verdict, collect, evaluate
 from hil.records import read
 from hil.scenario import load_scenario, shipped
+from hil.unit import Unsupported
 from hil.yamlmarks import BadInput
 
 
@@ -90,7 +92,10 @@ def _run(args: argparse.Namespace) -> int:
           f"{sc.duration:g} s, report in {out}", file=sys.stderr)
     t0 = time.monotonic()
     runner = Runner(sc, unit, out, progress=stderr_progress(), unit_env=unit_env)
-    info = runner.execute()
+    try:
+        info = runner.execute()
+    except Unsupported as e:  # the target cannot be set up as this run needs
+        raise BadInput(resolve_env(args.env), None, "", str(e)) from None
     wall = time.monotonic() - t0
     if sys.stderr.isatty():
         sys.stderr.write("\n")

@@ -203,7 +203,8 @@ rig CPU {results.get("rig_cpu_s", 0):.1f} s</span></p>
 <h2>Over time</h2>
 {"".join(charts)}
 <h2>Messages per group</h2>
-<p class="muted">Telemetry and the commands sent to the group's devices; QoS 0 has no acknowledgement.</p>
+<p class="muted">Telemetry and the commands sent to the group's devices;
+QoS 0 has no acknowledgement.</p>
 <table><tr><th>group</th><th>sent</th><th>acked</th><th>received</th><th>duplicates</th>
 <th>upstream</th></tr>{totals}</table>
 <h2>Notes</h2><ul>{notes or "<li>none</li>"}</ul>

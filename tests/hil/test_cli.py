@@ -91,3 +91,12 @@ def test_shipped_envs_build_through_labgrid() -> None:
     _env, strategy = load_env("hardware-example")
     drivers = {type(d).__name__ for d in strategy.target.drivers}
     assert {"SerialDriver", "ShellDriver", "SSHDriver", "NetworkPowerDriver"} <= drivers
+
+
+def test_qemu_without_an_image_is_bad_input(tmp_path: Path) -> None:
+    env = tmp_path / "qemu.yaml"
+    env.write_text(Path("hil/envs/qemu.yaml").read_text().replace(
+        "../../build/image/edge-gateway-0.1.0-amd64.img", str(tmp_path / "none.img")))
+    r = hil("run", "smoke", "--env", str(env), "--report", str(tmp_path / "r"))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith(f"gateway-hil: {env}: no image at")

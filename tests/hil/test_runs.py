@@ -147,3 +147,45 @@ def test_qemu_target() -> None:
     if not images:
         pytest.skip("no built image under build/image (image/build --out build/image)")
     pytest.skip("qemu runs are not wired into CI yet")
+
+
+def test_netns_faults_cut_only_the_device_address() -> None:
+    import socket
+
+    from hil.faults.netns import Netns, netem_available
+    from hil.unit import Unsupported
+
+    ns = Netns()
+    ns.create()
+    server = subprocess.Popen(
+        [*ns.exec_prefix(), sys.executable, "-c",
+         "import socket,time\ns=socket.socket();s.setsockopt(socket.SOL_SOCKET,"
+         "socket.SO_REUSEADDR,1);s.bind(('0.0.0.0',7777));s.listen(64)\n"
+         "while True: c,_=s.accept(); c.close()"])
+    try:
+        def reach(addr: str) -> bool:
+            try:
+                socket.create_connection((addr, 7777), timeout=1.0).close()
+                return True
+            except OSError:
+                return False
+
+        for _ in range(50):
+            if reach(ns.device_addr):
+                break
+        assert reach(ns.device_addr) and reach(ns.control_addr)
+        ns.fault("partition", 0, 0)
+        assert not reach(ns.device_addr) and reach(ns.control_addr)
+        ns.fault("loss", 100, 0)
+        assert not reach(ns.device_addr) and reach(ns.control_addr)
+        ns.heal()
+        assert reach(ns.device_addr)
+        if netem_available():
+            ns.fault("delay", 0, 0.2)
+            ns.heal()
+        else:
+            with pytest.raises(Unsupported, match="sch_netem"):
+                ns.fault("delay", 0, 0.2)
+    finally:
+        server.kill()
+        ns.close()
