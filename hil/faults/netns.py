@@ -84,8 +84,13 @@ class Netns:
             rule_in, rule_out = f"ip daddr {d} drop", f"ip saddr {d} drop"
         elif mode == "loss":
             n = max(0, min(100, round(loss)))
-            rule_in = f"ip daddr {d} numgen random mod 100 < {n} drop"
-            rule_out = f"ip saddr {d} numgen random mod 100 < {n} drop"
+            if n >= 100:  # nft refuses "mod 100 < 100"; it is a partition anyway
+                rule_in, rule_out = f"ip daddr {d} drop", f"ip saddr {d} drop"
+            elif n <= 0:
+                rule_in, rule_out = f"ip daddr {d} counter", f"ip saddr {d} counter"
+            else:
+                rule_in = f"ip daddr {d} numgen random mod 100 < {n} drop"
+                rule_out = f"ip saddr {d} numgen random mod 100 < {n} drop"
         elif mode == "delay":
             res = _run("ip", "netns", "exec", self.name, "tc", "qdisc", "add", "dev",
                        self.unit_if, "root", "netem", "delay", f"{int(delay * 1000)}ms",

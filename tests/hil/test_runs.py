@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -170,9 +171,10 @@ def test_netns_faults_cut_only_the_device_address() -> None:
             except OSError:
                 return False
 
-        for _ in range(50):
+        for _ in range(100):  # bounded poll until the listener in the namespace is up
             if reach(ns.device_addr):
                 break
+            time.sleep(0.1)
         assert reach(ns.device_addr) and reach(ns.control_addr)
         ns.fault("partition", 0, 0)
         assert not reach(ns.device_addr) and reach(ns.control_addr)
