@@ -96,7 +96,8 @@ def collect(events: Iterable[dict[str, Any]]) -> Facts:
         elif kind == "down":
             f.downs[ev["d"]].append(t)
         elif kind == "fault":
-            rec = {"kind": ev["kind"], "i": ev["i"], "start": t, "end": None}
+            rec = {"kind": ev["kind"], "i": ev["i"], "start": t, "end": None,
+                   "label": ev.get("label", ev["kind"])}
             open_faults[ev["i"]] = rec
             f.faults.append(rec)
         elif kind == "heal":

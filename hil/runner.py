@@ -235,7 +235,11 @@ class Runner:
     async def _fault(self, i: int, f: Any, t0: float) -> None:
         await asyncio.sleep(max(0.0, t0 + f.start(self.sc.duration) - time.monotonic()))
         u = self.unit
-        self._record("fault", kind=f.kind, i=i)
+        label = f.kind
+        if isinstance(f, Network):
+            label = f"{f.mode}" + (f" {f.loss:g}%" if f.mode == "loss" else "") + (
+                f" {f.delay * 1000:g}ms" if f.mode == "delay" else "")
+        self._record("fault", kind=f.kind, i=i, label=label)
         try:
             if isinstance(f, PowerCut):
                 await asyncio.to_thread(u.power_cut)

@@ -70,11 +70,19 @@ def chart(title: str, series: dict[str, list[tuple[float, float]]], ylabel: str,
     lx = W - R - 8
     for i, (name, pts) in enumerate(series.items()):
         colour = COLOURS[i % len(COLOURS)]
-        good = [(x, y) for x, y in pts if not math.isnan(y) and 0 <= x <= xmax]
-        if good:
-            d = " ".join(f"{'M' if j == 0 else 'L'}{px(x):.1f},{py(y):.1f}"
-                         for j, (x, y) in enumerate(good))
-            out.append(f'<path d="{d}" stroke="{colour}" class="line"/>')
+        # a NaN (no data in that second) breaks the line instead of bridging the gap
+        cmds: list[str] = []
+        pen_up = True
+        for x, y in pts:
+            if not 0 <= x <= xmax:
+                continue
+            if math.isnan(y):
+                pen_up = True
+                continue
+            cmds.append(f"{'M' if pen_up else 'L'}{px(x):.1f},{py(y):.1f}")
+            pen_up = False
+        if cmds:
+            out.append(f'<path d="{" ".join(cmds)}" stroke="{colour}" class="line"/>')
         out.append(f'<text x="{lx}" y="{T + 14 + 14 * i}" fill="{colour}" '
                    f'class="legend">{escape(name)}</text>')
     out.append("</svg>")

@@ -92,7 +92,7 @@ def write_reports(out: Path, sc: Scenario, f: Facts, verdicts: list[Verdict],
     passed = all(v.passed for v in verdicts)
     t0 = float(meta.get("publishing_at") or f.start)
     ser = series(f, t0)
-    faults = [(x["start"] - t0, (x["end"] or f.end) - t0, x["kind"]) for x in f.faults]
+    faults = [(x["start"] - t0, (x["end"] or f.end) - t0, x["label"]) for x in f.faults]
     totals: dict[str, Counter[str]] = defaultdict(Counter)
     for ev in f.sent.values():
         g = totals[ev.get("g", "?")]
@@ -109,8 +109,9 @@ def write_reports(out: Path, sc: Scenario, f: Facts, verdicts: list[Verdict],
     results = {
         "scenario": sc.name, "passed": passed, **meta,
         "devices": f.devices, "connected_at_start": f.connected_at_start,
-        "faults": [{"kind": k, "start_s": round(a, 3), "end_s": round(b, 3)}
-                   for a, b, k in faults],
+        "faults": [{"kind": x["kind"], "label": x["label"],
+                    "start_s": round(x["start"] - t0, 3),
+                    "end_s": round((x["end"] or f.end) - t0, 3)} for x in f.faults],
         "totals": {g: dict(c) for g, c in totals.items()},
         "expectations": [v.as_dict() for v in verdicts],
         "series": {k: v for k, v in ser.items() if k != "seconds"},
