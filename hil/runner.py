@@ -95,6 +95,7 @@ class Runner:
         self.fleets: list[Fleet] = []
         self.info = RunInfo(self.run, self.rec.path, time.time(), devices=sc.device_count)
         self.bridge_queue: int | None = None
+        self.loop_errors = 0
 
     def _record(self, event: str, /, **fields: Any) -> None:
         if event == "acked":
@@ -124,6 +125,7 @@ class Runner:
     async def _main(self) -> None:
         sc = self.sc
         loop = asyncio.get_running_loop()
+        loop.set_exception_handler(self._loop_error)
         pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="hil-connect")
         self._phase("start", devices=sc.device_count, scenario=sc.name, run=self.run)
         await asyncio.to_thread(self.unit.prepare, self.run_dir / "unit", {})
@@ -190,6 +192,8 @@ class Runner:
                 break
             await asyncio.sleep(0.5)
         self._phase("stop")
+        if self.loop_errors:
+            self._record("note", text=f"{self.loop_errors} errors in client library callbacks")
         for fleet in self.fleets:
             await fleet.stop()
         await commander.stop()
@@ -201,6 +205,14 @@ class Runner:
         sampler.cancel()
         await asyncio.gather(misc, sampler, return_exceptions=True)
         pool.shutdown(wait=False, cancel_futures=True)
+
+    def _loop_error(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        """Errors inside client libraries' callbacks (aiocoap answering a request we gave
+        up on, ...) go to the records, counted, instead of over the progress line."""
+        self.loop_errors += 1
+        if self.loop_errors <= 5:
+            exc = context.get("exception")
+            self._record("note", text=f"rig loop error: {context.get('message', '')} {exc!r}"[:300])
 
     def _connected(self) -> int:
         return sum(len(f.connected) for f in self.fleets)

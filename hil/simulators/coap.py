@@ -38,7 +38,7 @@ class CoapFleet(Fleet):
             self.observations[idx] = self.ctx.loop.create_task(self._observe(idx))
         else:
             self.up(idx)
-            self.observations[idx] = self.ctx.loop.create_task(self._probe(idx))
+        self.tasks.append(self.ctx.loop.create_task(self._probe(idx)))
 
     async def _probe(self, idx: int) -> None:
         """A device that lost its answers asks once a second until the unit answers."""
@@ -87,8 +87,7 @@ class CoapFleet(Fleet):
             self.down(idx, f"post: {e!r}")
             return
         if resp.code.is_successful():
-            if g.subscriptions is None:
-                self.up(idx)
+            self.up(idx)  # answered: the unit is there (the observation may live on)
             if g.qos:
                 self.acked(mid)
 

@@ -29,7 +29,7 @@ class Lwm2mFleet(Fleet):
         self.clients: dict[int, Lwm2mClient] = {}
 
     async def start_device(self, idx: int) -> None:
-        self.ctx.loop.create_task(self._keep_registered(idx))
+        self.tasks.append(self.ctx.loop.create_task(self._keep_registered(idx)))
 
     async def _keep_registered(self, idx: int) -> None:
         ep = self.ctx.ep

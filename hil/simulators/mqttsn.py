@@ -24,7 +24,7 @@ class MqttSnFleet(Fleet):
 
     async def start_device(self, idx: int) -> None:
         self.locks[idx] = asyncio.Lock()
-        self.ctx.loop.create_task(self._keep_connected(idx))
+        self.tasks.append(self.ctx.loop.create_task(self._keep_connected(idx)))
 
     async def _connect(self, idx: int) -> None:
         g, ctx = self.group, self.ctx
