@@ -1,6 +1,8 @@
 """What a user's own HIL test looks like with labgrid's pytest plugin:
 
-    pytest --lg-env hil/envs/local.yaml hil/pytest_example
+    pytest -p labgrid --lg-env hil/envs/local.yaml hil/pytest_example
+
+(``-p labgrid`` because this project's pytest configuration turns the plugin off.)
 
 The ``strategy`` fixture is our GatewayStrategy: ``transition("running")`` powers the unit
 and waits until it answers; the unit driver (``strategy.unit``) makes faults.

@@ -133,7 +133,8 @@ def test_soak_short(tmp_path: Path) -> None:
 
 def test_labgrid_pytest_plugin_drives_the_local_target() -> None:
     r = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--lg-env",
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "labgrid",
+         "--lg-env",
          "hil/envs/local.yaml", "hil/pytest_example"],
         capture_output=True, text=True, timeout=300, cwd=REPO)
     assert r.returncode == 0, r.stdout + r.stderr
