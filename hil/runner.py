@@ -25,7 +25,15 @@ from typing import Any
 from hil.drivers.common import api_get
 from hil.faults.upstream import Upstream
 from hil.records import Recorder
-from hil.scenario import DiskFull, Network, PowerCut, ProcessKill, Scenario, UpstreamOutage
+from hil.scenario import (
+    DiskFull,
+    Group,
+    Network,
+    PowerCut,
+    ProcessKill,
+    Scenario,
+    UpstreamOutage,
+)
 from hil.simulators.base import Ctx, Fleet
 from hil.simulators.coap import CoapFleet
 from hil.simulators.control import Collector, Commander, UpstreamCollector
@@ -130,6 +138,10 @@ class Runner:
         self._phase("start", devices=sc.device_count, scenario=sc.name, run=self.run)
         await asyncio.to_thread(self.unit.prepare, self.run_dir / "unit", {})
         ep = self.unit.endpoints()
+        missing = sorted({_port_of(g) for g in sc.groups} - set(ep.ports))
+        if missing:
+            raise Unsupported(f"this target exposes no {', '.join(missing)} port "
+                              f"(it has {', '.join(sorted(ep.ports))})")
         env = dict(self.unit_env)
         if sc.bridge and sc.bridge.enable:
             self.upstream = Upstream(self.run_dir, ep.rig_host)
@@ -287,6 +299,12 @@ class Runner:
             self._record("ready", i=i, after=round(time.monotonic() - healed, 3))
         except TimeoutError:
             self._record("note", text=f"unit did not answer after fault {i} ({f.kind})")
+
+
+def _port_of(g: Group) -> str:
+    if g.protocol == "mqtt":
+        return {"tcp": "mqtt", "tls": "mqtts", "ws": "ws", "wss": "wss"}[g.mqtt_transport]
+    return g.protocol.replace("-", "")
 
 
 def _bridge_queue(bridges: object) -> int | None:

@@ -100,3 +100,14 @@ def test_qemu_without_an_image_is_bad_input(tmp_path: Path) -> None:
     r = hil("run", "smoke", "--env", str(env), "--report", str(tmp_path / "r"))
     assert r.returncode == 2, r.stdout + r.stderr
     assert r.stderr.strip().splitlines()[-1].startswith(f"gateway-hil: {env}: no image at")
+
+
+def test_a_scenario_needing_ports_the_target_lacks_is_bad_input(tmp_path: Path) -> None:
+    image = tmp_path / "edge-gateway-0-amd64.img"
+    image.write_bytes(b"\0" * 512)  # never booted: the check comes before power-on
+    env = tmp_path / "qemu.yaml"
+    env.write_text(Path("hil/envs/qemu.yaml").read_text().replace(
+        "../../build/image/edge-gateway-0.1.0-amd64.img", str(image)))
+    r = hil("run", "smoke", "--env", str(env), "--report", str(tmp_path / "r"))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "exposes no coap, lwm2m, mqtts, mqttsn, ws, wss port" in r.stderr
