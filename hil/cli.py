@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
             sc = load_scenario(args.scenario, args.set)
             if args.env:
                 load_env(args.env)
-            print(f"{args.scenario}: ok ({sc.device_count} devices, {len(sc.groups)} groups, "
+            print(f"{args.scenario}: ok ({sc.device_count} devices, {len(sc.active)} groups, "
                   f"{len(sc.faults)} faults, {sc.duration:g} s)")
             return 0
         return _run(args)

@@ -138,7 +138,7 @@ class Runner:
         self._phase("start", devices=sc.device_count, scenario=sc.name, run=self.run)
         await asyncio.to_thread(self.unit.prepare, self.run_dir / "unit", {})
         ep = self.unit.endpoints()
-        missing = sorted({_port_of(g) for g in sc.groups} - set(ep.ports))
+        missing = sorted({_port_of(g) for g in sc.active} - set(ep.ports))
         if missing:
             raise Unsupported(f"this target exposes no {', '.join(missing)} port "
                               f"(it has {', '.join(sorted(ep.ports))})")
@@ -164,9 +164,9 @@ class Runner:
         ctx = Ctx(self.run, ep, self._record, loop, pool)
         stop_misc = asyncio.Event()
         misc = loop.create_task(misc_loop(stop_misc))
-        side = [g for g in sc.groups if g.protocol == "lwm2m"]
+        side = [g for g in sc.active if g.protocol == "lwm2m"]
         collector = Collector(ctx, side)
-        commander = Commander(ctx, sc.groups)
+        commander = Commander(ctx, sc.active)
         collector.commander = commander
         upc = (UpstreamCollector(ctx, self.upstream.host, self.upstream.port)
                if self.upstream else None)
@@ -177,7 +177,7 @@ class Runner:
         if upc:
             await upc.start()
         await asyncio.wait_for(collector.connected.wait(), sc.connect_timeout)
-        for g in sc.groups:
+        for g in sc.active:
             fleet = FLEETS[g.protocol](ctx, g)
             self.fleets.append(fleet)
             await fleet.start(sc.ramp)

@@ -42,6 +42,7 @@ class Subscriptions(_Model):
 
 class Group(_Model):
     name: str
+    enable: bool = True  # false: the group is left out (e.g. a target without that port)
     protocol: Literal["mqtt", "mqtt-sn", "coap", "lwm2m"]
     count: int = Field(ge=1, le=100_000)
     rate: float = Field(default=0.2, ge=0, le=1000)  # messages per device per second
@@ -193,6 +194,8 @@ class Scenario(_Model):
 
     @model_validator(mode="after")
     def _consistent(self) -> Scenario:
+        if not self.active:
+            raise ValueError("groups: every group is disabled")
         names = [g.name for g in self.groups]
         for i, n in enumerate(names):
             if n in names[:i]:
@@ -209,8 +212,13 @@ class Scenario(_Model):
         return self
 
     @property
+    def active(self) -> list[Group]:
+        """The groups that take part (``enable`` true)."""
+        return [g for g in self.groups if g.enable]
+
+    @property
     def device_count(self) -> int:
-        return sum(g.count for g in self.groups)
+        return sum(g.count for g in self.active)
 
 
 def _set(data: Any, dotted: str, raw: str) -> None:

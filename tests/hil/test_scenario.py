@@ -127,3 +127,12 @@ def test_any_group_edit_either_validates_or_names_a_line(edits: dict[str, object
         except BadInput as e:
             assert e.line is not None and e.line >= 1
             assert "\n" not in str(e) and e.field
+
+
+def test_disabled_groups_are_left_out(tmp_path: Path) -> None:
+    p = write(tmp_path, GOOD.replace("  - name: a\n", "  - name: b\n    protocol: coap\n"
+                                      "    count: 5\n  - name: a\n"))
+    sc = load_scenario(str(p), ["groups.b.enable=false"])
+    assert [g.name for g in sc.active] == ["a"] and sc.device_count == 3
+    with pytest.raises(BadInput, match="every group is disabled"):
+        load_scenario(str(p), ["groups.b.enable=false", "groups.a.enable=false"])
