@@ -49,6 +49,7 @@ from gateway.net.stream import ListenerLimits, StreamShell, start_stream_listene
 from gateway.net.tls import ReloadableContext, TlsError, describe, peer_identity
 from gateway.net.websocket import WebSocketChannel, WebSocketSettings
 from gateway.protect.banned import BanGuard
+from gateway.rules.service import start_rules
 from gateway.protect.flapping import FlappingDetector, FlappingSettings
 from gateway.store.banned import BannedStore
 from gateway.store.db import db_path, ensure_schema, open_db
@@ -211,6 +212,7 @@ class Gateway:
         if bridging.bridges.mqtt:
             self.bridges = Bridges(node, bridging)
             self.bridges.start()
+        self.rules = await start_rules(self)  # before the listeners: rules see every event
         gate = self.committer
         monotonic = loop.time
         for name, lst in config.listeners.tcp.items():
@@ -614,6 +616,8 @@ class Gateway:
         if self.cluster is not None:  # after the sessions settled, before the last commit
             await self.cluster.stop()
             self.cluster = None
+        if getattr(self, "rules", None) is not None:  # queued events reach the webhook queues
+            await self.rules.stop()
         if self.bridges is not None:  # DISCONNECT upstream; outbox deletes get committed
             await self.bridges.stop()
             self.bridges = None

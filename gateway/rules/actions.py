@@ -78,7 +78,9 @@ def check_action(function: str, args: Mapping[str, Any]) -> None:
             raise ValueError(f"republish: args.qos must be 0, 1, 2 or a template, got {qos!r}")
         retain = args.get("retain", False)
         if not isinstance(retain, bool) and not (isinstance(retain, str) and "${" in retain):
-            raise ValueError(f"republish: args.retain must be a boolean or a template, got {retain!r}")
+            raise ValueError(
+                f"republish: args.retain must be a boolean or a template, got {retain!r}"
+            )
         up = args.get("user_properties")
         if up is not None and not isinstance(up, str | dict):
             raise ValueError("republish: args.user_properties must be a template or a table")
@@ -201,7 +203,9 @@ def _webhook(name: str, args: Mapping[str, Any], ctx: ActionContext) -> Action:
     return webhook
 
 
-def build_action(rule_id: str, function: str, args: Mapping[str, Any], ctx: ActionContext) -> Action:
+def build_action(
+    rule_id: str, function: str, args: Mapping[str, Any], ctx: ActionContext
+) -> Action:
     check_action(function, args)
     if function == "republish":
         return _republish(rule_id, args, ctx)

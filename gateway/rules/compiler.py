@@ -32,7 +32,7 @@ import operator
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from gateway.core.topic_index import topic_matches
+from gateway.core.topic_index import is_valid_filter, topic_matches
 from gateway.rules.ast import (
     Array,
     BinOp,
@@ -449,18 +449,21 @@ def _compile_fields(fields: tuple[Field | Star, ...]) -> Callable[[Scope], dict[
     return select
 
 
-def _names(e: Expr | None) -> Iterator[str]:
+_EXPR_TYPES = (Lit, Var, Path, Call, BinOp, Not, Neg, In, Case, Array)
+
+
+def _names(e: Any) -> Iterator[str]:
     if e is None:
         return
     if isinstance(e, Var):
         yield e.name
     for child in getattr(e, "__slots__", ()):
         v = getattr(e, child)
-        if isinstance(v, Expr.__args__):  # type: ignore[attr-defined]
+        if isinstance(v, _EXPR_TYPES):
             yield from _names(v)
         elif isinstance(v, tuple):
             for x in v:
-                if isinstance(x, Expr.__args__):  # type: ignore[attr-defined]
+                if isinstance(x, _EXPR_TYPES):
                     yield from _names(x)
                 elif isinstance(x, Index):
                     yield from _names(x.expr)
@@ -548,5 +551,23 @@ def compile_statement(st: Statement) -> Program:
 
 
 def compile_sql(sql: str) -> Program:
-    """Parse and compile; :class:`SqlError` naming the position on any load-time error."""
-    return Program(parse(sql))
+    """Parse and compile; :class:`SqlError` naming the position on any load-time error,
+    including a FROM source that is neither a topic filter nor a known ``$events/...``."""
+    from gateway.rules.events import EVENTS
+
+    program = Program(parse(sql))
+    for s in program.sources:
+        if s.startswith("$events/"):
+            if s not in EVENTS:
+                raise SqlError(f"FROM: unknown event source {s!r}", *_from_pos(sql, s))
+        elif not is_valid_filter(s):
+            raise SqlError(f"FROM: {s!r} is not a valid topic filter", *_from_pos(sql, s))
+    return program
+
+
+def _from_pos(sql: str, source: str) -> tuple[int, int]:
+    i = sql.rfind(source)
+    if i < 0:
+        return (1, 1)
+    line = sql.count("\n", 0, i) + 1
+    return line, i - (sql.rfind("\n", 0, i) + 1)  # the opening quote's column, 1-based

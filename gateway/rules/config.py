@@ -23,11 +23,22 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from gateway.config.schema import Duration, Size
 
-__all__ = ["ActionConfig", "RuleConfig", "RuleEngineConfig", "WebhookConfig", "WebhookTls"]
+__all__ = [
+    "ActionConfig", "RuleConfig", "RuleEngineConfig", "RuleEngineField", "WebhookConfig",
+    "WebhookTls",
+]
 
 _NAME_RE = re.compile(r"[A-Za-z0-9_\-]{1,64}")
 
@@ -129,13 +140,19 @@ class WebhookConfig(_Section):
         return body
 
 
-def check_webhook_refs(rules: RuleEngineConfig, webhooks: dict[str, WebhookConfig]) -> None:
-    """Every ``webhook:NAME`` action names a configured webhook (ValueError otherwise)."""
-    for rname, rule in rules.rules.items():
-        for i, action in enumerate(rule.actions):
-            if action.function.startswith("webhook:"):
-                name = action.function.split(":", 1)[1]
-                if name not in webhooks:
-                    raise ValueError(
-                        f"rule_engine.rules.{rname}.actions[{i}]: no [webhooks.{name}] configured"
-                    )
+def _refs_ok(value: RuleEngineConfig, info: ValidationInfo) -> RuleEngineConfig:
+    webhooks = info.data.get("webhooks")
+    if isinstance(webhooks, dict):
+        for rname, rule in value.rules.items():
+            for i, action in enumerate(rule.actions):
+                if action.function.startswith("webhook:"):
+                    name = action.function.split(":", 1)[1]
+                    if name not in webhooks:
+                        raise ValueError(
+                            f"rules.{rname}.actions[{i}]: no [webhooks.{name}] configured"
+                        )
+    return value
+
+
+# the root schema's field type: declared after ``webhooks``, it checks the references
+RuleEngineField = Annotated[RuleEngineConfig, AfterValidator(_refs_ok)]

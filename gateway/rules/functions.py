@@ -19,6 +19,7 @@ import binascii
 import hashlib
 import json
 import math
+import operator
 import random
 import re
 import time
@@ -27,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, timezone
 from functools import lru_cache
-from typing import Any
+from typing import Any, TypeVar
 
 __all__ = ["FUNCTIONS", "Func", "RuleEvalError", "to_json", "to_str"]
 
@@ -46,8 +47,11 @@ class Func:
 FUNCTIONS: dict[str, Func] = {}
 
 
-def _reg(name: str, lo: int, hi: int | None = None) -> Callable[[Callable[..., Any]], Any]:
-    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _reg(name: str, lo: int, hi: int | None = None) -> Callable[[_F], _F]:
+    def deco(fn: _F) -> _F:
         FUNCTIONS[name] = Func(fn, lo, lo if hi is None else hi)
         return fn
 
@@ -181,7 +185,7 @@ def _floor(x: Any) -> int:
 @_reg("round", 1)
 def _round(x: Any) -> int:
     n = _num(x)  # Erlang round: halves away from zero
-    return int(math.floor(abs(n) + 0.5)) * (1 if n >= 0 else -1)
+    return math.floor(abs(n) + 0.5) * (1 if n >= 0 else -1)
 
 
 @_reg("fmod", 2)
@@ -197,18 +201,6 @@ def _power(x: Any, y: Any) -> float:
 @_reg("random", 0)
 def _random() -> float:
     return random.random()
-
-
-for _name, _op in {
-    "bitand": lambda a, b: a & b, "bitor": lambda a, b: a | b, "bitxor": lambda a, b: a ^ b,
-    "bitsl": lambda a, b: a << b, "bitsr": lambda a, b: a >> b,
-}.items():
-    FUNCTIONS[_name] = Func((lambda op: lambda a, b: op(_int(a), _int(b)))(_op), 2, 2)
-
-
-@_reg("bitnot", 1)
-def _bitnot(x: Any) -> int:
-    return ~_int(x)
 
 
 # -- type checks and conversion -----------------------------------------------------------
@@ -230,6 +222,22 @@ def _int(x: Any) -> int:
         return 0
     n = _num(x)
     return int(n)
+
+
+def _bitop(op: Callable[[int, int], int]) -> Callable[[Any, Any], int]:
+    return lambda a, b: op(_int(a), _int(b))
+
+
+for _name, _bop in {
+    "bitand": operator.and_, "bitor": operator.or_, "bitxor": operator.xor,
+    "bitsl": operator.lshift, "bitsr": operator.rshift,
+}.items():
+    FUNCTIONS[_name] = Func(_bitop(_bop), 2, 2)
+
+
+@_reg("bitnot", 1)
+def _bitnot(x: Any) -> int:
+    return ~_int(x)
 
 
 @_reg("float", 1, 2)
@@ -619,7 +627,7 @@ def _rfc3339_to_ts(s: Any, unit: Any = "second") -> int:
         raise RuleEvalError(f"rfc3339_to_unix_ts: {exc}") from None
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=UTC)
-    return int(round(dt.timestamp() * _unit(unit)))
+    return round(dt.timestamp() * _unit(unit))
 
 
 @_reg("format_date", 3, 4)
@@ -645,7 +653,7 @@ def _date_to_ts(unit: Any, a: Any, b: Any, c: Any = None) -> int:
         raise RuleEvalError(f"date_to_unix_ts: {exc}") from None
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=_tz(offset))
-    return int(round(dt.timestamp() * _unit(unit)))
+    return round(dt.timestamp() * _unit(unit))
 
 
 @_reg("timezone_to_offset_seconds", 1)

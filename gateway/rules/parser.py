@@ -108,7 +108,7 @@ _WHEN: /when\b/i
 _THEN: /then\b/i
 _ELSE: /else\b/i
 _END: /end\b/i
-NAME: /(?!(select|foreach|from|where|as|do|incase|or|and|not|in|true|false|null|undefined|case|when|then|else|end|div|mod)\b)[A-Za-z_][A-Za-z0-9_]*/i
+NAME: /(?!(KEYWORDS)\b)[A-Za-z_][A-Za-z0-9_]*/i
     | /`[^`]+`/
 NUMBER: /\d+(\.\d+)?([eE][+-]?\d+)?/
 STRING: /"(\\.|[^"\\])*"/ | /'(\\.|[^'\\])*'/
@@ -116,6 +116,13 @@ STRING: /"(\\.|[^"\\])*"/ | /'(\\.|[^'\\])*'/
 %import common.WS
 %ignore WS
 """
+
+
+_KEYWORDS = (
+    "select|foreach|from|where|as|do|incase|or|and|not|in|true|false|null|undefined|case|"
+    "when|then|else|end|div|mod"
+)
+_GRAMMAR = _GRAMMAR.replace("KEYWORDS", _KEYWORDS)
 
 
 class SqlError(ValueError):
@@ -286,7 +293,8 @@ def parse(text: str) -> Statement:
     except UnexpectedEOF as exc:
         line = text.count("\n") + 1
         col = len(text) - (text.rfind("\n") + 1) + 1
-        raise SqlError(f"unexpected end of statement, expected {_expected(exc)}", line, col) from None
+        msg = f"unexpected end of statement, expected {_expected(exc)}"
+        raise SqlError(msg, line, col) from None
     except UnexpectedToken as exc:
         tok = exc.token
         if tok.type == "$END":
@@ -299,7 +307,8 @@ def parse(text: str) -> Statement:
             f"unexpected {str(tok)!r}, expected {_expected(exc)}", exc.line, exc.column
         ) from None
     except UnexpectedCharacters as exc:
-        ch = text[exc.pos_in_stream] if exc.pos_in_stream < len(text) else ""
+        pos = exc.pos_in_stream or 0
+        ch = text[pos] if pos < len(text) else ""
         raise SqlError(f"unexpected character {ch!r}", exc.line, exc.column) from None
     except UnexpectedInput as exc:  # pragma: no cover - the three above are all lark raises
         raise SqlError(str(exc), exc.line, exc.column) from None
@@ -325,6 +334,9 @@ _NAMES = {
     "_CASE": "CASE", "_WHEN": "WHEN", "_THEN": "THEN", "_ELSE": "ELSE", "_END": "END",
     "_FOREACH": "FOREACH", "LPAR": "'('", "RPAR": "')'", "COMMA": "','", "STAR": "'*'",
     "LSQB": "'['", "RSQB": "']'", "DOT": "'.'", "MINUS": "'-'", "$END": "end",
+    "_TRUE": "TRUE", "_FALSE": "FALSE", "_NULL": "NULL", "NAME": "a name",
+    "NUMBER": "a number", "STRING": "a string", "COMP": "a comparison",
+    "ADDOP": "'+' or '-'", "MULOP": "'*', '/', div or mod",
 }
 
 
