@@ -82,6 +82,10 @@ class Columns(dict[str, Any]):
         self[key] = value
         return value
 
+    def get(self, key: str, default: Any = None) -> Any:
+        value = self[key]
+        return default if value is None else value
+
     def payload_json(self) -> Any:
         """The payload decoded as JSON, once (``None`` when it is not JSON)."""
         if self._json is _UNSET:

@@ -150,7 +150,7 @@ class RulesService:
             engine.drain()
         for hook in self.webhooks.values():
             await hook.stop()
-        await asyncio.to_thread(self.db.close)
+        self.db.close()  # commits the queues' last writes (joins the writer thread)
         self.store.conn.close()
 
     # -- operations (API, gatewayctl) ----------------------------------------------------

@@ -25,9 +25,7 @@ _PATH_RE = re.compile(r"\.|[A-Za-z0-9_\-$'\"\[\]]+(\.[A-Za-z0-9_\-$'\"\[\]]+)*")
 
 def lookup(path: tuple[str, ...], output: Mapping[str, Any], columns: Mapping[str, Any]) -> Any:
     head = path[0]
-    value = output[head] if head in output else columns.get(head) if not hasattr(
-        columns, "__missing__"
-    ) else columns[head]
+    value = output[head] if head in output else columns.get(head)
     for key in path[1:]:
         if isinstance(value, str | bytes):
             value = _decode(value)
