@@ -49,8 +49,8 @@ from gateway.net.stream import ListenerLimits, StreamShell, start_stream_listene
 from gateway.net.tls import ReloadableContext, TlsError, describe, peer_identity
 from gateway.net.websocket import WebSocketChannel, WebSocketSettings
 from gateway.protect.banned import BanGuard
-from gateway.rules.service import start_rules
 from gateway.protect.flapping import FlappingDetector, FlappingSettings
+from gateway.rules.service import start_rules
 from gateway.store.banned import BannedStore
 from gateway.store.db import db_path, ensure_schema, open_db
 from gateway.store.lwm2m import Lwm2mStore
