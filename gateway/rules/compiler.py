@@ -325,31 +325,36 @@ def _compile_path(e: Path) -> Fn:
             assert isinstance(st, Index)
             steps.append((False, compile_expr(st.expr)))
     first_key, first_arg = steps[0]
-    if isinstance(e.root, Var) and e.root.name == "payload" and first_key:
-        # payload.x: the payload's JSON, decoded once per event
-        rest = steps[1:]
+    if isinstance(e.root, Var):
+        # EMQX looks a path up in the fields selected so far, then (if undefined there)
+        # in the columns: ``SELECT payload.a, payload.b`` reads both from the event
+        name = e.root.name
+        rest = steps[1:] if first_key else steps
+        is_payload = name == "payload" and first_key
 
-        def payload_path(s: Scope) -> Any:
-            cols = _root_columns(s)
-            if cols is not None and (s is cols or not _owns(s, "payload")):
-                doc = cols.payload_json()
-            else:
-                doc = _decode(s["payload"])
-            v = doc.get(first_arg) if isinstance(doc, dict) else None
-            for is_key, arg in rest:
-                v = _step_key(v, arg) if is_key else _step_index(v, arg(s))
-            return v
+        def var_path(s: Scope) -> Any:
+            while isinstance(s, _Overlay):
+                if dict.__contains__(s, name):
+                    v = _walk(dict.__getitem__(s, name), steps, s)
+                    if v is not None:
+                        return v
+                s = s.base
+            if is_payload and isinstance(s, Columns):
+                # payload.x: the payload's JSON, decoded once per event
+                doc = s.payload_json()
+                v = doc.get(first_arg) if isinstance(doc, dict) else None
+                return _walk(v, rest, s)
+            return _walk(s[name], steps, s)
 
-        return payload_path
+        return var_path
     root = compile_expr(e.root)
+    return lambda s: _walk(root(s), steps, s)
 
-    def path(s: Scope) -> Any:
-        v = root(s)
-        for is_key, arg in steps:
-            v = _step_key(v, arg) if is_key else _step_index(v, arg(s))
-        return v
 
-    return path
+def _walk(v: Any, steps: list[tuple[bool, Any]], s: Scope) -> Any:
+    for is_key, arg in steps:
+        v = _step_key(v, arg) if is_key else _step_index(v, arg(s))
+    return v
 
 
 def _compile_call(e: Call) -> Fn:

@@ -393,7 +393,7 @@ def _unescape(s: Any) -> str:
     return _text(s).encode("latin-1", "backslashreplace").decode("unicode_escape")
 
 
-_FMT = re.compile(r"~(-?\d*)([spwdfen~])")
+_FMT = re.compile(r"~(-?\d*)(?:\.(\d+))?([spwdfen~])")
 
 
 @_reg("sprintf", 1, -1)
@@ -403,7 +403,7 @@ def _sprintf(fmt: Any, *args: Any) -> str:
     it = iter(args)
 
     def sub(m: re.Match[str]) -> str:
-        c = m.group(2)
+        c = m.group(3)
         if c == "~":
             return "~"
         if c == "n":
@@ -417,7 +417,7 @@ def _sprintf(fmt: Any, *args: Any) -> str:
         if c == "d":
             return str(_int(a))
         if c == "f":
-            prec = int(m.group(1)) if m.group(1).lstrip("-") else 6
+            prec = int(m.group(2)) if m.group(2) else 6
             return f"{float(_num(a)):.{prec}f}"
         if c == "e":
             return f"{float(_num(a)):e}"
