@@ -123,15 +123,6 @@ def _decode(v: Any) -> Any:
     return v
 
 
-def _owns(scope: Scope, key: str) -> bool:
-    """``key`` was selected (is in an overlay), not only a column."""
-    while isinstance(scope, _Overlay):
-        if dict.__contains__(scope, key):
-            return True
-        scope = scope.base
-    return False
-
-
 def _root_columns(scope: Scope) -> Columns | None:
     while isinstance(scope, _Overlay):
         scope = scope.base
