@@ -17,6 +17,7 @@ from tests.gateway.admin.gatewayd import WAIT, Client, Gatewayd, clean_environ
 from tests.gateway.rules.conftest import CONFIG_RULES
 
 API = "/api/v5"
+pytestmark = pytest.mark.rules
 
 
 def rule(gw: Gatewayd, rule_id: str) -> dict[str, Any]:
