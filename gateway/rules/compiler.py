@@ -191,6 +191,9 @@ def _eq(a: Any, b: Any) -> bool:
 
 def _order(op: Callable[[Any, Any], bool]) -> Callable[[Any, Any], bool]:
     def cmp(a: Any, b: Any) -> bool:
+        ta, tb = type(a), type(b)
+        if (ta is int or ta is float) and (tb is int or tb is float):
+            return op(a, b)  # the common case, first
         if a is None or b is None:
             return False
         a, b = _cmp_pair(a, b)
@@ -324,6 +327,12 @@ def _compile_path(e: Path) -> Fn:
         is_payload = name == "payload" and first_key
 
         def var_path(s: Scope) -> Any:
+            if type(s) is Columns:  # the common case: no selected fields in between
+                if is_payload:
+                    doc = s.payload_json()
+                    v = doc.get(first_arg) if type(doc) is dict else None
+                    return _walk(v, rest, s) if rest else v
+                return _walk(s[name], steps, s)
             while isinstance(s, _Overlay):
                 if dict.__contains__(s, name):
                     v = _walk(dict.__getitem__(s, name), steps, s)
@@ -418,6 +427,14 @@ def _output_keys(f: Field) -> tuple[str, ...]:
     return (f.text or "expr",)
 
 
+def _shadowing(f: Field) -> str | None:
+    """The name a field's output hides from later lookups, None when it hides nothing
+    (an unaliased column: the output is the column's own value)."""
+    if f.alias is None and isinstance(f.expr, Var):
+        return None
+    return _output_keys(f)[0]
+
+
 def _compile_fields(fields: tuple[Field | Star, ...]) -> Callable[[Scope], dict[str, Any]]:
     parts: list[tuple[tuple[str, ...], Fn] | None] = []
     for f in fields:
@@ -425,6 +442,26 @@ def _compile_fields(fields: tuple[Field | Star, ...]) -> Callable[[Scope], dict[
             parts.append(None)
         else:
             parts.append((_output_keys(f), compile_expr(f.expr)))
+    hidden: set[str] = set()
+    independent = True  # no field reads what an earlier one selected
+    for f in fields:
+        if isinstance(f, Star):
+            independent = False
+            break
+        if hidden & set(_names(f.expr)):
+            independent = False
+        name = _shadowing(f)
+        if name is not None:
+            hidden.add(name)
+    if independent:
+        flat = [(keys[0], fn) for keys, fn in (p for p in parts if p is not None)
+                if len(keys) == 1]
+        if len(flat) == len(parts):
+
+            def select_flat(base: Scope) -> dict[str, Any]:
+                return {key: fn(base) for key, fn in flat}
+
+            return select_flat
 
     def select(base: Scope) -> dict[str, Any]:
         scope = _Overlay(base)
@@ -490,11 +527,8 @@ class Program:
         if st.where is None:
             return lambda cols: [select(cols)]
         where = compile_expr(st.where)
-        aliases = {_output_keys(f)[0] for f in st.fields if isinstance(f, Field)}
-        if not aliases & set(_names(st.where)) or all(
-            isinstance(f, Field) and f.alias is None and isinstance(f.expr, Var | Path)
-            for f in st.fields
-        ):
+        hidden = {_shadowing(f) for f in st.fields if isinstance(f, Field)} - {None}
+        if not hidden & set(_names(st.where)):
             # WHERE does not see anything SELECT computes: test it first
             def where_first(cols: Scope) -> list[dict[str, Any]]:
                 if where(cols) is not True:
