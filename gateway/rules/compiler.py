@@ -87,14 +87,20 @@ class Columns(dict[str, Any]):
         return default if value is None else value
 
     def payload_json(self) -> Any:
-        """The payload decoded as JSON, once (``None`` when it is not JSON)."""
+        """The payload decoded as JSON, once (``None`` when it is not JSON). A getter named
+        ``$payload_json`` (the event's raw bytes) is used when there is one."""
         if self._json is _UNSET:
-            self._json = _decode(self["payload"])
+            raw = self.getters.get("$payload_json")
+            if raw is not None and "payload" not in self.keys():
+                self._json = raw(self.source)
+            else:
+                self._json = _decode(self["payload"])
         return self._json
 
     def everything(self) -> dict[str, Any]:
         for name in self.getters:
-            self[name]
+            if name[0] != "$":
+                self[name]
         return dict(self)
 
 
@@ -114,12 +120,31 @@ class _Overlay(dict[str, Any]):
 _UNSET = object()
 
 
+_WS = frozenset(b" \t\r\n")
+_OPEN = frozenset(b"{[")
+
+
+def decode_json_container(b: bytes | str) -> Any:
+    """``b`` decoded when it is a JSON object or array (what a path can step into); None
+    otherwise, without paying for an exception in the common non-JSON case."""
+    if not b:
+        return None
+    first = b[0] if isinstance(b, bytes) else ord(b[0])
+    if first not in _OPEN:
+        if first not in _WS:
+            return None
+        b = b.lstrip()
+        if not b or (b[0] if isinstance(b, bytes) else ord(b[0])) not in _OPEN:
+            return None
+    try:
+        return json.loads(b)
+    except ValueError:
+        return None
+
+
 def _decode(v: Any) -> Any:
     if isinstance(v, str | bytes):
-        try:
-            return json.loads(v)
-        except ValueError:
-            return None
+        return decode_json_container(v)
     return v
 
 

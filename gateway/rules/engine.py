@@ -5,8 +5,11 @@ topic index of every rule's FROM filters (a trie, never a scan of the rules) and
 some rule wants it, appends the event to ``pending``; the ``$events/...`` hooks do the
 same for the rules naming them. The callback always returns the message unchanged, so a
 rule can never change, delay or drop a delivery. ``pending`` is drained by a callback
-scheduled once per event-loop turn (``call_soon``), in batches of :data:`BATCH`, so the
-publisher's own routing and acknowledgement are done before any rule runs.
+scheduled once per event-loop turn (``call_soon``), so the publisher's own routing and
+acknowledgement are done before any rule runs; it runs everything queued, so the next
+turn's socket reads wait for the rules of this one: a broker whose rules cannot keep up
+slows its readers (as EMQX, whose rules run in the publisher's process) instead of
+building an unbounded backlog.
 
 Per event the columns are computed lazily and shared by the rules it matches; each rule
 runs its compiled statement and then its actions for each output. Everything that goes
@@ -45,7 +48,7 @@ __all__ = ["BATCH", "Rule", "RuleEngine", "RuleMetrics"]
 
 log = logging.getLogger("gateway.rules")
 
-BATCH = 2000  # events run per loop turn before yielding to I/O
+BATCH = 100_000  # events run per call; more (queued by the rules' own actions) go next turn
 
 
 @dataclass(slots=True)
@@ -145,6 +148,7 @@ class RuleEngine:
         self._scheduled = False
         self._overloaded = False
         self.dropped = 0
+        self.events_run = 0
 
     # -- ActionContext ----------------------------------------------------------------
 
@@ -287,7 +291,9 @@ class RuleEngine:
                     for r in by_filter[f]:
                         seen.setdefault(r.id, r)
                 rules = tuple(seen.values())
-            self._queue(self._event("message.publish", message=message), rules)
+            ev = Event("message.publish", message, None, None, self.node_name, self._lookup,
+                       message.timestamp or self._now())
+            self._queue(ev, rules)
         return message
 
     def _event(self, kind: str, **kw: Any) -> Event:
@@ -336,6 +342,7 @@ class RuleEngine:
         for _ in range(n):
             event, rules = pending.popleft()
             self.run_event(event, rules)
+        self.events_run += n
         if pending:
             if self._call_soon is not None:
                 self._call_soon(self.drain)

@@ -44,11 +44,18 @@ class Event:
 
     __slots__ = ("kind", "message", "client", "extra", "at", "node", "lookup")
 
+    kind: str
+    message: Message
+    client: ClientInfo | None
+    extra: dict[str, Any]
+    at: float
+    node: str
+    lookup: Callable[[str], ClientInfo | None]
+
     def __init__(
         self,
         kind: str,
-        *,
-        message: Message | None = None,
+        message: Message | None = None,  # None: an event without a message
         client: ClientInfo | None = None,
         extra: dict[str, Any] | None = None,
         node: str = "",
@@ -56,12 +63,15 @@ class Event:
         at: float | None = None,
     ) -> None:
         self.kind = kind  # "message.publish", "client.connected", ...
-        self.message = message
+        self.message = message if message is not None else _NO_MESSAGE
         self.client = client
         self.extra = extra or {}
         self.at = time.time() if at is None else at
         self.node = node
         self.lookup = lookup
+
+
+_NO_MESSAGE = Message("", b"")
 
 
 def _ms(t: float) -> int:
@@ -123,14 +133,14 @@ def _reason_name(code: int) -> str:
 
 def _publisher(e: Event) -> ClientInfo | None:
     m = e.message
-    return e.lookup(m.publisher) if m is not None and m.publisher else None
+    return e.lookup(m.publisher) if m.publisher else None
 
 
 _M = Callable[[Event], Any]
 
 
 def _msg(f: Callable[[Message], Any]) -> _M:
-    return lambda e: f(e.message) if e.message is not None else None
+    return lambda e: f(e.message)
 
 
 def _cli(f: Callable[[ClientInfo], Any]) -> _M:
@@ -144,22 +154,29 @@ _COMMON: dict[str, _M] = {
 
 _MESSAGE: dict[str, _M] = {
     **_COMMON,
-    "id": _msg(message_id),
-    "payload": _msg(_payload),
-    "topic": _msg(lambda m: m.topic),
-    "qos": _msg(lambda m: m.qos),
-    "flags": _msg(lambda m: {"retain": m.retain, "dup": False}),
-    "pub_props": _msg(lambda m: props_map(m.properties)),
-    "publish_received_at": lambda e: _ms(
-        e.message.timestamp if e.message is not None and e.message.timestamp else e.at
-    ),
+    # message events always carry their message: one call per field, no wrapper
+    "id": lambda e: message_id(e.message),
+    "payload": lambda e: _payload(e.message),
+    "topic": lambda e: e.message.topic,
+    "qos": lambda e: e.message.qos,
+    "flags": lambda e: {"retain": e.message.retain, "dup": False},
+    "pub_props": lambda e: props_map(e.message.properties),
+    "publish_received_at": lambda e: _ms(e.message.timestamp or e.at),
 }
+
+def _payload_json(e: Event) -> Any:
+    from gateway.rules.compiler import decode_json_container
+
+    return decode_json_container(e.message.payload)
+
+
+_MESSAGE["$payload_json"] = _payload_json  # the payload's JSON, straight from its bytes
 
 _PUBLISH: dict[str, _M] = {
     **_MESSAGE,
     "event": lambda e: "message.publish",
-    "clientid": _msg(lambda m: m.publisher),
-    "username": _msg(lambda m: m.username),
+    "clientid": lambda e: e.message.publisher,
+    "username": lambda e: e.message.username,
     "peerhost": lambda e: _peer(_publisher(e)),
 }
 

@@ -146,8 +146,12 @@ class RulesService:
     async def stop(self) -> None:
         engine = self.engine
         engine.detach()
+        left = len(engine.pending)
         while engine.pending:  # what the rules accepted reaches the queues
             engine.drain()
+        if engine.rules:
+            log.info("rule engine stopped: %d events run (%d at shutdown), %d dropped",
+                     engine.events_run, left, engine.dropped)
         for hook in self.webhooks.values():
             await hook.stop()
         self.db.close()  # commits the queues' last writes (joins the writer thread)
