@@ -14,8 +14,8 @@ Shapes (EMQX 5's)::
 Every rule is compiled when the configuration loads: bad SQL, an unknown function or an
 action with bad arguments is a validation error naming the rule and the position
 (``rule_engine.rules.high_temp.sql: line 1, column 24: ...``), so ``gatewayd --check``
-exits 2 on it. This module is imported by :mod:`gateway.config.schema` after its own
-value types exist (hence the late import there).
+exits 2 on it. :mod:`gateway.config.schema` imports this module (at its end), so this one
+imports nothing of the schema at import time.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationInfo,
@@ -33,7 +34,22 @@ from pydantic import (
     model_validator,
 )
 
-from gateway.config.schema import Duration, Size
+
+def _duration(value: object) -> float:
+    from gateway.config.schema import parse_duration  # at validation time: no import cycle
+
+    return parse_duration(value)
+
+
+def _size(value: object) -> int:
+    from gateway.config.schema import parse_size
+
+    return parse_size(value)
+
+
+# the schema's Duration and Size, without importing it (it imports this module)
+Duration = Annotated[float, BeforeValidator(_duration), Field(ge=0)]
+Size = Annotated[int, BeforeValidator(_size), Field(ge=0)]
 
 __all__ = [
     "ActionConfig", "RuleConfig", "RuleEngineConfig", "RuleEngineField", "WebhookConfig",
