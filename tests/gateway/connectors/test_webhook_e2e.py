@@ -195,6 +195,7 @@ def test_a_full_queue_refuses_counts_and_alarms(tmp_path: Path, server: HookServ
         alarms = {a["name"] for a in gw.get(f"{API}/alarms")["data"]}
         assert "webhook_queue_full:tiny" in alarms
         status, _, body = gw.http("GET", "/metrics", auth=False)
+        assert status == 200
         assert f'gateway_webhook_requests_total{{result="dropped",webhook="tiny"}} ' \
                f'{float(h["tiny"]["dropped"])}' in body.decode()
         server.start()
