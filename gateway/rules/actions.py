@@ -5,6 +5,9 @@
   or absent ``payload`` publishes the whole output as JSON. The message is published as
   the rule (publisher = the rule id, no authorization check, as in EMQX).
 - ``console``: the output (and the event's name) logged at INFO on ``gateway.rules``.
+- ``bridge:NAME``: ``args = {topic, payload, qos, retain}`` as republish, put on the
+  durable outbox of the upstream bridge ``[bridges.mqtt.NAME]`` (forwarded like any
+  message its forward rules match; a full outbox drops by its own policy, counted there).
 - ``webhook:NAME``: a request built from ``[webhooks.NAME]`` (``args.body``/``args.path``
   may override its body template and append to its URL path) put on that webhook's
   durable queue; refused by a full queue = the action failed (counted, alarmed).
@@ -47,6 +50,7 @@ class ActionContext(Protocol):
 
     def publish(self, rule_id: str, message: Message) -> None: ...
     def webhook(self, name: str) -> Any: ...  # a gateway.connectors.webhook.Webhook
+    def bridge(self, name: str) -> Any: ...  # a gateway.bridge.bridge.Bridge
     def now(self) -> float: ...
 
 
@@ -99,6 +103,14 @@ def check_action(function: str, args: Mapping[str, Any]) -> None:
         if args:
             raise ValueError("console: takes no arguments")
         return
+    if function.startswith("bridge:"):
+        if not function[7:]:
+            raise ValueError("bridge: expected bridge:NAME")
+        unknown = set(args) - {"topic", "payload", "qos", "retain"}
+        if unknown:
+            raise ValueError(f"bridge: unknown argument(s) {', '.join(sorted(unknown))}")
+        check_action("republish", args)
+        return
     if function.startswith("webhook:"):
         name = function.split(":", 1)[1]
         if not name:
@@ -110,7 +122,8 @@ def check_action(function: str, args: Mapping[str, Any]) -> None:
         _tpl(args.get("path"), "webhook: args.path")
         return
     raise ValueError(
-        f"unknown action function {function!r} (republish, console or webhook:NAME)"
+        f"unknown action function {function!r} (republish, console, bridge:NAME or "
+        "webhook:NAME)"
     )
 
 
@@ -183,6 +196,34 @@ def _republish(rule_id: str, args: Mapping[str, Any], ctx: ActionContext) -> Act
     return republish
 
 
+def _bridge(name: str, args: Mapping[str, Any], ctx: ActionContext) -> Action:
+    def publish(rule_id: str, message: Message) -> None:
+        bridge = ctx.bridge(name)
+        if bridge is None:
+            raise ValueError(f"bridge {name!r} is not running")
+        entry = bridge.outbox.put(message.topic, message.payload, message.qos, message.retain,
+                                  message.properties, message.expires_at)
+        if entry is None:
+            raise ValueError(f"bridge {name!r}: outbox full")
+        bridge.queued += 1
+        bridge.client.wake()
+
+    class _Ctx:
+        def publish(self, rule_id: str, message: Message) -> None:
+            publish(rule_id, message)
+
+        def webhook(self, name: str) -> Any:
+            return None
+
+        def bridge(self, name: str) -> Any:
+            return None
+
+        def now(self) -> float:
+            return ctx.now()
+
+    return _republish(f"bridge:{name}", args, _Ctx())
+
+
 def _console(rule_id: str) -> Action:
     def console(output: dict[str, Any], columns: Mapping[str, Any]) -> None:
         log.info("rule %s: %s (event %s)", rule_id, to_json(output), columns.get("event"))
@@ -211,6 +252,8 @@ def build_action(
         return _republish(rule_id, args, ctx)
     if function == "console":
         return _console(rule_id)
+    if function.startswith("bridge:"):
+        return _bridge(function[7:], args, ctx)
     return _webhook(function.split(":", 1)[1], args, ctx)
 
 

@@ -158,15 +158,16 @@ class WebhookConfig(_Section):
 
 def _refs_ok(value: RuleEngineConfig, info: ValidationInfo) -> RuleEngineConfig:
     webhooks = info.data.get("webhooks")
-    if isinstance(webhooks, dict):
-        for rname, rule in value.rules.items():
-            for i, action in enumerate(rule.actions):
-                if action.function.startswith("webhook:"):
-                    name = action.function.split(":", 1)[1]
-                    if name not in webhooks:
-                        raise ValueError(
-                            f"rules.{rname}.actions[{i}]: no [webhooks.{name}] configured"
-                        )
+    bridges = getattr(info.data.get("bridges"), "mqtt", None)
+    for rname, rule in value.rules.items():
+        for i, action in enumerate(rule.actions):
+            kind, _, name = action.function.partition(":")
+            if kind == "webhook" and isinstance(webhooks, dict) and name not in webhooks:
+                raise ValueError(f"rules.{rname}.actions[{i}]: no [webhooks.{name}] configured")
+            if kind == "bridge" and isinstance(bridges, dict) and name not in bridges:
+                raise ValueError(
+                    f"rules.{rname}.actions[{i}]: no [bridges.mqtt.{name}] configured"
+                )
     return value
 
 

@@ -124,6 +124,7 @@ class RuleEngine:
         lookup: Callable[[str], ClientInfo | None] = lambda cid: None,
         session_expiry: Callable[[str], int] = lambda cid: 0,
         webhooks: Mapping[str, Any] | None = None,
+        bridges: Callable[[], Mapping[str, Any]] = dict,
         metrics: Metrics | None = None,
         max_pending: int = 100_000,
         call_soon: Callable[[Callable[[], None]], Any] | None = None,
@@ -134,6 +135,7 @@ class RuleEngine:
         self._lookup = lookup
         self._session_expiry = session_expiry
         self.webhooks: Mapping[str, Any] = webhooks or {}
+        self._bridges = bridges
         self.metrics = metrics if metrics is not None else Metrics()
         self.max_pending = max_pending
         self._call_soon = call_soon
@@ -157,6 +159,9 @@ class RuleEngine:
 
     def webhook(self, name: str) -> Any:
         return self.webhooks.get(name)
+
+    def bridge(self, name: str) -> Any:
+        return self._bridges().get(name)
 
     def now(self) -> float:
         return self._now()
@@ -186,6 +191,8 @@ class RuleEngine:
                 raise ValueError(f"actions[{i}]: {exc}") from None
             if function.startswith("webhook:") and function[8:] not in self.webhooks:
                 raise ValueError(f"actions[{i}]: no [webhooks.{function[8:]}] configured")
+            if function.startswith("bridge:") and function[7:] not in self._bridges():
+                raise ValueError(f"actions[{i}]: no [bridges.mqtt.{function[7:]}] running")
             actions.append(ActionSlot(function, args, run))
         enable = spec.get("enable", True)
         if not isinstance(enable, bool):

@@ -105,6 +105,7 @@ class RulesService:
             lookup=lookup,
             session_expiry=session_expiry,
             webhooks=self.webhooks,
+            bridges=lambda: gateway.bridges.bridges if gateway.bridges is not None else {},
             metrics=node.metrics,
             max_pending=config.rule_engine.max_pending,
             call_soon=self.loop.call_soon,

@@ -253,6 +253,13 @@ def test_gatewayctl_rules(gatewayd: Gatewayd) -> None:
     ({"GATEWAY_RULE_ENGINE__RULES__R1__SQL": 'SELECT a FROM "t"',
       "GATEWAY_RULE_ENGINE__RULES__R1__ACTIONS": '[{function = "webhook:nope"}]'},
      "rules.r1.actions[0]: no [webhooks.nope] configured"),
+    ({"GATEWAY_RULE_ENGINE__RULES__R1__SQL": 'SELECT a FROM "t"',
+      "GATEWAY_RULE_ENGINE__RULES__R1__ACTIONS": '[{function = "bridge:nope", '
+                                                 'args = {topic = "x"}}]'},
+     "rules.r1.actions[0]: no [bridges.mqtt.nope] configured"),
+    ({"GATEWAY_RULE_ENGINE__RULES__R1__SQL": 'SELECT a FROM "t"',
+      "GATEWAY_RULE_ENGINE__RULES__R1__ACTIONS": '[{function = "mail"}]'},
+     "unknown action function 'mail'"),
 ])
 def test_gatewayd_check_refuses_bad_rules(env: dict[str, str], msg: str) -> None:
     r = subprocess.run([sys.executable, "-m", "gateway.cli.gatewayd", "--check"],
@@ -287,3 +294,31 @@ def test_runtime_rules_persist_across_restarts(tmp_path_factory: pytest.TempPath
         assert sub.next_message().payload == b"still here"
     finally:
         gw.stop()
+
+
+def test_bridge_action_forwards_through_the_outbox(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A rule output sent upstream through ``[bridges.mqtt.up]`` (another gatewayd)."""
+    upstream = Gatewayd(tmp_path_factory.mktemp("upstream"), node_name="up@127.0.0.1")
+    upstream.start()
+    edge = Gatewayd(tmp_path_factory.mktemp("edge"), {
+        "GATEWAY_BRIDGES__MQTT__UP__SERVER": f"127.0.0.1:{upstream.mqtt_port}",
+        "GATEWAY_RULE_ENGINE__RULES__UP__SQL":
+            'SELECT payload.v * 2 AS v2, clientid FROM "local/#" WHERE payload.v > 0',
+        "GATEWAY_RULE_ENGINE__RULES__UP__ACTIONS":
+            '[{function = "bridge:up", args = {topic = "cloud/${clientid}", '
+            'payload = "${v2}", qos = 1}}]',
+    })
+    try:
+        sub = Client(upstream, "cloud-sub").subscribe("cloud/#", 1)
+        edge.start()
+        pub = Client(edge, "edge-dev")
+        pub.publish("local/x", json.dumps({"v": 0}), 1)  # WHERE false: nothing goes up
+        pub.publish("local/x", json.dumps({"v": 21}), 1)
+        m = sub.next_message()
+        assert (m.topic, m.payload, m.qos) == ("cloud/edge-dev", b"42", 1)
+        no_message(sub)
+        assert rule(edge, "up")["action_metrics"][0]["success"] == 1
+    finally:
+        edge.stop()
+        upstream.stop()
