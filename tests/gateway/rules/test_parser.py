@@ -205,3 +205,25 @@ def test_garbage_raises_sql_error_only(text: str) -> None:
         parse(text)
     except SqlError as exc:
         assert str(exc).startswith("line ")
+
+
+SEEDS = [
+    'SELECT payload.t AS t, clientid FROM "sensors/+/temp" WHERE payload.t > 30',
+    'FOREACH payload.sensors AS s DO s.name, s.v * 2 AS v INCASE s.v > 1 FROM "t/#", "$events/x"',
+    "SELECT CASE WHEN a = 1 THEN 'one' ELSE \"other\" END AS c, x[1], y div 2 FROM 't'",
+]
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.sampled_from(SEEDS), st.lists(st.tuples(st.integers(0, 200), st.integers(0, 3),
+                                                 st.text(max_size=3)), max_size=4))
+def test_mutated_statements_parse_or_raise_sql_error(seed: str, edits: list) -> None:
+    """A fuzz target: valid statements with characters deleted, replaced or inserted."""
+    text = seed
+    for pos, cut, insert in edits:
+        pos %= len(text) + 1
+        text = text[:pos] + insert + text[pos + cut:]
+    try:
+        parse(text)
+    except SqlError as exc:
+        assert exc.line >= 1 and exc.column >= 1
