@@ -48,6 +48,7 @@ __all__ = ["BATCH", "Rule", "RuleEngine", "RuleMetrics"]
 
 log = logging.getLogger("gateway.rules")
 
+REPUBLISH_BY = "republish_by"  # Message.headers key: the rule that republished it
 BATCH = 100_000  # events run per call; more (queued by the rules' own actions) go next turn
 
 
@@ -155,6 +156,7 @@ class RuleEngine:
     # -- ActionContext ----------------------------------------------------------------
 
     def publish(self, rule_id: str, message: Message) -> None:
+        message.headers = {REPUBLISH_BY: rule_id}
         self._publish(ClientInfo(client_id=rule_id), message)
 
     def webhook(self, name: str) -> Any:
@@ -298,6 +300,12 @@ class RuleEngine:
                     for r in by_filter[f]:
                         seen.setdefault(r.id, r)
                 rules = tuple(seen.values())
+            headers = message.headers
+            if headers is not None and REPUBLISH_BY in headers:
+                # a rule does not see what it republished itself (EMQX's loop guard)
+                rules = tuple(r for r in rules if r.id != headers[REPUBLISH_BY])
+                if not rules:
+                    return message
             ev = Event("message.publish", message, None, None, self.node_name, self._lookup,
                        message.timestamp or self._now())
             self._queue(ev, rules)
