@@ -51,8 +51,17 @@ def _rfc3339(t: float) -> str:
     return datetime.datetime.fromtimestamp(t, datetime.UTC).isoformat(timespec="milliseconds")
 
 
-def rule_view(rule: Rule, node: str) -> dict[str, Any]:
-    """A rule in EMQX 5's JSON shape (plus ``origin``)."""
+def _action_view(a: Any, webhooks: dict[str, Webhook]) -> dict[str, Any]:
+    view = {"function": a.function, "success": a.success, "failed": a.failed}
+    if a.function.startswith("webhook:") and a.function[8:] in webhooks:
+        view["queue_depth"] = webhooks[a.function[8:]].queue.depth
+    return view
+
+
+def rule_view(rule: Rule, node: str, webhooks: dict[str, Webhook] | None = None
+              ) -> dict[str, Any]:
+    """A rule in EMQX 5's JSON shape (plus ``origin``, per-action metrics and, for a
+    webhook action, its queue's depth)."""
     return {
         "id": rule.id,
         "name": rule.id,
@@ -65,10 +74,7 @@ def rule_view(rule: Rule, node: str) -> dict[str, Any]:
         "origin": rule.origin,
         "metrics": rule.metrics.as_dict(),
         "node_metrics": [{"node": node, "metrics": rule.metrics.as_dict()}],
-        "action_metrics": [
-            {"function": a.function, "success": a.success, "failed": a.failed}
-            for a in rule.actions
-        ],
+        "action_metrics": [_action_view(a, webhooks or {}) for a in rule.actions],
         "last_error": rule.metrics.last_error,
     }
 
@@ -161,11 +167,11 @@ class RulesService:
     # -- operations (API, gatewayctl) ----------------------------------------------------
 
     def views(self) -> list[dict[str, Any]]:
-        return [rule_view(r, self.node_name) for r in self.engine.rules.values()]
+        return [rule_view(r, self.node_name, self.webhooks) for r in self.engine.rules.values()]
 
     def get(self, rule_id: str) -> dict[str, Any] | None:
         r = self.engine.rules.get(rule_id)
-        return None if r is None else rule_view(r, self.node_name)
+        return None if r is None else rule_view(r, self.node_name, self.webhooks)
 
     def create(self, spec: dict[str, Any]) -> dict[str, Any]:
         rid = spec.get("id") or spec.get("name")
@@ -192,7 +198,7 @@ class RulesService:
         self.store.save(rid, rule.spec())
         self.engine.put(rule)
         log.info("rule %s saved (%s)", rid, "enabled" if rule.enable else "disabled")
-        return rule_view(rule, self.node_name)
+        return rule_view(rule, self.node_name, self.webhooks)
 
     def delete(self, rule_id: str) -> bool:
         if rule_id not in self.engine.rules:

@@ -90,8 +90,9 @@ def show(rule_id: str, config_path: Path | None, as_json: bool) -> None:
     click.echo("  metrics: " + ", ".join(f"{k}={v}" for k, v in m.items()))
     for i, a in enumerate(r["action_metrics"]):
         args = json.dumps(r["actions"][i]["args"], ensure_ascii=False)
+        depth = f" queue_depth={a['queue_depth']}" if "queue_depth" in a else ""
         click.echo(f"  action {i}: {a['function']} {args} success={a['success']} "
-                   f"failed={a['failed']}")
+                   f"failed={a['failed']}{depth}")
     if r["last_error"]:
         click.echo(f"  last error: {r['last_error']}")
 

@@ -191,6 +191,7 @@ def test_a_full_queue_refuses_counts_and_alarms(tmp_path: Path, server: HookServ
         assert 0 < queued < 100 and h["tiny"]["queue"]["bytes"] <= 1024
         r = gw.get(f"{API}/rules/to_tiny")
         assert r["metrics"]["actions.failed"] == h["tiny"]["dropped"]
+        assert r["action_metrics"][0]["queue_depth"] == queued
         assert r["metrics"]["actions.success"] + r["metrics"]["actions.failed"] == 100
         alarms = {a["name"] for a in gw.get(f"{API}/alarms")["data"]}
         assert "webhook_queue_full:tiny" in alarms
