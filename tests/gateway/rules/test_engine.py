@@ -153,3 +153,27 @@ def test_a_rule_change_is_validated_before_anything_changes() -> None:
     with pytest.raises(ValueError, match=r"no \[webhooks.w\] configured"):
         eng.build("r", {"sql": 'SELECT * FROM "t"', "actions": ["webhook:w"]})
     assert eng.rules["r"].sql == 'SELECT * FROM "t"'
+
+
+def test_republish_templates_for_qos_retain_and_properties() -> None:
+    eng, hooks, loop, published = make()
+    add(eng, "r", 'SELECT payload.q AS q, payload.keep AS keep, clientid FROM "p"',
+        {"function": "republish", "args": {
+            "topic": "o/${clientid}", "payload": "", "qos": "${q}", "retain": "${keep}",
+            "user_properties": "${pub_props.User-Property}",
+            "mqtt_properties": {"Content-Type": "application/json",
+                                "Message-Expiry-Interval": "60",
+                                "Correlation-Data": "${clientid}"}}})
+    m = Message("p", b'{"q": 2, "keep": true}', 1, publisher="d9", timestamp=1.0)
+    from protocols.mqtt.packets import Properties
+
+    m.properties = Properties(user_properties=(("k", "v"),))
+    assert hooks.run_fold("message.publish", (), m) is m
+    loop.run()
+    (out,) = published
+    assert (out.topic, out.qos, out.retain) == ("o/d9", 2, True)
+    assert out.payload == b'{"q":2,"keep":true,"clientid":"d9"}'
+    p = out.properties
+    assert (p.content_type, p.message_expiry_interval, p.correlation_data) == (
+        "application/json", 60, b"d9")
+    assert p.user_properties == (("k", "v"),) and out.expires_at == out.timestamp + 60
