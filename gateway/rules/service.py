@@ -1,8 +1,9 @@
 """The rule engine inside a running ``gatewayd``: assembly, persistence, operations.
 
 :func:`start_rules` (called by :class:`gateway.app.Gateway` before its listeners open)
-opens ``{node.data_dir}/rules.db`` (the rules made at run time and the webhooks' durable
-queues, with its own group-commit writer), starts the webhooks, builds the configured
+opens ``{node.data_dir}/rules.db`` when there is something to keep there (the rules made
+at run time; the webhooks' durable queues, with their own group-commit writer), starts
+the webhooks, builds the configured
 rules and then the stored ones over them, attaches the engine to the node's hooks and
 adds the rule and webhook series to the Prometheus registry. The management API and
 ``gatewayctl rules`` work through :class:`RulesService`.
@@ -88,14 +89,20 @@ class RulesService:
         self.node = node
         self.node_name = config.node.name
         self.loop = asyncio.get_running_loop()
-        path = Path(config.node.data_dir) / DB_NAME
-        self.db = QueueDb.open(path, self.loop)
-        self.store = RuleStore(open_db(path))
-        self.webhooks: dict[str, Webhook] = {
-            name: Webhook(name, cfg, self.db, alarm=self._alarm)
-            for name, cfg in config.webhooks.items()
-            if cfg.enable
-        }
+        # rules.db is opened only when needed: webhooks configured, rules saved before,
+        # or the first rule saved through the API (a node without rules makes no file)
+        self.path = Path(config.node.data_dir) / DB_NAME
+        enabled = {name: cfg for name, cfg in config.webhooks.items() if cfg.enable}
+        self.db: QueueDb | None = QueueDb.open(self.path, self.loop) if enabled else None
+        self._store: RuleStore | None = (
+            RuleStore(open_db(self.path)) if self.path.exists() else None
+        )
+        self.webhooks: dict[str, Webhook] = {}
+        if self.db is not None:
+            self.webhooks = {
+                name: Webhook(name, cfg, self.db, alarm=self._alarm)
+                for name, cfg in enabled.items()
+            }
 
         def lookup(cid: str) -> ClientInfo | None:
             s = node.sessions.get(cid)
@@ -117,6 +124,12 @@ class RulesService:
             call_soon=self.loop.call_soon,
         )
 
+    @property
+    def store(self) -> RuleStore:
+        if self._store is None:
+            self._store = RuleStore(open_db(self.path))
+        return self._store
+
     def _alarm(self, name: str, message: str | None) -> None:
         admin = self.gateway.admin
         if admin is None:
@@ -132,7 +145,7 @@ class RulesService:
         if config.rule_engine.enable:
             for name, rc in config.rule_engine.rules.items():
                 engine.put(engine.build(name, rc.model_dump(), "config"))
-            for rid, spec in self.store.load():
+            for rid, spec in (self._store.load() if self._store is not None else []):
                 if spec is None:
                     engine.delete(rid)
                     continue
@@ -161,8 +174,10 @@ class RulesService:
                      engine.events_run, left, engine.dropped)
         for hook in self.webhooks.values():
             await hook.stop()
-        self.db.close()  # commits the queues' last writes (joins the writer thread)
-        self.store.conn.close()
+        if self.db is not None:
+            self.db.close()  # commits the queues' last writes (joins the writer thread)
+        if self._store is not None:
+            self._store.conn.close()
 
     # -- operations (API, gatewayctl) ----------------------------------------------------
 

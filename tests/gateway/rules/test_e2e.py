@@ -319,6 +319,9 @@ def test_bridge_action_forwards_through_the_outbox(
         assert (m.topic, m.payload, m.qos) == ("cloud/edge-dev", b"42", 1)
         no_message(sub)
         assert rule(edge, "up")["action_metrics"][0]["success"] == 1
+        # nodes keep no rules.db until they have something to keep there
+        assert not (upstream.data_dir / "rules.db").exists()
+        assert not (edge.data_dir / "rules.db").exists()
     finally:
         edge.stop()
         upstream.stop()
