@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from gateway.rules.columns import decode_json_container
 from protocols.context import ClientInfo, Message
 from protocols.mqtt.packets import Properties
 from protocols.mqtt.reason_codes import ReasonCode
@@ -165,8 +166,6 @@ _MESSAGE: dict[str, _M] = {
 }
 
 def _payload_json(e: Event) -> Any:
-    from gateway.rules.compiler import decode_json_container
-
     return decode_json_container(e.message.payload)
 
 

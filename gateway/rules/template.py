@@ -14,7 +14,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from gateway.rules.compiler import _decode
+from gateway.rules.columns import _decode
 from gateway.rules.functions import to_json, to_str
 
 __all__ = ["Template", "lookup"]
