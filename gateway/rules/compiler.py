@@ -58,7 +58,7 @@ from gateway.rules.columns import (
     _root_columns,
     decode_json_container,
 )
-from gateway.rules.functions import FUNCTIONS, RuleEvalError
+from gateway.rules.functions import FUNCTIONS, RuleEvalError, to_str
 from gateway.rules.parser import SqlError, parse
 
 __all__ = [
@@ -156,8 +156,6 @@ def _num(v: Any, op: str) -> int | float:
 
 def _add(a: Any, b: Any) -> Any:
     if isinstance(a, str) or isinstance(b, str):
-        from gateway.rules.functions import to_str
-
         return to_str(a) + to_str(b)
     return _num(a, "+") + _num(b, "+")
 

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from gateway.connectors.webhook import Webhook
-from gateway.rules.engine import Rule, RuleEngine
+from gateway.rules.engine import Rule, RuleEngine, RuleMetrics
 from gateway.rules.store import RuleStore
 from gateway.store.db import open_db
 from gateway.store.queue import QueueDb
@@ -224,8 +224,6 @@ class RulesService:
         return True
 
     def reset_metrics(self, rule_id: str) -> bool:
-        from gateway.rules.engine import RuleMetrics
-
         r = self.engine.rules.get(rule_id)
         if r is None:
             return False
