@@ -25,6 +25,7 @@ Invariants:
   ``rules.dropped`` (node metrics) and a warning logged once per overload.
 - Rule changes (``put``/``delete``) replace the rule object: an event queued before the
   change runs against the rules it matched when it was queued.
+- A message a rule republished (``headers["republish_by"]``) is not seen by that rule.
 """
 
 from __future__ import annotations
