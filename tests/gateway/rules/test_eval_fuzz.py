@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -14,6 +15,9 @@ from gateway.rules.ast import Call, Field, Star, Statement, Var, render
 from gateway.rules.compiler import Columns, compile_sql
 from gateway.rules.functions import FUNCTIONS, to_json
 from tests.gateway.rules.test_parser import _exprs, literals
+
+# hypothesis warns that the failing example's repr would be large; that is expected here
+pytestmark = pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisWarning")
 
 FUNCS = sorted(n for n, f in FUNCTIONS.items() if f.min_args <= 2 and n not in (
     "random", "uuid_v4", "uuid_v4_no_hyphen", "now_timestamp", "now_rfc3339"))
