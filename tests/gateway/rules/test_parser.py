@@ -27,6 +27,9 @@ from gateway.rules.ast import (
 )
 from gateway.rules.parser import SqlError, parse
 
+# hypothesis warns that a failing tree's repr would be large; that is expected here
+pytestmark = pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisWarning")
+
 P = Path
 pt = Var("payload")
 
