@@ -325,3 +325,45 @@ def test_bridge_action_forwards_through_the_outbox(
     finally:
         edge.stop()
         upstream.stop()
+
+
+def test_answers_match_the_openapi_document(gatewayd: Gatewayd) -> None:
+    import jsonschema
+
+    from gateway.admin.openapi import openapi_document
+
+    doc = openapi_document("0")
+
+    def check(method: str, doc_path: str, url: str, status: int, body: Any = None) -> None:
+        got, _, raw = gatewayd.http(method, url, body=body)
+        assert got == status, (url, got, raw)
+        content = doc["paths"][doc_path][method.lower()]["responses"][str(status)].get(
+            "content", {})
+        if "application/json" in content:
+            schema = {**content["application/json"]["schema"], "components": doc["components"]}
+            errors = list(jsonschema.Draft202012Validator(schema).iter_errors(json.loads(raw)))
+            assert not errors, (url, [e.message for e in errors[:5]])
+
+    check("GET", f"{API}/rules", f"{API}/rules", 200)
+    check("POST", f"{API}/rules", f"{API}/rules", 201,
+          {"id": "oas", "sql": 'SELECT * FROM "oas/#"', "actions": ["console"]})
+    check("POST", f"{API}/rules", f"{API}/rules", 409, {"id": "oas", "sql": 'SELECT * FROM "t"'})
+    check("POST", f"{API}/rules", f"{API}/rules", 400, {"id": "x", "sql": "SELECT"})
+    check("GET", f"{API}/rules/{{id}}", f"{API}/rules/oas", 200)
+    check("PUT", f"{API}/rules/{{id}}", f"{API}/rules/oas", 200, {"enable": False})
+    check("GET", f"{API}/rules/{{id}}/metrics", f"{API}/rules/oas/metrics", 200)
+    check("PUT", f"{API}/rules/{{id}}/metrics/reset", f"{API}/rules/oas/metrics/reset", 204)
+    check("POST", f"{API}/rule_test", f"{API}/rule_test", 200,
+          {"sql": 'SELECT 1 AS one FROM "t/#"', "context": {"topic": "t/1"}})
+    check("POST", f"{API}/rule_test", f"{API}/rule_test", 412,
+          {"sql": 'SELECT 1 FROM "t/#" WHERE 1 = 2', "context": {}})
+    check("GET", f"{API}/webhooks", f"{API}/webhooks", 200)
+    check("DELETE", f"{API}/rules/{{id}}", f"{API}/rules/oas", 204)
+    check("GET", f"{API}/rules/{{id}}", f"{API}/rules/oas", 404)
+
+
+def test_every_rules_route_needs_the_token(gatewayd: Gatewayd) -> None:
+    from gateway.rules.api import ROUTES
+
+    for method, path, _ in ROUTES:
+        assert gatewayd.http(method, path.replace("{id}", "high_temp"), auth=False)[0] == 401
