@@ -368,6 +368,9 @@ class RuleEngine:
 
     def run_event(self, event: Event, rules: tuple[Rule, ...]) -> None:
         columns = Columns(GETTERS[event.kind], event)
+        if event.kind == "message.publish":  # the cheap fields nearly every rule reads
+            m = event.message
+            columns.update(topic=m.topic, qos=m.qos, clientid=m.publisher)
         for rule in rules:
             if rule.enable:
                 self.run_rule(rule, columns)
