@@ -50,6 +50,7 @@ from gateway.net.tls import ReloadableContext, TlsError, describe, peer_identity
 from gateway.net.websocket import WebSocketChannel, WebSocketSettings
 from gateway.protect.banned import BanGuard
 from gateway.protect.flapping import FlappingDetector, FlappingSettings
+from gateway.rules.service import RulesService, start_rules
 from gateway.store.banned import BannedStore
 from gateway.store.db import db_path, ensure_schema, open_db
 from gateway.store.lwm2m import Lwm2mStore
@@ -179,6 +180,7 @@ class Gateway:
         self.stopped = asyncio.Event()
         self.cluster: Cluster | None = None  # gateway.cluster, when [cluster] is enabled
         self.bridges: Bridges | None = None  # gateway.bridge, when [bridges.mqtt.*] exist
+        self.rules: RulesService | None = None  # gateway.rules: rule engine and webhooks
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -211,6 +213,7 @@ class Gateway:
         if bridging.bridges.mqtt:
             self.bridges = Bridges(node, bridging)
             self.bridges.start()
+        self.rules = await start_rules(self)  # before the listeners: rules see every event
         gate = self.committer
         monotonic = loop.time
         for name, lst in config.listeners.tcp.items():
@@ -614,6 +617,9 @@ class Gateway:
         if self.cluster is not None:  # after the sessions settled, before the last commit
             await self.cluster.stop()
             self.cluster = None
+        if self.rules is not None:  # queued events reach the webhook queues
+            await self.rules.stop()
+            self.rules = None
         if self.bridges is not None:  # DISCONNECT upstream; outbox deletes get committed
             await self.bridges.stop()
             self.bridges = None

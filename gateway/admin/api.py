@@ -36,6 +36,7 @@ from gateway.admin.prometheus import CONTENT_TYPE_LATEST, exposition
 from gateway.admin.registry import format_address
 from gateway.admin.tokens import check_bearer
 from gateway.core.topic_index import is_valid_filter
+from gateway.rules import api as rules_api
 
 if TYPE_CHECKING:
     from gateway.admin.admin import Admin
@@ -129,6 +130,7 @@ class ManagementApi:
         self.app = web.Application(middlewares=[self._errors, self._auth])
         for method, path, name in ROUTES:
             self.app.router.add_route(method, path, getattr(self, name))
+        rules_api.register(self.app, admin)  # /api/v5/rules, rule_test, webhooks
         self.runner: web.AppRunner | None = None
         self.addresses: list[str] = []
 

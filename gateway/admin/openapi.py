@@ -398,6 +398,8 @@ def paths(metrics_public: bool = True) -> dict[str, Any]:
 
 
 def openapi_document(version: str, *, metrics_public: bool = True) -> dict[str, Any]:
+    from gateway.rules import openapi as rules  # the rule engine's routes (its own module)
+
     return {
         "openapi": "3.1.0",
         "info": {
@@ -410,9 +412,9 @@ def openapi_document(version: str, *, metrics_public: bool = True) -> dict[str, 
         },
         "servers": [{"url": "/"}],
         "security": [{"bearer": []}],
-        "paths": paths(metrics_public),
+        "paths": {**paths(metrics_public), **rules.PATHS},
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
-            "schemas": SCHEMAS,
+            "schemas": {**SCHEMAS, **rules.SCHEMAS},
         },
     }

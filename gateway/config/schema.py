@@ -1187,6 +1187,9 @@ class BridgesConfig(_Section):
         return mqtt
 
 
+from gateway.rules.config import RuleEngineConfig, RuleEngineField, WebhookConfig  # noqa: E402
+
+
 class GatewayConfig(_Section):
     node: NodeConfig = Field(default_factory=NodeConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
@@ -1203,6 +1206,8 @@ class GatewayConfig(_Section):
     api: ApiConfig = Field(default_factory=ApiConfig)
     sys_topics: SysTopicsConfig = Field(default_factory=SysTopicsConfig)
     bridges: BridgesConfig = Field(default_factory=BridgesConfig)
+    webhooks: dict[str, WebhookConfig] = Field(default_factory=dict)  # gateway.rules
+    rule_engine: RuleEngineField = Field(default_factory=RuleEngineConfig)
 
     @model_validator(mode="after")
     def _workers_alone(self) -> GatewayConfig:

@@ -572,6 +572,7 @@ class Node:
 
     def _no_subscribers(self, message: Message) -> None:
         self.metrics.dropped("no_subscribers")
+        self.hooks.run("message.dropped", message, "no_subscribers")  # ($events/message_dropped)
 
     def _session_drop(self, reason: str, delivery: Delivery) -> None:
         self.metrics.dropped(reason)

@@ -10,6 +10,7 @@ import pytest
 
 from gateway.admin.api import ROUTES
 from gateway.admin.openapi import openapi_document
+from gateway.rules.api import ROUTES as RULES
 from tests.gateway.admin.gatewayd import Client, Gatewayd, clients, q
 
 jsonschema = pytest.importorskip("jsonschema")
@@ -21,7 +22,7 @@ def _documented() -> set[tuple[str, str]]:
 
 
 def _routes() -> set[tuple[str, str]]:
-    return {(m, re.sub(r"\{(\w+):[^}]*\}", r"{\1}", p)) for m, p, _ in ROUTES}
+    return {(m, re.sub(r"\{(\w+):[^}]*\}", r"{\1}", p)) for m, p, _ in [*ROUTES, *RULES]}
 
 
 def test_every_route_is_documented_and_nothing_else() -> None:

@@ -1,0 +1,261 @@
+"""The event sources of rules and their fields, with EMQX 5's names.
+
+A rule's FROM names topic filters (``"sensors/#"``: the ``message.publish`` event of a
+matching message) and ``$events/...`` sources. Each event becomes a
+:class:`~gateway.rules.compiler.Columns` whose fields are computed on first use from an
+:class:`Event` (the hook's arguments), so a rule pays only for the fields it reads.
+
+Timestamps are integer milliseconds since the epoch, as in EMQX. ``peerhost`` of a message
+is its publisher's address (looked up when first read; absent once the publisher left).
+Fields EMQX has and this broker does not know are absent (``None``): ``sockname``,
+``conn_props``/``disconn_props`` contents, and ``reason`` of ``client_disconnected``
+beyond what the channel records (``normal`` otherwise).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from gateway.rules.columns import decode_json_container
+from protocols.context import ClientInfo, Message
+from protocols.mqtt.packets import Properties
+from protocols.mqtt.reason_codes import ReasonCode
+
+__all__ = ["EVENT_HOOKS", "EVENTS", "GETTERS", "Event", "message_id"]
+
+# $events/<name> -> the core hook that feeds it
+EVENT_HOOKS: dict[str, str] = {
+    "client_connected": "client.connected",
+    "client_disconnected": "client.disconnected",
+    "client_connack": "client.connack",
+    "session_subscribed": "session.subscribed",
+    "session_unsubscribed": "session.unsubscribed",
+    "message_delivered": "message.delivered",
+    "message_acked": "message.acked",
+    "message_dropped": "message.dropped",
+}
+EVENTS = frozenset(f"$events/{n}" for n in EVENT_HOOKS)
+
+
+class Event:
+    """One occurrence: what the hook gave (``message``, ``client``, ``extra``), the moment,
+    and a way to find a client's connection information (``lookup``)."""
+
+    __slots__ = ("kind", "message", "client", "extra", "at", "node", "lookup")
+
+    kind: str
+    message: Message
+    client: ClientInfo | None
+    extra: dict[str, Any]
+    at: float
+    node: str
+    lookup: Callable[[str], ClientInfo | None]
+
+    def __init__(
+        self,
+        kind: str,
+        message: Message | None = None,  # None: an event without a message
+        client: ClientInfo | None = None,
+        extra: dict[str, Any] | None = None,
+        node: str = "",
+        lookup: Callable[[str], ClientInfo | None] = lambda cid: None,
+        at: float | None = None,
+    ) -> None:
+        self.kind = kind  # "message.publish", "client.connected", ...
+        self.message = message if message is not None else _NO_MESSAGE
+        self.client = client
+        self.extra = extra or {}
+        self.at = time.time() if at is None else at
+        self.node = node
+        self.lookup = lookup
+
+
+_NO_MESSAGE = Message("", b"")
+
+
+def _ms(t: float) -> int:
+    return int(t * 1000)
+
+
+def message_id(m: Message) -> str:
+    """A stable id for a message object while it lives (EMQX's 128-bit GUID in hex)."""
+    return f"{_ms(m.timestamp or 0):012x}{id(m) & 0xFFFFFFFFFFFFFFFF:016x}{m.qos:04x}"
+
+
+def _payload(m: Message) -> str | bytes:
+    try:
+        return m.payload.decode()
+    except UnicodeDecodeError:
+        return m.payload
+
+
+def props_map(p: Properties) -> dict[str, Any]:
+    """MQTT 5 properties as EMQX shows them (``User-Property`` a map, names hyphenated)."""
+    out: dict[str, Any] = {}
+    if p.payload_format_indicator is not None:
+        out["Payload-Format-Indicator"] = p.payload_format_indicator
+    if p.message_expiry_interval is not None:
+        out["Message-Expiry-Interval"] = p.message_expiry_interval
+    if p.content_type is not None:
+        out["Content-Type"] = p.content_type
+    if p.response_topic is not None:
+        out["Response-Topic"] = p.response_topic
+    if p.correlation_data is not None:
+        out["Correlation-Data"] = p.correlation_data.decode("utf-8", "replace")
+    if p.user_properties:
+        out["User-Property"] = dict(p.user_properties)
+        out["User-Property-Pairs"] = [{"key": k, "value": v} for k, v in p.user_properties]
+    return out
+
+
+def _peer(c: ClientInfo | None) -> str | None:
+    return c.peer_host if c is not None else None
+
+
+def _peername(c: ClientInfo | None) -> str | None:
+    if c is None or c.peer_host is None:
+        return None
+    return f"{c.peer_host}:{c.peer_port}" if c.peer_port is not None else c.peer_host
+
+
+def _proto_name(c: ClientInfo) -> str:
+    return {"mqtt": "MQTT", "ws": "MQTT", "mqttsn": "MQTT-SN", "coap": "CoAP",
+            "lwm2m": "LwM2M"}.get(c.protocol, c.protocol)
+
+
+def _reason_name(code: int) -> str:
+    try:
+        return ReasonCode(code).name.lower()
+    except ValueError:
+        return f"0x{code:02x}"
+
+
+def _publisher(e: Event) -> ClientInfo | None:
+    m = e.message
+    return e.lookup(m.publisher) if m.publisher else None
+
+
+_M = Callable[[Event], Any]
+
+
+def _msg(f: Callable[[Message], Any]) -> _M:
+    return lambda e: f(e.message)
+
+
+def _cli(f: Callable[[ClientInfo], Any]) -> _M:
+    return lambda e: f(e.client) if e.client is not None else None
+
+
+_COMMON: dict[str, _M] = {
+    "timestamp": lambda e: _ms(e.at),
+    "node": lambda e: e.node,
+}
+
+_MESSAGE: dict[str, _M] = {
+    **_COMMON,
+    # message events always carry their message: one call per field, no wrapper
+    "id": lambda e: message_id(e.message),
+    "payload": lambda e: _payload(e.message),
+    "topic": lambda e: e.message.topic,
+    "qos": lambda e: e.message.qos,
+    "flags": lambda e: {"retain": e.message.retain, "dup": False},
+    "pub_props": lambda e: props_map(e.message.properties),
+    "publish_received_at": lambda e: _ms(e.message.timestamp or e.at),
+}
+
+def _payload_json(e: Event) -> Any:
+    return decode_json_container(e.message.payload)
+
+
+_MESSAGE["$payload_json"] = _payload_json  # the payload's JSON, straight from its bytes
+
+_PUBLISH: dict[str, _M] = {
+    **_MESSAGE,
+    "event": lambda e: "message.publish",
+    "clientid": lambda e: e.message.publisher,
+    "username": lambda e: e.message.username,
+    "peerhost": lambda e: _peer(_publisher(e)),
+}
+
+_CONN: dict[str, _M] = {
+    **_COMMON,
+    "clientid": _cli(lambda c: c.client_id),
+    "username": _cli(lambda c: c.username),
+    "mountpoint": _cli(lambda c: c.mountpoint or None),
+    "peername": _cli(_peername),
+    "peerhost": _cli(lambda c: c.peer_host),
+    "sockname": lambda e: None,
+    "proto_name": _cli(_proto_name),
+    "proto_ver": _cli(lambda c: c.proto_ver),
+    "keepalive": _cli(lambda c: c.keepalive),
+    "clean_start": _cli(lambda c: c.clean_start),
+    "expiry_interval": lambda e: e.extra.get("expiry_interval", 0),
+    "is_bridge": lambda e: False,
+    "conn_props": lambda e: {},
+}
+
+_SUB: dict[str, _M] = {
+    **_COMMON,
+    "clientid": _cli(lambda c: c.client_id),
+    "username": _cli(lambda c: c.username),
+    "peerhost": _cli(lambda c: c.peer_host),
+    "topic": lambda e: e.extra.get("topic"),
+}
+
+GETTERS: dict[str, dict[str, _M]] = {
+    "message.publish": _PUBLISH,
+    "client.connected": {
+        **_CONN,
+        "event": lambda e: "client.connected",
+        "connected_at": _cli(lambda c: _ms(c.connected_at)),
+    },
+    "client.disconnected": {
+        **_CONN,
+        "event": lambda e: "client.disconnected",
+        "reason": lambda e: e.extra.get("reason", "normal"),
+        "disconnected_at": lambda e: _ms(e.at),
+        "disconn_props": lambda e: {},
+    },
+    "client.connack": {
+        **_CONN,
+        "event": lambda e: "client.connack",
+        "reason_code": lambda e: _reason_name(int(e.extra.get("reason_code", 0))),
+    },
+    "session.subscribed": {
+        **_SUB,
+        "event": lambda e: "session.subscribed",
+        "qos": lambda e: e.extra.get("qos", 0),
+        "sub_props": lambda e: e.extra.get("sub_props", {}),
+    },
+    "session.unsubscribed": {
+        **_SUB,
+        "event": lambda e: "session.unsubscribed",
+        "unsub_props": lambda e: {},
+    },
+    "message.delivered": {
+        **_MESSAGE,
+        "event": lambda e: "message.delivered",
+        "from_clientid": _msg(lambda m: m.publisher),
+        "from_username": _msg(lambda m: m.username),
+        "clientid": _cli(lambda c: c.client_id),
+        "username": _cli(lambda c: c.username),
+        "peerhost": _cli(lambda c: c.peer_host),
+    },
+    "message.acked": {
+        **_MESSAGE,
+        "event": lambda e: "message.acked",
+        "from_clientid": _msg(lambda m: m.publisher),
+        "from_username": _msg(lambda m: m.username),
+        "clientid": _cli(lambda c: c.client_id),
+        "username": _cli(lambda c: c.username),
+        "peerhost": _cli(lambda c: c.peer_host),
+        "puback_props": lambda e: {},
+    },
+    "message.dropped": {
+        **_PUBLISH,
+        "event": lambda e: "message.dropped",
+        "reason": lambda e: e.extra.get("reason"),
+    },
+}

@@ -1,0 +1,287 @@
+"""The rule engine inside a running ``gatewayd``: assembly, persistence, operations.
+
+:func:`start_rules` (called by :class:`gateway.app.Gateway` before its listeners open)
+opens ``{node.data_dir}/rules.db`` when there is something to keep there (the rules made
+at run time; the webhooks' durable queues, with their own group-commit writer), starts
+the webhooks, builds the configured
+rules and then the stored ones over them, attaches the engine to the node's hooks and
+adds the rule and webhook series to the Prometheus registry. The management API and
+``gatewayctl rules`` work through :class:`RulesService`.
+
+Invariants:
+
+- A rule change through the API is validated completely (SQL, functions, actions) before
+  anything changes; a bad one raises ValueError and the running rules stay as they were.
+- A change is saved (committed) before it is answered, so it survives a restart.
+- :meth:`RulesService.stop` runs the events already queued, so what the rules accepted
+  reaches the webhook queues, then commits those queues.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from gateway.connectors.webhook import Webhook
+from gateway.rules.engine import Rule, RuleEngine, RuleMetrics
+from gateway.rules.store import RuleStore
+from gateway.store.db import open_db
+from gateway.store.queue import QueueDb
+from protocols.context import ClientInfo
+
+if TYPE_CHECKING:
+    from gateway.app import Gateway
+
+__all__ = ["RulesService", "rule_view", "start_rules"]
+
+log = logging.getLogger("gateway.rules")
+
+_ID_RE = re.compile(r"[A-Za-z0-9_\-]{1,64}")
+DB_NAME = "rules.db"
+
+
+def _rfc3339(t: float) -> str:
+    import datetime
+
+    return datetime.datetime.fromtimestamp(t, datetime.UTC).isoformat(timespec="milliseconds")
+
+
+def _action_view(a: Any, webhooks: dict[str, Webhook]) -> dict[str, Any]:
+    view = {"function": a.function, "success": a.success, "failed": a.failed}
+    if a.function.startswith("webhook:") and a.function[8:] in webhooks:
+        view["queue_depth"] = webhooks[a.function[8:]].queue.depth
+    return view
+
+
+def rule_view(rule: Rule, node: str, webhooks: dict[str, Webhook] | None = None
+              ) -> dict[str, Any]:
+    """A rule in EMQX 5's JSON shape (plus ``origin``, per-action metrics and, for a
+    webhook action, its queue's depth)."""
+    return {
+        "id": rule.id,
+        "name": rule.id,
+        "sql": rule.sql,
+        "actions": [{"function": a.function, "args": a.args} for a in rule.actions],
+        "enable": rule.enable,
+        "description": rule.description,
+        "created_at": _rfc3339(rule.created_at),
+        "from": list(rule.program.sources),
+        "origin": rule.origin,
+        "metrics": rule.metrics.as_dict(),
+        "node_metrics": [{"node": node, "metrics": rule.metrics.as_dict()}],
+        "action_metrics": [_action_view(a, webhooks or {}) for a in rule.actions],
+        "last_error": rule.metrics.last_error,
+    }
+
+
+class RulesService:
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+        config = gateway.config
+        node = gateway.node
+        assert node is not None
+        self.node = node
+        self.node_name = config.node.name
+        self.loop = asyncio.get_running_loop()
+        # rules.db is opened only when needed: webhooks configured, rules saved before,
+        # or the first rule saved through the API (a node without rules makes no file)
+        self.path = Path(config.node.data_dir) / DB_NAME
+        enabled = {name: cfg for name, cfg in config.webhooks.items() if cfg.enable}
+        self.db: QueueDb | None = QueueDb.open(self.path, self.loop) if enabled else None
+        self._store: RuleStore | None = (
+            RuleStore(open_db(self.path)) if self.path.exists() else None
+        )
+        self.webhooks: dict[str, Webhook] = {}
+        if self.db is not None:
+            self.webhooks = {
+                name: Webhook(name, cfg, self.db, alarm=self._alarm)
+                for name, cfg in enabled.items()
+            }
+
+        def lookup(cid: str) -> ClientInfo | None:
+            s = node.sessions.get(cid)
+            return s.info if s is not None else None
+
+        def session_expiry(cid: str) -> int:
+            s = node.sessions.get(cid)
+            return int(s.expiry_interval) if s is not None else 0
+
+        self.engine = RuleEngine(
+            node_name=self.node_name,
+            publish=node.publish,
+            lookup=lookup,
+            session_expiry=session_expiry,
+            webhooks=self.webhooks,
+            bridges=lambda: gateway.bridges.bridges if gateway.bridges is not None else {},
+            metrics=node.metrics,
+            max_pending=config.rule_engine.max_pending,
+            call_soon=self.loop.call_soon,
+        )
+
+    @property
+    def store(self) -> RuleStore:
+        if self._store is None:
+            self._store = RuleStore(open_db(self.path))
+        return self._store
+
+    def _alarm(self, name: str, message: str | None) -> None:
+        admin = self.gateway.admin
+        if admin is None:
+            return
+        if message is None:
+            admin.alarms.deactivate(name)
+        else:
+            admin.alarms.activate(name, message)
+
+    async def start(self) -> None:
+        engine = self.engine
+        config = self.gateway.config
+        if config.rule_engine.enable:
+            for name, rc in config.rule_engine.rules.items():
+                engine.put(engine.build(name, rc.model_dump(), "config"))
+            for rid, spec in (self._store.load() if self._store is not None else []):
+                if spec is None:
+                    engine.delete(rid)
+                    continue
+                try:
+                    engine.put(engine.build(rid, spec, "api"))
+                except ValueError as exc:
+                    log.error("stored rule %s not loaded: %s", rid, exc)
+        for hook in self.webhooks.values():
+            await hook.start()
+        engine.attach(self.node.hooks)
+        admin = self.gateway.admin
+        if admin is not None:
+            admin.prometheus_registry.register(RulesCollector(self))
+        if engine.rules or self.webhooks:
+            log.info("rule engine: %d rule(s), %d webhook(s)", len(engine.rules),
+                     len(self.webhooks))
+
+    async def stop(self) -> None:
+        engine = self.engine
+        engine.detach()
+        left = len(engine.pending)
+        while engine.pending:  # what the rules accepted reaches the queues
+            engine.drain()
+        if engine.rules:
+            log.info("rule engine stopped: %d events run (%d at shutdown), %d dropped",
+                     engine.events_run, left, engine.dropped)
+        for hook in self.webhooks.values():
+            await hook.stop()
+        if self.db is not None:
+            self.db.close()  # commits the queues' last writes (joins the writer thread)
+        if self._store is not None:
+            self._store.conn.close()
+
+    # -- operations (API, gatewayctl) ----------------------------------------------------
+
+    def views(self) -> list[dict[str, Any]]:
+        return [rule_view(r, self.node_name, self.webhooks) for r in self.engine.rules.values()]
+
+    def get(self, rule_id: str) -> dict[str, Any] | None:
+        r = self.engine.rules.get(rule_id)
+        return None if r is None else rule_view(r, self.node_name, self.webhooks)
+
+    def create(self, spec: dict[str, Any]) -> dict[str, Any]:
+        rid = spec.get("id") or spec.get("name")
+        if rid is None:
+            n = len(self.engine.rules) + 1
+            while f"rule_{n}" in self.engine.rules:
+                n += 1
+            rid = f"rule_{n}"
+        if not isinstance(rid, str) or not _ID_RE.fullmatch(rid):
+            raise ValueError("id: letters, digits, '_' and '-', at most 64")
+        if rid in self.engine.rules:
+            raise KeyError(rid)
+        return self._save(rid, spec)
+
+    def update(self, rule_id: str, changes: dict[str, Any]) -> dict[str, Any] | None:
+        old = self.engine.rules.get(rule_id)
+        if old is None:
+            return None
+        spec = {**old.spec(), **{k: v for k, v in changes.items() if k not in ("id", "name")}}
+        return self._save(rule_id, spec)
+
+    def _save(self, rid: str, spec: dict[str, Any]) -> dict[str, Any]:
+        rule = self.engine.build(rid, spec, "api")  # ValueError: nothing changes
+        self.store.save(rid, rule.spec())
+        self.engine.put(rule)
+        log.info("rule %s saved (%s)", rid, "enabled" if rule.enable else "disabled")
+        return rule_view(rule, self.node_name, self.webhooks)
+
+    def delete(self, rule_id: str) -> bool:
+        if rule_id not in self.engine.rules:
+            return False
+        self.store.save(rule_id, None)
+        self.engine.delete(rule_id)
+        log.info("rule %s deleted", rule_id)
+        return True
+
+    def reset_metrics(self, rule_id: str) -> bool:
+        r = self.engine.rules.get(rule_id)
+        if r is None:
+            return False
+        r.metrics = RuleMetrics()
+        for a in r.actions:
+            a.success = a.failed = 0
+        return True
+
+    def webhooks_view(self) -> list[dict[str, Any]]:
+        return [w.stats() for w in self.webhooks.values()]
+
+
+async def start_rules(gateway: Gateway) -> RulesService:
+    service = RulesService(gateway)
+    await service.start()
+    return service
+
+
+class RulesCollector:
+    """Prometheus series of the rules and webhooks (read at scrape time)."""
+
+    def __init__(self, service: RulesService) -> None:
+        self.service = service
+
+    def collect(self) -> Iterator[Metric]:
+        engine = self.service.engine
+        fams = {
+            k: CounterMetricFamily(f"gateway_rule_{k}", f"Rule events: {k}.", labels=["rule"])
+            for k in ("matched", "passed", "failed", "no_result")
+        }
+        actions = CounterMetricFamily("gateway_rule_actions", "Rule action runs.",
+                                      labels=["rule", "action", "result"])
+        for r in engine.rules.values():
+            m = r.metrics
+            fams["matched"].add_metric([r.id], m.matched)
+            fams["passed"].add_metric([r.id], m.passed)
+            fams["failed"].add_metric([r.id], m.failed)
+            fams["no_result"].add_metric([r.id], m.no_result)
+            for i, a in enumerate(r.actions):
+                label = f"{i}:{a.function}"
+                actions.add_metric([r.id, label, "success"], a.success)
+                actions.add_metric([r.id, label, "failed"], a.failed)
+        yield from fams.values()
+        yield actions
+        yield GaugeMetricFamily("gateway_rules_pending", "Events waiting for the rules.",
+                                value=len(engine.pending))
+        yield CounterMetricFamily("gateway_rules_dropped", "Events dropped (engine overloaded).",
+                                  value=engine.dropped)
+        depth = GaugeMetricFamily("gateway_webhook_queue_depth", "Requests queued.",
+                                  labels=["webhook"])
+        qbytes = GaugeMetricFamily("gateway_webhook_queue_bytes", "Bytes queued.",
+                                   labels=["webhook"])
+        reqs = CounterMetricFamily("gateway_webhook_requests", "Requests by outcome.",
+                                   labels=["webhook", "result"])
+        for w in self.service.webhooks.values():
+            depth.add_metric([w.name], w.queue.depth)
+            qbytes.add_metric([w.name], w.queue.bytes)
+            reqs.add_metric([w.name, "success"], w.success)
+            reqs.add_metric([w.name, "failed"], w.failed)
+            reqs.add_metric([w.name, "dropped"], w.dropped)
+        yield from (depth, qbytes, reqs)
