@@ -22,6 +22,7 @@ import logging
 import signal
 import sqlite3
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from gateway.admin.admin import Admin
@@ -53,7 +54,9 @@ from gateway.protect.flapping import FlappingDetector, FlappingSettings
 from gateway.store.banned import BannedStore
 from gateway.store.db import db_path, ensure_schema, open_db
 from gateway.store.lwm2m import Lwm2mStore
+from gateway.store.salvage import is_corruption, open_checked, salvage
 from gateway.store.sessions import SCHEMA, SessionStore
+from gateway.store.space import SpaceSettings, StoreGuard, store_schemas
 from gateway.store.writer import GroupCommitter
 from gateway.workers.plan import node_data_dir
 from protocols.coap.channel import CoapChannel, CoapSettings
@@ -162,6 +165,7 @@ class Gateway:
         self.shared_dir = node_data_dir(config.node.data_dir, worker)
         self.node: Node | None = None
         self.committer: GroupCommitter | None = None
+        self.store_guard: StoreGuard | None = None  # space, write errors (gateway.store.space)
         self.archiver: Archiver | None = None
         self.bans: BanGuard | None = None
         self.flapping: FlappingDetector | None = None
@@ -193,6 +197,7 @@ class Gateway:
         )
         if store is not None:
             node.restore(*store.load())
+            self._guard_store(node)
         self._start_protection(node)
         self.auth = install_auth(node, config, loop, data_dir=self.shared_dir)
         self.cluster = cluster_from_config(config, node, self.committer, self.admin.version)
@@ -571,16 +576,47 @@ class Gateway:
         )
 
     def _open_store(self, loop: asyncio.AbstractEventLoop) -> SessionStore | None:
+        # gateway.db is checked (quick_check) and, if malformed, moved aside and salvaged
+        # before anything opens it (bans and users too: docs/operations.md)
+        self.store_guard = None
+        if self.config.durability.check_on_start:
+            for d in {Path(self.config.node.data_dir), Path(self.shared_dir)}:
+                self._check_store(db_path(d))
         if not self.config.durability.enable:
             log.warning("durability disabled: sessions and retained messages are memory-only")
             return None
         path = db_path(self.config.node.data_dir)
-        reader = open_db(path)
-        ensure_schema(reader, SCHEMA)
+        try:
+            reader = open_db(path)
+            ensure_schema(reader, SCHEMA)
+        except sqlite3.DatabaseError as exc:  # malformed past what quick_check saw
+            if not is_corruption([str(exc)]):
+                raise
+            self._check_store(path, [str(exc)])
+            reader = open_db(path)
+            ensure_schema(reader, SCHEMA)
         writer = open_db(path, check_same_thread=False)
         self.committer = GroupCommitter(writer, loop)
         log.info("store %s", path)
         return SessionStore(reader, self.committer)
+
+    def _check_store(self, path: Path, problems: list[str] | None = None) -> None:
+        """Salvage ``path`` if malformed; the alarm ``store_salvaged`` says what survived."""
+        report = open_checked(path) if problems is None else salvage(path, problems)
+        if report is not None and self.admin is not None:
+            self.admin.alarms.activate("store_salvaged", report.summary(), report.as_dict())
+            self.admin.salvage_reports.append(report.as_dict())
+
+    def _guard_store(self, node: Node) -> None:
+        """Space, write errors and corruption of the running store (gateway.store.space)."""
+        assert self.committer is not None and self.admin is not None
+        d = self.config.durability
+        settings = SpaceSettings(d.reserve_size, d.max_size, d.disk_high_watermark,
+                                 d.check_interval)
+        data_dir = Path(self.config.node.data_dir)
+        self.store_guard = StoreGuard(data_dir, db_path(data_dir), self.committer, node,
+                                      self.admin.alarms, settings, store_schemas())
+        self.store_guard.start()
 
     async def stop(self) -> None:
         """Stop accepting, tell connected clients we are going (0x8B), settle their
@@ -617,6 +653,9 @@ class Gateway:
         if self.bridges is not None:  # DISCONNECT upstream; outbox deletes get committed
             await self.bridges.stop()
             self.bridges = None
+        if self.store_guard is not None:
+            self.store_guard.stop()
+            self.store_guard = None
         if self.committer is not None:
             self.committer.close()
             self.committer = None

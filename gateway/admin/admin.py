@@ -51,6 +51,7 @@ class Admin:
         self.started_at = time.time()
         self._started_mono = time.monotonic()
         self.alarms = Alarms()
+        self.salvage_reports: list[dict[str, Any]] = []  # stores salvaged at start
         self.max_connections = configured_max_connections(self.config)
         self.nofile = raise_nofile_limit(self.max_connections)
         if not self.nofile.ok:
