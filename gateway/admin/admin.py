@@ -11,6 +11,7 @@ methods (kick, discard a session, delete a retained message).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import platform
@@ -96,6 +97,7 @@ class Admin:
             sockport=self._sockport,
         )
         self.sys.start()
+        self.alarms.listeners.append(self.sys.alarm)
         api = self.config.api
         if api.enable:
             await self._start_api(loop)
@@ -124,6 +126,8 @@ class Admin:
             await self.api.stop()
             self.api = None
         if self.sys is not None:
+            with contextlib.suppress(ValueError):
+                self.alarms.listeners.remove(self.sys.alarm)
             self.sys.stop()
             self.sys = None
         if self.tracker is not None:
@@ -308,7 +312,17 @@ class Admin:
                 "enabled": durability,
                 "path": str(self.config.node.data_dir) if durability else None,
             },
+            "store": self.store_view(),
         }
+
+    def store_view(self) -> dict[str, Any] | None:
+        """The store's space and health (gateway.store.space), None without durability."""
+        guard = getattr(self.gateway, "store_guard", None)
+        if guard is None:
+            return None
+        view: dict[str, Any] = guard.view()
+        view["salvaged"] = self.salvage_reports
+        return view
 
     def status_line(self) -> str:
         """One line for systemd's STATUS=: connections per listener, sessions."""
@@ -334,6 +348,8 @@ class Admin:
             "rates": self.tracker.rates() if self.tracker is not None else {},
             "nofile": self.nofile.as_dict(),
             "bridges": self.bridges_view()["bridges"],
+            "alarm_names": [a.name for a in self.alarms.active()],
+            "store": self.store_view(),
         }
 
     # -- actions -----------------------------------------------------------------------

@@ -35,6 +35,7 @@ SUBCOMMANDS: list[tuple[str, str]] = [
     ("gateway.cli.ctl.config", "config"),
     ("gateway.cli.ctl.ban", "ban"),
     ("gateway.cli.ctl.users", "users"),
+    ("gateway.cli.ctl.store", "store"),
 ]
 
 

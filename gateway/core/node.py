@@ -221,8 +221,9 @@ class Node:
         will_delay: int,
     ) -> ConnectResult:
         cid = client.client_id
-        if expiry_interval and self.store_refusal:
-            # a persistent session is a promise to keep its messages; the store cannot
+        if expiry_interval and self.store_refusal and (clean_start or cid not in self.sessions):
+            # a new persistent session is a promise to keep its messages, which the store
+            # cannot; one that exists resumes (draining its queue is what frees space)
             self.metrics.incr("client.connack.refused.store")
             return ConnectResult(self.store_refusal)
         self.hooks.run("client.connect", client)

@@ -49,6 +49,9 @@ def open_db(
         conn.execute("PRAGMA synchronous=FULL")
         # the WAL is cut back to this after a checkpoint (else it keeps its largest size)
         conn.execute(f"PRAGMA journal_size_limit={JOURNAL_SIZE_LIMIT}")
+        # checkpoint at 1 MiB of WAL (SQLite's default is 4 MiB): on a small card the WAL
+        # and the pages it carries into the main file need room at the same time
+        conn.execute(f"PRAGMA wal_autocheckpoint={JOURNAL_SIZE_LIMIT // 4096}")
     conn.execute("PRAGMA busy_timeout=5000")
     conn.execute("PRAGMA foreign_keys=ON")
     return conn

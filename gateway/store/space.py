@@ -27,7 +27,7 @@ whether the node takes new durable work:
 Invariants:
 - ``node.store_refusal`` is non-zero exactly while :attr:`refusing` is a reason (it is set
   on every evaluation, which runs every ``check_interval``, after every commit (at most
-  every 50 ms) and on every change of the committer's fault).
+  every 5 ms) and on every change of the committer's fault).
 - While a space fault lasts, the committer is asked to retry as soon as free space grows.
 - At most one maintenance task is queued at a time.
 """
@@ -55,7 +55,7 @@ RESERVE_NAME = "gateway.reserve"
 MIN_FREE = 256 * 1024  # the free minimum without a reserve
 VACUUM_CHUNK = 256  # pages per incremental_vacuum step (checkpointed in between)
 VACUUM_MIN_BYTES = 256 * 1024  # free pages inside the file worth giving back
-COMMIT_CHECK_EVERY = 0.05  # seconds: at most one evaluation per this after commits
+COMMIT_CHECK_EVERY = 0.005  # seconds: at most one evaluation per this after commits
 QUOTA_EXCEEDED = 0x97
 
 
