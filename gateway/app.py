@@ -53,10 +53,16 @@ from gateway.protect.banned import BanGuard
 from gateway.protect.flapping import FlappingDetector, FlappingSettings
 from gateway.store.banned import BannedStore
 from gateway.store.db import db_path, ensure_schema, open_db
+from gateway.store.faults import classify
 from gateway.store.lwm2m import Lwm2mStore
-from gateway.store.salvage import is_corruption, open_checked, salvage
+from gateway.store.salvage import open_checked, salvage
 from gateway.store.sessions import SCHEMA, SessionStore
-from gateway.store.space import SpaceSettings, StoreGuard, store_schemas
+from gateway.store.space import (
+    SpaceSettings,
+    StoreGuard,
+    release_leftover_reserve,
+    store_schemas,
+)
 from gateway.store.writer import GroupCommitter
 from gateway.workers.plan import node_data_dir
 from protocols.coap.channel import CoapChannel, CoapSettings
@@ -579,6 +585,9 @@ class Gateway:
         # gateway.db is checked (quick_check) and, if malformed, moved aside and salvaged
         # before anything opens it (bans and users too: docs/operations.md)
         self.store_guard = None
+        # the reserve left by the last run: free it before anything opens the file (a
+        # WAL to recover needs room); the guard makes it again when there is space
+        release_leftover_reserve(Path(self.config.node.data_dir))
         if self.config.durability.check_on_start:
             for d in {Path(self.config.node.data_dir), Path(self.shared_dir)}:
                 self._check_store(db_path(d))
@@ -590,7 +599,7 @@ class Gateway:
             reader = open_db(path)
             ensure_schema(reader, SCHEMA)
         except sqlite3.DatabaseError as exc:  # malformed past what quick_check saw
-            if not is_corruption([str(exc)]):
+            if classify(exc).kind != "corrupt":
                 raise
             self._check_store(path, [str(exc)])
             reader = open_db(path)

@@ -7,15 +7,17 @@ available, so callers skip cleanly where they are not.
 
 - :func:`sized_tmpfs` mounts a tmpfs of a fixed size (``mount -t tmpfs -o size=N``) on
   a directory: writes past the size fail with ENOSPC, as on a full SD card.
-- :func:`read_only_flip` makes a directory read-only *while files in it are open for
-  writing*: a ``mount -o remount,ro`` of the tmpfs itself fails with EBUSY then, so the
-  directory is bind-mounted onto itself first and that bind mount is remounted
-  ``ro,bind`` (a per-mount flag, which the kernel allows with writers open). Writes
-  through descriptors opened before the flip keep working on some kernels (the flag is
-  checked at open and at write on the mount); new opens for writing and writes through
-  the mount fail with EROFS. That is the same thing an ext4 ``errors=remount-ro`` does
-  to SQLite, which reopens the WAL index and journal.
-- :func:`corrupt` overwrites bytes of a file at an offset with a pattern.
+- :func:`ext4_image` makes a file-backed ext4 (``mkfs.ext4`` on a file, mounted through a
+  loop device with ``errors=remount-ro``) and :func:`trigger_ext4_error` makes the kernel
+  record a file-system error on it (``/sys/fs/ext4/<dev>/trigger_fs_error``): ext4 then
+  remounts itself read-only *with files open for writing*, and every write, through old
+  descriptors too, fails with EROFS, exactly what a failing SD card does. (A plain
+  ``mount -o remount,ro`` of a tmpfs, or of a bind mount of it, fails with EBUSY while
+  SQLite holds its files open for writing, so it cannot make this fault.) It needs a
+  loop device: :func:`can_loop` says whether one is available (CI may have none).
+  Recovery is what a person does: stop the writer, unmount, ``e2fsck -fy``, mount.
+- :func:`fill` fills a file system to a given free space; :func:`corrupt` overwrites
+  bytes of a file at an offset with a pattern.
 """
 
 from __future__ import annotations
@@ -59,20 +61,52 @@ def unmount(path: Path) -> None:
             return
 
 
+def can_loop() -> bool:
+    """True when a loop device can be had (for :func:`ext4_image`)."""
+    if not can_mount() or shutil.which("losetup") is None or shutil.which("mkfs.ext4") is None:
+        return False
+    r = subprocess.run(["losetup", "-f"], capture_output=True, text=True)
+    return r.returncode == 0 and r.stdout.startswith("/dev/loop")
+
+
+def make_ext4(image: Path, size: int) -> None:
+    """An empty ext4 file system in the file ``image`` of ``size`` bytes."""
+    with open(image, "wb") as f:
+        f.truncate(size)
+    _run("mkfs.ext4", "-q", "-F", "-m", "0", str(image))
+
+
+def mount_ext4(image: Path, path: Path) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    _run("mount", "-o", "loop,errors=remount-ro", str(image), str(path))
+
+
 @contextlib.contextmanager
-def read_only_flip(path: Path) -> Iterator[None]:
-    """Bind-mount ``path`` onto itself for the block; :func:`set_read_only` then flips
-    it. Unmounting the bind mount at the end gives the writable file system back."""
-    _run("mount", "--bind", str(path), str(path))
+def ext4_image(image: Path, path: Path, size: int) -> Iterator[Path]:
+    """A fresh ext4 of ``size`` bytes in ``image``, mounted on ``path`` for the block."""
+    make_ext4(image, size)
+    mount_ext4(image, path)
     try:
-        yield
+        yield path
     finally:
-        subprocess.run(["umount", "-l", str(path)], capture_output=True)
+        unmount(path)
 
 
-def set_read_only(path: Path, read_only: bool = True) -> None:
-    """Remount the bind mount on ``path`` read-only (or writable again)."""
-    _run("mount", "-o", f"remount,{'ro' if read_only else 'rw'},bind", str(path))
+def trigger_ext4_error(path: Path) -> None:
+    """Record an error on the ext4 mounted on ``path``: with ``errors=remount-ro`` the
+    kernel makes it read-only at once, open files included."""
+    r = subprocess.run(["findmnt", "-no", "SOURCE", str(path)], capture_output=True,
+                       text=True, check=True)
+    dev = os.path.basename(r.stdout.strip())
+    Path(f"/sys/fs/ext4/{dev}/trigger_fs_error").write_text("fsfaults\n")
+
+
+def repair_ext4(image: Path, path: Path) -> None:
+    """After :func:`trigger_ext4_error` (its writers stopped): unmount, ``e2fsck -fy``,
+    mount again (read-write)."""
+    unmount(path)
+    subprocess.run(["e2fsck", "-fy", str(image)], capture_output=True)  # 1: fixed
+    mount_ext4(image, path)
 
 
 def fill(path: Path, leave: int = 0) -> Path:

@@ -115,7 +115,8 @@ def is_corruption(problems: list[str]) -> bool:
     if not problems:
         return False
     text = " ".join(problems).lower()
-    transient = ("locked", "unable to open", "readonly", "read-only", "permission", "busy")
+    transient = ("locked", "unable to open", "readonly", "read-only", "permission", "busy",
+                 "disk is full", "disk i/o", "out of memory", "interrupted")
     return not any(t in text for t in transient)
 
 

@@ -5,9 +5,10 @@ size of ``gateway.db`` and its WAL, and the group committer's fault state, and d
 whether the node takes new durable work:
 
 - the store *refuses* (``Node.store_refusal = 0x97``) while a commit fails (any write
-  error: ENOSPC, EIO, EROFS, ...), while less than ``reserve_size`` is free on the file
-  system besides the reserve (or than 256 KiB without a reserve), or while the store is
-  at ``max_size``. Refusing means: QoS 1/2 publishes answered at once with 0x97 (MQTT 5;
+  error: ENOSPC, EIO, EROFS, ...), while less than ``reserve_size`` + 1 MiB (the WAL's
+  size limit: a checkpoint needs the WAL and the pages it copies at once) is free on the
+  file system besides the reserve (256 KiB + 1 MiB without a reserve), or while the store
+  is at ``max_size``. Refusing means: QoS 1/2 publishes answered at once with 0x97 (MQTT 5;
   3.1.1: disconnect without PUBACK), persistent sessions refused at CONNECT (0x97; 3.1.1:
   0x03), QoS 0 retained messages delivered but not retained. Clean sessions, QoS 0,
   deliveries and their acknowledgements go on as usual;
@@ -44,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from gateway.store.db import ensure_schema, open_db
+from gateway.store.db import JOURNAL_SIZE_LIMIT, ensure_schema, open_db
 from gateway.store.faults import StoreFault
 from gateway.store.salvage import SalvageReport, salvage
 from gateway.store.writer import GroupCommitter, Task
@@ -137,6 +138,13 @@ class Reserve:
             return 0
 
 
+def release_leftover_reserve(data_dir: Path) -> None:
+    """Start-up, before the store is opened: delete the reserve the last run left (its
+    room may be needed to recover the WAL); :class:`StoreGuard` makes it again."""
+    with contextlib.suppress(OSError):
+        os.unlink(data_dir / RESERVE_NAME)
+
+
 def measure(data_dir: Path, db: Path) -> Usage:
     st = os.statvfs(data_dir)
     total = st.f_blocks * st.f_frsize
@@ -217,9 +225,6 @@ class StoreGuard:
         usage = measure(self.data_dir, self.db)
         if self.settings.reserve_size and usage.free >= 2 * self.settings.reserve_size:
             self.reserve.make()
-        elif self.settings.reserve_size:
-            with contextlib.suppress(OSError):
-                os.unlink(self.reserve.path)  # a leftover: its space is better free now
         self.evaluate()
         self._tick()
 
@@ -306,7 +311,9 @@ class StoreGuard:
             log.error("store: cannot measure %s: %s", self.data_dir, exc)
             return
         fault = self.committer.fault
-        low_water = s.reserve_size if s.reserve_size else MIN_FREE
+        # room for the reserve's worth of writes plus a full WAL to be checkpointed into
+        # the main file (the two hold the same pages for a while)
+        low_water = (s.reserve_size if s.reserve_size else MIN_FREE) + JOURNAL_SIZE_LIMIT
         if self._disk_full:  # hysteresis: clear only with a margin
             low_water += low_water // 4
         space_low = usage.free < low_water
