@@ -55,7 +55,7 @@ from gateway.store.banned import BannedStore
 from gateway.store.db import db_path, ensure_schema, open_db
 from gateway.store.faults import classify
 from gateway.store.lwm2m import Lwm2mStore
-from gateway.store.salvage import open_checked, salvage
+from gateway.store.salvage import keep_damaged_wal, open_checked, salvage
 from gateway.store.sessions import SCHEMA, SessionStore
 from gateway.store.space import (
     SpaceSettings,
@@ -610,7 +610,18 @@ class Gateway:
         return SessionStore(reader, self.committer)
 
     def _check_store(self, path: Path, problems: list[str] | None = None) -> None:
-        """Salvage ``path`` if malformed; the alarm ``store_salvaged`` says what survived."""
+        """Salvage ``path`` if malformed; the alarm ``store_salvaged`` says what survived
+        (``store_wal_damaged``: transactions after a damaged WAL frame are lost)."""
+        wal = keep_damaged_wal(path) if problems is None else None
+        if wal is not None and self.admin is not None:
+            found, copy = wal
+            self.admin.alarms.activate(
+                "store_wal_damaged",
+                f"{path}-wal was damaged at frame {found.first_bad} of {found.frames}: "
+                f"{found.later_commits} committed transactions after it are lost; "
+                f"copy in {copy}",
+                {"path": str(path), "copy": str(copy), **found.as_dict()},
+            )
         report = open_checked(path) if problems is None else salvage(path, problems)
         if report is not None and self.admin is not None:
             self.admin.alarms.activate("store_salvaged", report.summary(), report.as_dict())

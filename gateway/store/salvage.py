@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.store.db import open_db
+from gateway.store.walcheck import WalCheck, check_wal
 
 log = logging.getLogger("gateway.store")
 
@@ -92,7 +93,8 @@ class SalvageReport:
 
 def check(path: Path, *, quick: bool = True) -> list[str]:
     """Problems of the database at ``path`` ([] when it is sound). Opens it read-write
-    (so a WAL is read), changes nothing. A missing file is sound (it will be created)."""
+    (so a WAL is read; closing it checkpoints the WAL into the file, as any last close
+    does), changes no data. A missing file is sound (it will be created)."""
     if not path.exists():
         return []
     conn: sqlite3.Connection | None = None
@@ -287,6 +289,25 @@ def _count(path: Path, report: SalvageReport) -> None:
                 report.tables[name] = n
     finally:
         conn.close()
+
+
+def keep_damaged_wal(path: Path) -> tuple[WalCheck, Path] | None:
+    """Start-up, before anything opens ``path``: if its WAL is damaged in the middle
+    (:mod:`gateway.store.walcheck`), copy it to ``<name>-wal.corrupt-<UTC time>`` (SQLite
+    will drop the transactions after the damage when the file is opened) and say so."""
+    wal = Path(f"{path}-wal")
+    found = check_wal(wal)
+    if found is None or not found.damaged:
+        return None
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    copy = wal.with_name(f"{wal.name}.corrupt-{stamp}")
+    shutil.copyfile(wal, copy)
+    log.error(
+        "store %s: WAL frame %d of %d is damaged; %d later frames (%d committed "
+        "transactions) will be dropped; a copy is in %s",
+        path, found.first_bad, found.frames, found.later_frames, found.later_commits, copy,
+    )
+    return found, copy
 
 
 def open_checked(path: Path) -> SalvageReport | None:

@@ -33,6 +33,7 @@ from gateway.config import ConfigError, load_config
 from gateway.fleet.spool import complete_members
 from gateway.store.db import DB_NAME
 from gateway.store.salvage import check, is_corruption, salvage
+from gateway.store.walcheck import check_wal
 
 
 class BadInput(click.ClickException):
@@ -128,7 +129,13 @@ def check_cmd(ctx: click.Context, full: bool, as_json: bool) -> None:
     result: dict[str, Any] = {"databases": {}, "segments": {}}
     bad = False
     for db in dbs:
+        wal = check_wal(Path(f"{db}-wal"))  # first: opening the file checkpoints the WAL
         problems = check(db, quick=not full)
+        if wal is not None and wal.damaged:
+            problems.append(
+                f"WAL damaged at frame {wal.first_bad} of {wal.frames}: "
+                f"{wal.later_commits} committed transactions after it are lost"
+            )
         result["databases"][str(db)] = problems
         bad = bad or bool(problems)
     for seg, why in torn_segments(archive):
