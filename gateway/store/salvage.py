@@ -176,19 +176,104 @@ def _recover_cli(cli: str, moved: Path, fresh: Path, report: SalvageReport) -> N
         capture_output=True, timeout=RECOVER_TIMEOUT,
     )
     sql = out.stdout.decode("utf-8", "surrogateescape")
-    if out.returncode != 0 and not sql.strip():
-        raise StoreError(out.stderr.decode(errors="replace").strip() or f"exit {out.returncode}")
+    err = out.stderr.decode(errors="replace").strip()
+    # Debian 12's sqlite3 3.40.1 answers .recover with "sql error: SQL logic error" and
+    # a script without data, exit 0: only a script that ends in COMMIT is a result
+    if "error" in err.lower() or not sql.rstrip().endswith("COMMIT;"):
+        raise StoreError(
+            err.splitlines()[0] if err else f"no usable output (exit {out.returncode})"
+        )
     open_db(fresh).close()  # the project's pragmas first (auto_vacuum before any table)
     load = subprocess.run(
         [cli, str(fresh)], input=sql.encode("utf-8", "surrogateescape"),
         capture_output=True, timeout=RECOVER_TIMEOUT,
     )
     if load.returncode != 0:
-        err = load.stderr.decode(errors="replace").strip().splitlines()
-        report.errors.extend(err[:5])
+        lines = load.stderr.decode(errors="replace").strip().splitlines()
+        report.errors.extend(lines[:5])
 
 
 def _copy(moved: Path, fresh: Path, report: SalvageReport) -> None:
+    source = moved
+    if not _header_sound(moved):
+        repaired = _repair_header(moved)
+        if repaired is not None:
+            report.errors.append(f"file header damaged: read through a rebuilt header "
+                                 f"(page size {repaired[1]})")
+            source = repaired[0]
+    try:
+        _copy_from(source, fresh, report)
+    finally:
+        if source != moved:
+            for p in (source, Path(f"{source}-wal"), Path(f"{source}-shm")):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(p)
+
+
+MAGIC = b"SQLite format 3\x00"
+
+
+def _header_sound(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            head = f.read(100)
+    except OSError:
+        return False
+    if len(head) < 100 or head[:16] != MAGIC:
+        return False
+    ps = int.from_bytes(head[16:18], "big")
+    ps = 65536 if ps == 1 else ps
+    return ps >= 512 and ps & (ps - 1) == 0
+
+
+def _guess_page_size(data: bytes) -> int:
+    """The page size at which the most pages start like b-tree pages (flag 2, 5, 10, 13
+    and a sane cell count), SQLite's default 4096 on a tie."""
+    best, best_score = 4096, -1
+    for ps in (4096, 1024, 2048, 8192, 16384, 32768, 65536, 512):
+        pages = len(data) // ps
+        if pages < 2:
+            continue
+        score = 0
+        for n in range(1, min(pages, 2000)):
+            off = n * ps
+            flag = data[off]
+            cells = int.from_bytes(data[off + 3 : off + 5], "big")
+            if flag in (2, 5, 10, 13) and cells <= ps // 4:
+                score += 1
+        if score > best_score:
+            best, best_score = ps, score
+    return best
+
+
+def _repair_header(moved: Path) -> tuple[Path, int] | None:
+    """A copy of ``moved`` (and its WAL) with a plausible 100-byte header in place of a
+    damaged one (no auto-vacuum, no freelist: the copy reads b-trees only), or None."""
+    try:
+        data = moved.read_bytes()
+    except OSError:
+        return None
+    if len(data) < 1024:
+        return None
+    ps = _guess_page_size(data)
+    head = bytearray(100)
+    head[:16] = MAGIC
+    head[16:18] = (1 if ps == 65536 else ps).to_bytes(2, "big")
+    head[18], head[19] = 1, 1  # legacy journal: the WAL is not read through this copy
+    head[21], head[22], head[23] = 64, 32, 32
+    head[24:28] = (1).to_bytes(4, "big")
+    head[28:32] = (len(data) // ps).to_bytes(4, "big")
+    head[40:44] = (1).to_bytes(4, "big")  # schema cookie
+    head[44:48] = (4).to_bytes(4, "big")  # schema format
+    head[56:60] = (1).to_bytes(4, "big")  # UTF-8
+    head[92:96] = (1).to_bytes(4, "big")
+    head[96:100] = (3040001).to_bytes(4, "big")
+    copy = moved.with_name(moved.name + ".header")
+    copy.write_bytes(bytes(head) + data[100:])
+    return copy, ps
+
+
+def _copy_from(moved: Path, fresh: Path, report: SalvageReport) -> None:
     dst = open_db(fresh)
     try:
         try:
@@ -197,7 +282,7 @@ def _copy(moved: Path, fresh: Path, report: SalvageReport) -> None:
                 "SELECT type, name, sql, "
                 "(SELECT COUNT(*) FROM pragma_table_info(m.name) WHERE pk > 0) "
                 "FROM sqlite_master m WHERE sql IS NOT NULL AND name NOT LIKE 'sqlite_%' "
-                "ORDER BY type DESC"  # tables before indexes
+                "ORDER BY CASE type WHEN 'table' THEN 0 WHEN 'index' THEN 1 ELSE 2 END"
             ).fetchall()
         except sqlite3.Error as exc:
             report.errors.append(f"schema unreadable: {exc}")
@@ -253,7 +338,8 @@ def _copy_table(
                 report.errors.append(f"{name}: gave up after rowid {after}: {exc}")
                 break
             if skips == 0:
-                report.errors.append(f"{name}: unreadable after rowid {after}: {exc}")
+                where = "from the start" if copied == 0 else f"after rowid {after}"
+                report.errors.append(f"{name}: unreadable {where}: {exc}")
             after += step
             skips += 1
             continue

@@ -105,8 +105,8 @@ class Publisher:
     def _on_disconnect(self, c: Any, u: Any, flags: Any, rc: Any, props: Any) -> None:
         self.disconnects += 1
 
-    def publish(self, topic: str, payload: bytes) -> int:
-        info = self.c.publish(topic, payload, qos=1)
+    def publish(self, topic: str, payload: bytes, retain: bool = False) -> int:
+        info = self.c.publish(topic, payload, qos=1, retain=retain)
         self.topic_of[info.mid] = topic
         return info.mid
 
