@@ -204,10 +204,12 @@ def _copy(moved: Path, fresh: Path, report: SalvageReport) -> None:
     try:
         _copy_from(source, fresh, report)
     finally:
+        leftovers = [Path(f"{moved}-shm")]  # the reader's WAL index: not worth keeping
         if source != moved:
-            for p in (source, Path(f"{source}-wal"), Path(f"{source}-shm")):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(p)
+            leftovers += [source, Path(f"{source}-wal"), Path(f"{source}-shm")]
+        for p in leftovers:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(p)
 
 
 MAGIC = b"SQLite format 3\x00"
@@ -323,29 +325,62 @@ def _copy_table(
         dst.execute("COMMIT")
         return copied
     after = -(1 << 62)
+    try:  # the highest rowid bounds the skipping (None if unreadable: MAX_SKIP does)
+        top = src.execute(f"SELECT MAX(rowid) FROM {q}").fetchone()[0]
+    except sqlite3.Error:
+        top = None
+    limit = CHUNK
     skips = 0
+    refined = False
     while True:
         try:
             rows = src.execute(
                 f"SELECT rowid, {','.join(cols)} FROM {q} WHERE rowid > ? "
-                f"ORDER BY rowid LIMIT {CHUNK}",
+                f"ORDER BY rowid LIMIT {limit}",
                 (after,),
             ).fetchall()
         except sqlite3.Error as exc:
-            # skip ahead past the damage: +1, +2, +4, ... from the last row read
-            step = 1 << skips
-            if step > MAX_SKIP:
-                report.errors.append(f"{name}: gave up after rowid {after}: {exc}")
-                break
+            if limit > 1:  # read one row at a time up to the damage
+                limit = 1
+                continue
             if skips == 0:
                 where = "from the start" if copied == 0 else f"after rowid {after}"
                 report.errors.append(f"{name}: unreadable {where}: {exc}")
-            after += step
+            if after < 0 and copied == 0:
+                after = 0  # our rowids are positive: probe from there
+            # skip ahead past the damage: +1, +2, +4, ... from the last row read
+            step = 1 << skips
+            nxt = after + step if top is None else min(after + step, top - 1)
+            if step > MAX_SKIP or nxt <= after:
+                report.errors.append(f"{name}: nothing readable after rowid {after}")
+                break
+            after = nxt
             skips += 1
             continue
+        if skips and not refined:
+            refined = True
+            # the last step may have jumped over readable rows: back to the lowest
+            # start that reads (a binary search between the last failing start and this)
+            lo, hi = after - (1 << (skips - 1)), after
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                try:
+                    src.execute(f"SELECT rowid FROM {q} WHERE rowid > ? ORDER BY rowid "
+                                "LIMIT 1", (mid,)).fetchall()
+                    hi = mid
+                except sqlite3.Error:
+                    lo = mid
+            if hi != after:
+                after = hi
+                skips = 0
+                continue
+        if skips and rows:
+            report.errors.append(f"{name}: readable again from rowid {rows[0][0]}")
         if not rows:
             break
         skips = 0
+        refined = False
+        limit = CHUNK
         dst.execute("BEGIN")
         for row in rows:
             _insert(dst, with_rowid, row)

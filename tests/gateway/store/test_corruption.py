@@ -131,7 +131,7 @@ def test_corruption_at_offset_starts_salvages_alarms(tmp_path: Path, case: str) 
         alarm = names[expected_alarm]
         if case != "wal_frame":
             moved = [p for p in gw.data_dir.glob("gateway.db.corrupt-*")
-                     if not p.name.endswith("-wal")]
+                     if not p.name.endswith(("-wal", "-shm"))]
             assert moved, "the malformed file was not kept"
             st = gw.get("/api/v5/status")["store"]
             assert st["salvaged"] and st["salvaged"][0]["moved_to"] == str(moved[0])
