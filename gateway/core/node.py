@@ -496,7 +496,8 @@ class Node:
 
     def publish(self, client: ClientInfo, message: Message) -> int:
         self._counters["messages.received"] += 1
-        if self.store_refusal and (message.qos or (message.retain and message.payload)):
+        if self.store_refusal and message.payload and (message.qos or message.retain):
+            # (an empty retained message deletes one: it frees space, so it goes through)
             if message.qos:
                 self.metrics.incr("messages.refused.store")
                 return PUBLISH_REFUSED
