@@ -89,8 +89,8 @@ CASES = {
     "header": "the first 100 bytes (the file header: 'not a database')",
     "btree_root_retained": "the root page of table retained",
     "btree_leaf_queue": "a leaf page in the middle of table messages",
-    "wal_frame": "bytes inside an early WAL frame (gatewayd killed with -9, WAL not "
-                 "checkpointed)",
+    "wal_frame": "bytes inside the middle frame of the WAL (gatewayd killed with -9, WAL "
+                 "not checkpointed)",
 }
 
 
@@ -111,8 +111,9 @@ def test_corruption_at_offset_starts_salvages_alarms(tmp_path: Path, case: str) 
             gw.proc.kill()
             gw.proc.wait()
             wal = Path(f"{db}-wal")
-            assert wal.stat().st_size > 32 + 3 * 4120, "no WAL frames to damage"
-            corrupt(wal, 32 + 24 + 100, 64)  # inside the first frame's page
+            frames = (wal.stat().st_size - 32) // (24 + 4096)
+            assert frames > 3, "no WAL frames to damage"
+            corrupt(wal, 32 + (frames // 2) * (24 + 4096) + 24 + 100, 64)  # a middle frame
         else:
             gw.stop()
             if case == "header":

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import subprocess
 import sys
 import threading
@@ -137,15 +138,17 @@ def keeper_session(gw: Gatewayd, version: int) -> None:
     k.c.loop_stop()
 
 
-def drain_keeper(gw: Gatewayd, version: int, expected: set[str]) -> set[str]:
-    """Resume the keeper's session and collect its messages until ``expected`` is in."""
+def drain_keeper(gw: Gatewayd, version: int, expected: set[str], idle: float = 5.0) -> set[str]:
+    """Resume the keeper's session and collect its messages until ``expected`` is in
+    (or none came for ``idle`` seconds: the rest is not coming)."""
     k = Client(gw, "keeper", version=version, clean=False, session_expiry=3600)
     got: set[str] = set()
     deadline = time.monotonic() + WAIT
     while not expected <= got and time.monotonic() < deadline:
         try:
-            got.add(k.next_message(timeout=max(0.1, deadline - time.monotonic())).topic)
-        except Exception:
+            wait = min(idle, max(0.1, deadline - time.monotonic()))
+            got.add(k.next_message(timeout=wait).topic)
+        except queue.Empty:
             break
     k.c.disconnect()
     k.c.loop_stop()
