@@ -589,7 +589,11 @@ class Gateway:
         # WAL to recover needs room); the guard makes it again when there is space
         release_leftover_reserve(Path(self.config.node.data_dir))
         if self.config.durability.check_on_start:
-            for d in {Path(self.config.node.data_dir), Path(self.shared_dir)}:
+            # the users/bans file shared by the workers of a node: worker 0 checks it
+            dirs = {Path(self.config.node.data_dir)}
+            if self.primary:
+                dirs.add(Path(self.shared_dir))
+            for d in sorted(dirs):
                 self._check_store(db_path(d))
         if not self.config.durability.enable:
             log.warning("durability disabled: sessions and retained messages are memory-only")
