@@ -157,17 +157,24 @@ def measure(data_dir: Path, db: Path) -> Usage:
     return Usage(total, free, db_bytes + wal, wal)
 
 
-def maintain(conn: sqlite3.Connection, budget: float = 2.0) -> dict[str, int]:
+def maintain(conn: sqlite3.Connection, urgent: bool = False, budget: float = 2.0
+             ) -> dict[str, int]:
     """Writer thread: give free pages back (incremental vacuum, in chunks with a
-    checkpoint after each, so the WAL never holds much) and truncate the WAL. Returns
-    pages freed and pages left free."""
+    checkpoint after each, so the WAL never holds much) when 256 KiB or more are free
+    inside the file, and, then or when ``urgent`` (space is short), truncate the WAL.
+    Readers are waited for at most 100 ms per checkpoint (commits queue behind this).
+    Returns pages freed, pages left free and the page size."""
     deadline = time.monotonic() + budget
     page_size = conn.execute("PRAGMA page_size").fetchone()[0]
     auto_vacuum = conn.execute("PRAGMA auto_vacuum").fetchone()[0]
     free = conn.execute("PRAGMA freelist_count").fetchone()[0]
     freed = 0
-    if auto_vacuum == 2 and free * page_size >= VACUUM_MIN_BYTES:
-        while free > 0 and time.monotonic() < deadline:
+    vacuum = auto_vacuum == 2 and free * page_size >= VACUUM_MIN_BYTES
+    if not (vacuum or urgent):
+        return {"freed_pages": 0, "free_pages": free, "page_size": page_size}
+    conn.execute("PRAGMA busy_timeout=100")
+    try:
+        while vacuum and free > 0 and time.monotonic() < deadline:
             conn.execute(f"PRAGMA incremental_vacuum({VACUUM_CHUNK})").fetchall()
             conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
             left = conn.execute("PRAGMA freelist_count").fetchone()[0]
@@ -175,7 +182,9 @@ def maintain(conn: sqlite3.Connection, budget: float = 2.0) -> dict[str, int]:
             if left >= free:
                 break
             free = left
-    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+    finally:
+        conn.execute("PRAGMA busy_timeout=5000")
     return {"freed_pages": freed, "free_pages": free, "page_size": page_size}
 
 
@@ -207,6 +216,7 @@ class StoreGuard:
         self.pages_freed = 0
         self._disk_full = False
         self._maintaining = False
+        self._urgent = False  # space is short: checkpoints truncate the WAL
         self._salvaging = False
         self.salvage_report: SalvageReport | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -238,7 +248,7 @@ class StoreGuard:
 
     def _tick(self) -> None:
         self.evaluate()
-        self.maintain()
+        self.maintain(self._urgent)
         assert self._loop is not None
         self._timer = self._loop.call_later(self.settings.check_interval, self._tick)
 
@@ -382,8 +392,9 @@ class StoreGuard:
             and self.reserve.make()
         ):
             log.info("store reserve of %s made again", _mb(s.reserve_size))
-        if (disk_full or cap or high) and not self._maintaining:
-            self.maintain()
+        self._urgent = bool(disk_full or cap or high)
+        if self._urgent and not self._maintaining:
+            self.maintain(True)
 
     def _alarm(self, name: str, on: bool, message: str, details: dict[str, Any]) -> None:
         if on:
@@ -393,13 +404,12 @@ class StoreGuard:
 
     # -- space back ----------------------------------------------------------------
 
-    def maintain(self) -> None:
-        """Queue one vacuum/checkpoint task on the writer thread (not during a fault:
-        the writer is busy retrying, and a checkpoint needs the disk too)."""
+    def maintain(self, urgent: bool = False) -> None:
+        """Queue one vacuum/checkpoint task on the writer thread (at most one queued)."""
         if self._maintaining:
             return
         self._maintaining = True
-        self.committer.submit(Task(maintain, self._maintained))
+        self.committer.submit(Task(lambda conn: maintain(conn, urgent), self._maintained))
 
     def _maintained(self, result: dict[str, int] | None, error: BaseException | None) -> None:
         self._maintaining = False

@@ -165,13 +165,15 @@ def test_corruption_while_running_is_salvaged_without_restart(tmp_path: Path) ->
     """A page of gateway.db goes bad under a running gatewayd: the next commit that
     touches it fails with SQLITE_CORRUPT, the node moves the file aside, salvages it
     and goes on writing to the fresh one, with no restart (same pid)."""
-    gw = Gatewayd(tmp_path / "gw", extra_env=ENV).start()
+    # a 1% watermark: high_disk_usage is up, so the guard truncates the WAL on every
+    # check (200 ms): the pages are in the main file, where the damage is made
+    env = {**ENV, "GATEWAY_DURABILITY__DISK_HIGH_WATERMARK": "0.01"}
+    gw = Gatewayd(tmp_path / "gw", extra_env=env).start()
     try:
         populate(gw)
         assert gw.proc is not None
         pid = gw.proc.pid
         db = gw.data_dir / "gateway.db"
-        # the guard checkpoints (TRUNCATE) every 200 ms: the pages are in the main file
         poll("an empty WAL", lambda: Path(f"{db}-wal").stat().st_size == 0)
         page, size = page_of(db, "retained", False)
         corrupt(db, (page - 1) * size + 8, 512)
