@@ -19,7 +19,9 @@ whether the node takes new durable work:
 - the reserve: a file of ``reserve_size`` bytes (``gateway.reserve``, preallocated with
   ``posix_fallocate``) released by the writer thread at the first ENOSPC, so that the
   failing commit, and the deletes and checkpoints after it, find room; made again once
-  twice its size is free;
+  twice its size is free; and a boot reserve (``gateway.reserve.boot``, 256 KiB) released
+  only at start-up (:func:`release_leftover_reserve`), so that a node stopped on a full
+  disk can open its file again;
 - space back: a task on the writer thread runs ``PRAGMA incremental_vacuum`` (the store
   is created with ``auto_vacuum=INCREMENTAL``) when pages are free inside the file, and
   ``wal_checkpoint(TRUNCATE)``, so that deleted retained messages and drained queues
@@ -53,6 +55,11 @@ from gateway.store.writer import GroupCommitter, Task
 log = logging.getLogger("gateway.store")
 
 RESERVE_NAME = "gateway.reserve"
+# a second, small reserve released only at start-up: opening the file (its WAL index,
+# WAL recovery) needs some room even when the last run ended on a full disk with the
+# main reserve used up; without it such a start would fail, and systemd would loop
+BOOT_RESERVE_NAME = "gateway.reserve.boot"
+BOOT_RESERVE_SIZE = 256 * 1024
 MIN_FREE = 256 * 1024  # the free minimum without a reserve
 VACUUM_CHUNK = 256  # pages per incremental_vacuum step (checkpointed in between)
 VACUUM_MIN_BYTES = 256 * 1024  # free pages inside the file worth giving back
@@ -141,8 +148,9 @@ class Reserve:
 def release_leftover_reserve(data_dir: Path) -> None:
     """Start-up, before the store is opened: delete the reserve the last run left (its
     room may be needed to recover the WAL); :class:`StoreGuard` makes it again."""
-    with contextlib.suppress(OSError):
-        os.unlink(data_dir / RESERVE_NAME)
+    for name in (RESERVE_NAME, BOOT_RESERVE_NAME):
+        with contextlib.suppress(OSError):
+            os.unlink(data_dir / name)
 
 
 def measure(data_dir: Path, db: Path) -> Usage:
@@ -209,6 +217,8 @@ class StoreGuard:
         self.alarms = alarms
         self.settings = settings
         self.reserve = Reserve(data_dir / RESERVE_NAME, settings.reserve_size)
+        self.boot_reserve = Reserve(data_dir / BOOT_RESERVE_NAME,
+                                    BOOT_RESERVE_SIZE if settings.reserve_size else 0)
         self.usage: Usage | None = None
         self.refusing: str | None = None  # why, while refusing
         self.refusals_started = 0
@@ -235,8 +245,14 @@ class StoreGuard:
         usage = measure(self.data_dir, self.db)
         if self.settings.reserve_size and usage.free >= 2 * self.settings.reserve_size:
             self.reserve.make()
+        self._make_boot_reserve(usage)
         self.evaluate()
         self._tick()
+
+    def _make_boot_reserve(self, usage: Usage) -> None:
+        size = self.boot_reserve.size
+        if size and not self.boot_reserve.held and usage.free >= 4 * size:
+            self.boot_reserve.make()
 
     def stop(self) -> None:
         if self._timer is not None:
@@ -392,6 +408,8 @@ class StoreGuard:
             and self.reserve.make()
         ):
             log.info("store reserve of %s made again", _mb(s.reserve_size))
+        if fault is None:
+            self._make_boot_reserve(usage)
         self._urgent = bool(disk_full or cap or high)
         if self._urgent and not self._maintaining:
             self.maintain(True)

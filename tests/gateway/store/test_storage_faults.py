@@ -395,3 +395,34 @@ def test_ext4_remount_read_only_under_load(workdir: Path, tmp_path: Path) -> Non
                    acked_total=len(expected), delivered_after_fsck=len(got & expected))
         finally:
             gw.stop()
+
+
+def test_start_on_a_full_disk_serves_and_refuses(workdir: Path) -> None:
+    """A node stopped with its main reserve used up, then the disk filled to 0 bytes by
+    another file: gatewayd starts anyway (the boot reserve gives SQLite room to open its
+    file; without it the start fails with "disk I/O error" and systemd loops), raises
+    disk_full, refuses QoS 1 with 0x97, serves clean clients, and accepts again once the
+    file is deleted."""
+    with sized_tmpfs(workdir / "data", 6 * MIB):
+        gw = Gatewayd(workdir, extra_env=ENV).start()
+        gw.stop()
+        (workdir / "data" / "gateway.reserve").unlink()
+        assert (workdir / "data" / "gateway.reserve.boot").exists()
+        filler = fill(workdir / "data" / "filler", leave=0)
+        assert free_bytes(workdir / "data") < 4096
+        try:
+            gw.start()
+            assert "disk_full" in alarms(gw)
+            pub = Publisher(gw, "pub", 5)
+            mid = pub.publish("t/1", b"x" * 100)
+            pub.wait_answers([mid])
+            assert pub.answers[mid] == QUOTA_EXCEEDED
+            assert connack_code(gw, "clean", persistent=False) == 0
+            filler.unlink()
+            poll("disk_full to clear", lambda: "disk_full" not in alarms(gw))
+            mid = pub.publish("t/2", b"x" * 100)
+            pub.wait_answers([mid])
+            assert pub.answers[mid] < 0x80
+            pub.close()
+        finally:
+            gw.stop()
