@@ -51,18 +51,13 @@ from gateway.net.tls import ReloadableContext, TlsError, describe, peer_identity
 from gateway.net.websocket import WebSocketChannel, WebSocketSettings
 from gateway.protect.banned import BanGuard
 from gateway.protect.flapping import FlappingDetector, FlappingSettings
+from gateway.store import startup as store_startup
 from gateway.store.banned import BannedStore
 from gateway.store.db import db_path, ensure_schema, open_db
 from gateway.store.faults import classify
 from gateway.store.lwm2m import Lwm2mStore
-from gateway.store.salvage import keep_damaged_wal, open_checked, salvage
 from gateway.store.sessions import SCHEMA, SessionStore
-from gateway.store.space import (
-    SpaceSettings,
-    StoreGuard,
-    release_leftover_reserve,
-    store_schemas,
-)
+from gateway.store.space import StoreGuard
 from gateway.store.writer import GroupCommitter
 from gateway.workers.plan import node_data_dir
 from protocols.coap.channel import CoapChannel, CoapSettings
@@ -203,7 +198,9 @@ class Gateway:
         )
         if store is not None:
             node.restore(*store.load())
-            self._guard_store(node)
+            assert self.committer is not None
+            self.store_guard = store_startup.guard(config, self.committer, node,
+                                                  self.admin.alarms)
         self._start_protection(node)
         self.auth = install_auth(node, config, loop, data_dir=self.shared_dir)
         self.cluster = cluster_from_config(config, node, self.committer, self.admin.version)
@@ -582,19 +579,12 @@ class Gateway:
         )
 
     def _open_store(self, loop: asyncio.AbstractEventLoop) -> SessionStore | None:
-        # gateway.db is checked (quick_check) and, if malformed, moved aside and salvaged
-        # before anything opens it (bans and users too: docs/operations.md)
-        self.store_guard = None
-        # the reserve left by the last run: free it before anything opens the file (a
-        # WAL to recover needs room); the guard makes it again when there is space
-        release_leftover_reserve(Path(self.config.node.data_dir))
-        if self.config.durability.check_on_start:
-            # the users/bans file shared by the workers of a node: worker 0 checks it
-            dirs = {Path(self.config.node.data_dir)}
-            if self.primary:
-                dirs.add(Path(self.shared_dir))
-            for d in sorted(dirs):
-                self._check_store(db_path(d))
+        # before anything opens gateway.db (bans and users too): reserves freed, checked,
+        # salvaged if malformed (docs/storage.md); worker 0 checks the shared users file
+        data_dir = Path(self.config.node.data_dir)
+        dirs = [data_dir, Path(self.shared_dir)] if self.primary else [data_dir]
+        store_startup.prepare(data_dir, dirs, self.config.durability.check_on_start,
+                              self.admin)
         if not self.config.durability.enable:
             log.warning("durability disabled: sessions and retained messages are memory-only")
             return None
@@ -605,42 +595,13 @@ class Gateway:
         except sqlite3.DatabaseError as exc:  # malformed past what quick_check saw
             if classify(exc).kind != "corrupt":
                 raise
-            self._check_store(path, [str(exc)])
+            store_startup.check(path, self.admin, [str(exc)])
             reader = open_db(path)
             ensure_schema(reader, SCHEMA)
         writer = open_db(path, check_same_thread=False)
         self.committer = GroupCommitter(writer, loop)
         log.info("store %s", path)
         return SessionStore(reader, self.committer)
-
-    def _check_store(self, path: Path, problems: list[str] | None = None) -> None:
-        """Salvage ``path`` if malformed; the alarm ``store_salvaged`` says what survived
-        (``store_wal_damaged``: transactions after a damaged WAL frame are lost)."""
-        wal = keep_damaged_wal(path) if problems is None else None
-        if wal is not None and self.admin is not None:
-            found, copy = wal
-            self.admin.alarms.activate(
-                "store_wal_damaged",
-                f"{path}-wal was damaged at frame {found.first_bad} of {found.frames}: "
-                f"{found.later_commits} committed transactions after it are lost; "
-                f"copy in {copy}",
-                {"path": str(path), "copy": str(copy), **found.as_dict()},
-            )
-        report = open_checked(path) if problems is None else salvage(path, problems)
-        if report is not None and self.admin is not None:
-            self.admin.alarms.activate("store_salvaged", report.summary(), report.as_dict())
-            self.admin.salvage_reports.append(report.as_dict())
-
-    def _guard_store(self, node: Node) -> None:
-        """Space, write errors and corruption of the running store (gateway.store.space)."""
-        assert self.committer is not None and self.admin is not None
-        d = self.config.durability
-        settings = SpaceSettings(d.reserve_size, d.max_size, d.disk_high_watermark,
-                                 d.check_interval)
-        data_dir = Path(self.config.node.data_dir)
-        self.store_guard = StoreGuard(data_dir, db_path(data_dir), self.committer, node,
-                                      self.admin.alarms, settings, store_schemas())
-        self.store_guard.start()
 
     async def stop(self) -> None:
         """Stop accepting, tell connected clients we are going (0x8B), settle their
