@@ -225,6 +225,7 @@ class StoreGuard:
         self.maintenance_runs = 0
         self.pages_freed = 0
         self._disk_full = False
+        self._high = False
         self._maintaining = False
         self._urgent = False  # space is short: checkpoints truncate the WAL
         self._salvaging = False
@@ -361,7 +362,9 @@ class StoreGuard:
              "min_free": low_water, "reserve_held": self.reserve.held,
              "fault": fault.as_dict() if fault is not None else None},
         )
-        high = usage.used_ratio >= s.disk_high_watermark
+        # hysteresis: once raised, cleared 2 points below the watermark (no flapping)
+        high = usage.used_ratio >= s.disk_high_watermark - (0.02 if self._high else 0.0)
+        self._high = high
         self._alarm(
             "high_disk_usage",
             high,
