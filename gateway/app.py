@@ -22,6 +22,7 @@ import logging
 import signal
 import sqlite3
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from gateway.admin.admin import Admin
@@ -51,10 +52,13 @@ from gateway.net.websocket import WebSocketChannel, WebSocketSettings
 from gateway.protect.banned import BanGuard
 from gateway.protect.flapping import FlappingDetector, FlappingSettings
 from gateway.rules.service import RulesService, start_rules
+from gateway.store import startup as store_startup
 from gateway.store.banned import BannedStore
 from gateway.store.db import db_path, ensure_schema, open_db
+from gateway.store.faults import classify
 from gateway.store.lwm2m import Lwm2mStore
 from gateway.store.sessions import SCHEMA, SessionStore
+from gateway.store.space import StoreGuard
 from gateway.store.writer import GroupCommitter
 from gateway.workers.plan import node_data_dir
 from protocols.coap.channel import CoapChannel, CoapSettings
@@ -163,6 +167,7 @@ class Gateway:
         self.shared_dir = node_data_dir(config.node.data_dir, worker)
         self.node: Node | None = None
         self.committer: GroupCommitter | None = None
+        self.store_guard: StoreGuard | None = None  # space, write errors (gateway.store.space)
         self.archiver: Archiver | None = None
         self.bans: BanGuard | None = None
         self.flapping: FlappingDetector | None = None
@@ -195,6 +200,9 @@ class Gateway:
         )
         if store is not None:
             node.restore(*store.load())
+            assert self.committer is not None
+            self.store_guard = store_startup.guard(config, self.committer, node,
+                                                  self.admin.alarms)
         self._start_protection(node)
         self.auth = install_auth(node, config, loop, data_dir=self.shared_dir)
         self.cluster = cluster_from_config(config, node, self.committer, self.admin.version)
@@ -574,12 +582,25 @@ class Gateway:
         )
 
     def _open_store(self, loop: asyncio.AbstractEventLoop) -> SessionStore | None:
+        # before anything opens gateway.db (bans and users too): reserves freed, checked,
+        # salvaged if malformed (docs/storage.md); worker 0 checks the shared users file
+        data_dir = Path(self.config.node.data_dir)
+        dirs = [data_dir, Path(self.shared_dir)] if self.primary else [data_dir]
+        store_startup.prepare(data_dir, dirs, self.config.durability.check_on_start,
+                              self.admin)
         if not self.config.durability.enable:
             log.warning("durability disabled: sessions and retained messages are memory-only")
             return None
         path = db_path(self.config.node.data_dir)
-        reader = open_db(path)
-        ensure_schema(reader, SCHEMA)
+        try:
+            reader = open_db(path)
+            ensure_schema(reader, SCHEMA)
+        except sqlite3.DatabaseError as exc:  # malformed past what quick_check saw
+            if classify(exc).kind != "corrupt":
+                raise
+            store_startup.check(path, self.admin, [str(exc)])
+            reader = open_db(path)
+            ensure_schema(reader, SCHEMA)
         writer = open_db(path, check_same_thread=False)
         self.committer = GroupCommitter(writer, loop)
         log.info("store %s", path)
@@ -623,6 +644,9 @@ class Gateway:
         if self.bridges is not None:  # DISCONNECT upstream; outbox deletes get committed
             await self.bridges.stop()
             self.bridges = None
+        if self.store_guard is not None:
+            self.store_guard.stop()
+            self.store_guard = None
         if self.committer is not None:
             self.committer.close()
             self.committer = None

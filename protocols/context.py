@@ -203,6 +203,12 @@ class ConnectResult:
     session_expiry_interval: int = 0
 
 
+PUBLISH_REFUSED = -1
+"""``GatewayContext.publish``: the message was not taken (not routed, not retained): it
+is QoS 1/2 and the node's store cannot make it durable now (disk full, a write error, its
+size cap). The channel answers at once: MQTT 5 with reason code 0x97 (quota exceeded),
+MQTT 3.1.1 by closing the connection without an acknowledgement (the client re-sends)."""
+
 AUTH_PENDING = -1
 """``GatewayContext.authenticate``: the answer will come through ``done``."""
 
@@ -265,7 +271,8 @@ class GatewayContext(Protocol):
     def authorize(self, client: ClientInfo, action: str, topic: str) -> bool: ...
 
     def publish(self, client: ClientInfo, message: Message) -> int:
-        """Route a message; returns the number of sessions it reached."""
+        """Route a message; returns the number of sessions it reached, or
+        :data:`PUBLISH_REFUSED`."""
         ...
 
     def subscribe(self, client: ClientInfo, topic_filter: str, options: SubOptions) -> bool:

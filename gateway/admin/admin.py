@@ -11,6 +11,7 @@ methods (kick, discard a session, delete a retained message).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import platform
@@ -51,6 +52,7 @@ class Admin:
         self.started_at = time.time()
         self._started_mono = time.monotonic()
         self.alarms = Alarms()
+        self.salvage_reports: list[dict[str, Any]] = []  # stores salvaged at start
         self.max_connections = configured_max_connections(self.config)
         self.nofile = raise_nofile_limit(self.max_connections)
         if not self.nofile.ok:
@@ -95,6 +97,7 @@ class Admin:
             sockport=self._sockport,
         )
         self.sys.start()
+        self.alarms.listeners.append(self.sys.alarm)
         api = self.config.api
         if api.enable:
             await self._start_api(loop)
@@ -123,6 +126,8 @@ class Admin:
             await self.api.stop()
             self.api = None
         if self.sys is not None:
+            with contextlib.suppress(ValueError):
+                self.alarms.listeners.remove(self.sys.alarm)
             self.sys.stop()
             self.sys = None
         if self.tracker is not None:
@@ -307,7 +312,17 @@ class Admin:
                 "enabled": durability,
                 "path": str(self.config.node.data_dir) if durability else None,
             },
+            "store": self.store_view(),
         }
+
+    def store_view(self) -> dict[str, Any] | None:
+        """The store's space and health (gateway.store.space), None without durability."""
+        guard = getattr(self.gateway, "store_guard", None)
+        if guard is None:
+            return None
+        view: dict[str, Any] = guard.view()
+        view["salvaged"] = self.salvage_reports
+        return view
 
     def status_line(self) -> str:
         """One line for systemd's STATUS=: connections per listener, sessions."""
@@ -333,6 +348,8 @@ class Admin:
             "rates": self.tracker.rates() if self.tracker is not None else {},
             "nofile": self.nofile.as_dict(),
             "bridges": self.bridges_view()["bridges"],
+            "alarm_names": [a.name for a in self.alarms.active()],
+            "store": self.store_view(),
         }
 
     # -- actions -----------------------------------------------------------------------

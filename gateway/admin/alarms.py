@@ -2,8 +2,9 @@
 
 An alarm has a unique ``name`` (activating it again only updates its message and
 details), a one-line ``message`` and JSON-able ``details``. Deactivated alarms move to a
-bounded history. Shown by ``/api/v5/alarms``, ``gatewayctl status`` and the Prometheus
-gauge ``gateway_alarms_active``.
+bounded history. Shown by ``/api/v5/alarms``, ``gatewayctl status``, the Prometheus gauges
+``gateway_alarms_active`` and ``gateway_alarm{name}``, and published (QoS 0) on
+``$SYS/brokers/<node>/alarms/activate`` and ``.../deactivate``.
 """
 
 from __future__ import annotations
@@ -44,12 +45,16 @@ class Alarms:
         self._now = now
         self._active: dict[str, Alarm] = {}
         self._history: deque[Alarm] = deque(maxlen=HISTORY)
+        # called with (alarm, activated) when one is activated (first time) or cleared:
+        # $SYS/brokers/<node>/alarms/activate|deactivate
+        self.listeners: list[Callable[[Alarm, bool], None]] = []
 
     def activate(self, name: str, message: str, details: dict[str, Any] | None = None) -> None:
         alarm = self._active.get(name)
         if alarm is None:
-            self._active[name] = Alarm(name, message, dict(details or {}), self._now())
+            self._active[name] = new = Alarm(name, message, dict(details or {}), self._now())
             log.info("alarm %s activated: %s", name, message)
+            self._tell(new, True)
         else:
             alarm.message = message
             alarm.details = dict(details or {})
@@ -61,7 +66,15 @@ class Alarms:
         alarm.deactivated_at = self._now()
         self._history.append(alarm)
         log.info("alarm %s cleared", name)
+        self._tell(alarm, False)
         return True
+
+    def _tell(self, alarm: Alarm, activated: bool) -> None:
+        for listener in list(self.listeners):
+            try:
+                listener(alarm, activated)
+            except Exception:  # pragma: no cover - a listener never breaks an alarm
+                log.exception("alarm listener failed")
 
     def active(self) -> list[Alarm]:
         return sorted(self._active.values(), key=lambda a: a.activated_at)

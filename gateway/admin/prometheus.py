@@ -125,12 +125,44 @@ class GatewayCollector(Collector):
         yield rates
         yield GaugeMetricFamily(f"{PREFIX}_alarms_active", "Active alarms.",
                                 value=snap["alarms"])
+        alarm = GaugeMetricFamily(f"{PREFIX}_alarm", "1 per active alarm, by name.",
+                                  labels=["name"])
+        for name in snap.get("alarm_names", []):
+            alarm.add_metric([name], 1)
+        yield alarm
+        yield from _store_metrics(snap.get("store"))
         yield from _bridge_metrics(snap.get("bridges", []))
         nofile = snap.get("nofile")
         if nofile is not None and nofile.get("soft", -1) >= 0:
             yield GaugeMetricFamily(f"{PREFIX}_nofile_limit",
                                     "The process's soft open-file limit.",
                                     value=nofile["soft"])
+
+
+def _store_metrics(st: dict[str, Any] | None) -> Iterator[Metric]:
+    """The store's space and health (gateway.store.space); nothing without durability."""
+    if not st:
+        return
+    gauges = (
+        ("store_writable", "1 while the store commits (0: a write error).",
+         1 if st.get("writable") else 0),
+        ("store_refusing", "1 while QoS 1/2 publishes and new persistent sessions are refused.",
+         1 if st.get("refusing") else 0),
+        ("store_bytes", "gateway.db and its WAL, bytes.", st.get("db_bytes")),
+        ("store_wal_bytes", "The WAL, bytes.", st.get("wal_bytes")),
+        ("store_disk_total_bytes", "Size of the data_dir file system.", st.get("disk_total")),
+        ("store_disk_free_bytes", "Free bytes on the data_dir file system (for us).",
+         st.get("disk_free")),
+        ("store_disk_usage_ratio", "Used share of the data_dir file system.",
+         st.get("disk_usage")),
+        ("store_reserve_held", "1 while the reserve file is held.",
+         1 if st.get("reserve_held") else 0),
+    )
+    for name, doc, value in gauges:
+        if value is not None:
+            yield GaugeMetricFamily(f"{PREFIX}_{name}", doc, value=float(value))
+    yield CounterMetricFamily(f"{PREFIX}_store_commit_failures", "Commits that failed.",
+                              value=float(st.get("commit_failures") or 0))
 
 
 def _bridge_metrics(bridges: list[dict[str, Any]]) -> Iterator[Metric]:

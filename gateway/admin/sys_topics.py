@@ -152,6 +152,13 @@ class SysPublisher:
         node.publish(SYS_CLIENT, message)
         self.published += 1
 
+    def alarm(self, alarm: Any, activated: bool) -> None:
+        """An alarm was activated or cleared (EMQX's ``$SYS/brokers/<node>/alarms/...``)."""
+        if not self._running:
+            return
+        topic = f"{self.prefix}/alarms/{'activate' if activated else 'deactivate'}"
+        self._publish(topic, json.dumps(alarm.as_dict(), separators=(",", ":")))
+
     # -- client events -------------------------------------------------------------
 
     def _event_topic(self, client: ClientInfo, event: str) -> str | None:

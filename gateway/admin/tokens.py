@@ -10,12 +10,15 @@ exist and never rewrites it; to rotate the token, delete the file and restart, o
 from __future__ import annotations
 
 import hmac
+import logging
 import os
 import secrets
 from pathlib import Path
 from typing import Any
 
 TOKEN_FILE_NAME = "api.token"
+
+log = logging.getLogger("gateway.admin")
 
 
 class TokenError(Exception):
@@ -38,6 +41,19 @@ def ensure_token(config: Any) -> str:
         return _read(path)
     except FileNotFoundError:
         pass
+    except TokenError:
+        # empty: a power cut or a file-system error between its creation and its data
+        # reaching the disk; a new token replaces it (clients read the file again)
+        log.warning("the API token file %s is empty: writing a new token", path)
+        token = secrets.token_urlsafe(32)
+        tmp = path.with_name(path.name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(token + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        return token
     path.parent.mkdir(parents=True, exist_ok=True)
     token = secrets.token_urlsafe(32)
     try:
@@ -46,6 +62,8 @@ def ensure_token(config: Any) -> str:
         return _read(path)
     with os.fdopen(fd, "w") as f:
         f.write(token + "\n")
+        f.flush()
+        os.fsync(f.fileno())  # or a power cut may leave it empty
     return token
 
 

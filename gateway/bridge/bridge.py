@@ -163,7 +163,9 @@ class Bridge:
 
     # -- upstream -> local ---------------------------------------------------------------
 
-    def _from_upstream(self, p: Publish) -> None:
+    def _from_upstream(self, p: Publish) -> bool:
+        """Publish a message from upstream locally; False when the node refused it (its
+        store cannot write: the client then does not acknowledge it upstream)."""
         rules: list[SubscriptionRule] = []
         ids = p.properties.subscription_identifiers
         subs = self.settings.subscriptions
@@ -188,13 +190,14 @@ class Bridge:
                     "dropped (%d so far)",
                     self.name, p.topic, self.unmatched,
                 )
-            return
+            return True
         now = self.scheduler.time()
         props = p.properties
         expiry = props.message_expiry_interval
         if props is not NO_PROPERTIES and (props.subscription_identifiers or props.topic_alias):
             props = replace(props, subscription_identifiers=(), topic_alias=None)
         seen: set[str] = set()
+        taken = True
         for rule in rules:
             local = render(rule.local, p.topic)
             if local in seen:
@@ -212,9 +215,11 @@ class Bridge:
             )
             message.headers = {HEADER: self.name}
             try:
-                self.node.publish(self.info, message)
+                if self.node.publish(self.info, message) < 0:  # PUBLISH_REFUSED
+                    taken = False
             except Exception:  # never let a local problem take the link down
                 log.exception("bridge %s: publishing %r locally failed", self.name, local)
+        return taken
 
     # -- drops, expiry, rates ------------------------------------------------------------
 

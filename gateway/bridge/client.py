@@ -167,7 +167,7 @@ class UpstreamClient:
         scheduler: Scheduler,
         dialer: Dialer,
         *,
-        on_message: Callable[[Publish], None],
+        on_message: Callable[[Publish], bool | None],
         gate: CommitGate | None = None,
         rng: random.Random | None = None,
     ) -> None:
@@ -190,6 +190,7 @@ class UpstreamClient:
         self.forwarded = 0  # entries written upstream (each once, re-sends not counted)
         self.acked = 0
         self.received = 0  # PUBLISH from upstream published locally
+        self.refused = 0  # of those, refused by the node (its store could not write)
         self.connects = 0
         self.attempts = 0
         # the current connection
@@ -529,7 +530,11 @@ class UpstreamClient:
             self._send_ack(conn.send(PubRec(pid)))  # a re-send: published already
             return
         self.received += 1
-        self.on_message(p)
+        if self.on_message(p) is False and pid is not None:
+            # the node's store cannot take it (disk full, a write error): no
+            # acknowledgement, so upstream keeps it and sends it again (after a reconnect)
+            self.refused += 1
+            return
         if pid is None:
             return
         if p.qos == 1:

@@ -36,6 +36,7 @@ SUBCOMMANDS: list[tuple[str, str]] = [
     ("gateway.cli.ctl.ban", "ban"),
     ("gateway.cli.ctl.users", "users"),
     ("gateway.cli.ctl.rules", "rules"),
+    ("gateway.cli.ctl.store", "store"),
 ]
 
 
@@ -61,7 +62,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         click.echo(cli.get_help(click.Context(cli, info_name=PROG)), err=True)
         return 2
     try:
-        cli.main(args=args, prog_name=PROG, standalone_mode=False)
+        # with standalone_mode=False click returns ctx.exit(N)'s N instead of raising
+        rv = cli.main(args=args, prog_name=PROG, standalone_mode=False)
+        if isinstance(rv, int) and not isinstance(rv, bool):
+            return rv
     except click.exceptions.Exit as exc:
         return exc.exit_code
     except click.ClickException as exc:

@@ -731,11 +731,35 @@ class RetainerConfig(_Section):
     max_payload_size: Size = 1 << 20
 
 
+def _parse_ratio(value: object) -> object:
+    """``0.9`` or ``"90%"`` -> 0.9."""
+    if isinstance(value, str) and value.strip().endswith("%"):
+        try:
+            return float(value.strip()[:-1]) / 100
+        except ValueError:
+            raise ValueError(f"expected a share such as 0.9 or \"90%\", got {value!r}") from None
+    return value
+
+
 class DurabilityConfig(_Section):
     # true: persistent sessions, their queued/inflight QoS 1/2 messages and retained
     # messages live in {data_dir}/gateway.db and survive a restart or kill -9;
     # false: memory only, everything is lost when the process ends.
     enable: bool = True
+    # space management (docs/operations.md "Storage faults"): a file of this size is
+    # kept in data_dir and released when the disk fills, so the store can still delete
+    # and checkpoint; QoS 1/2 publishes and persistent sessions are refused (0x97) while
+    # less than this is free besides it (0: no reserve, refuse below 256KB free)
+    reserve_size: Size = 1024 * 1024
+    # cap on gateway.db + its WAL (0: none); at the cap the same refusals
+    max_size: Size = 0
+    # alarm high_disk_usage at this share of the data_dir file system used
+    # (0.9 or "90%"), cleared below it
+    disk_high_watermark: Annotated[float, BeforeValidator(_parse_ratio), Field(gt=0, le=1)] = 0.9
+    # how often the file system and the store's size are looked at (also after commits)
+    check_interval: Annotated[float, BeforeValidator(parse_duration), Field(gt=0)] = 5.0
+    # on start: PRAGMA quick_check; a malformed file is moved aside and salvaged
+    check_on_start: bool = True
 
 
 _NAME_RE = re.compile(r"[A-Za-z0-9._@-]+")

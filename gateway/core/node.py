@@ -43,6 +43,7 @@ from gateway.core.session import NEVER_EXPIRE, Session, SessionConfig
 from gateway.store.sessions import SessionStore, StoredSession
 from protocols.context import (
     AUTH_PENDING,
+    PUBLISH_REFUSED,
     AuthExchange,
     ClientInfo,
     ConnectionHandle,
@@ -88,6 +89,10 @@ class Node:
     ) -> None:
         self.settings = settings
         self.store = store
+        # 0 while the store can take durable writes; otherwise the MQTT 5 reason code
+        # (0x97) with which QoS 1/2 publishes and persistent sessions are refused
+        # (set by gateway.store.space.StoreGuard: disk full, write errors, size cap)
+        self.store_refusal = 0
         self.scheduler = scheduler
         self.metrics = Metrics()
         self.hooks = Hooks()
@@ -216,6 +221,11 @@ class Node:
         will_delay: int,
     ) -> ConnectResult:
         cid = client.client_id
+        if expiry_interval and self.store_refusal and (clean_start or cid not in self.sessions):
+            # a new persistent session is a promise to keep its messages, which the store
+            # cannot; one that exists resumes (draining its queue is what frees space)
+            self.metrics.incr("client.connack.refused.store")
+            return ConnectResult(self.store_refusal)
         self.hooks.run("client.connect", client)
         existing = self.sessions.get(cid)
         present = False
@@ -486,6 +496,13 @@ class Node:
 
     def publish(self, client: ClientInfo, message: Message) -> int:
         self._counters["messages.received"] += 1
+        if self.store_refusal and message.payload and (message.qos or message.retain):
+            # (an empty retained message deletes one: it frees space, so it goes through)
+            if message.qos:
+                self.metrics.incr("messages.refused.store")
+                return PUBLISH_REFUSED
+            message.retain = False  # QoS 0: delivered live, not retained
+            self.metrics.incr("messages.retain_refused.store")
         hooks = self.hooks
         callbacks = hooks.callbacks("message.publish")
         # the retainer alone has nothing to do with a message that is not retained

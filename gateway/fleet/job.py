@@ -172,6 +172,10 @@ def read_raw(spark: SparkSession, root: str, dates: list[dt.date], *, events: bo
         spark.read.schema(schema)
         .option("mode", "PERMISSIVE")
         .option("columnNameOfCorruptRecord", tables.CORRUPT)
+        # a torn segment (a card that failed mid-write: the gzip ends early) is read up
+        # to the damage and the rest skipped with a warning, not fatal to the job;
+        # gatewayctl store check lists such segments on the unit
+        .option("ignoreCorruptFiles", "true")
         .option("basePath", root)
         .option("pathGlobFilter", "*.jsonl.gz")
         .option("recursiveFileLookup", "false")

@@ -53,7 +53,9 @@ class Channel(Protocol):
 class CommitGate(Protocol):
     @property
     def dirty(self) -> bool: ...
-    def after_commit(self, callback: Callable[[], None]) -> None: ...
+    def after_commit(
+        self, callback: Callable[[], None], on_fail: Callable[[], None] | None = None
+    ) -> None: ...
 
 
 class Bucket:
@@ -399,9 +401,21 @@ class EffectLoop:
             held.extend(effects)
             self._held_total += len(effects)
             mark = self._held_total
-            gate.after_commit(lambda: self._release(mark))
+            gate.after_commit(lambda: self._release(mark), self._abandon)
             return
         self._execute(effects)
+
+    def _abandon(self) -> None:
+        """The store failed before the held output could go (the disk is full, a write
+        error): drop it all, since it may acknowledge what is not on disk, and disconnect
+        ; the peer re-sends what was not
+        acknowledged. While the store stays in its fault, holds end at once. The channel
+        sees an ordinary loss of its connection (its will, if any, goes)."""
+        if self.held is None or self.closed:
+            return
+        self.held = None
+        self._released_total = self._held_total
+        self._execute([Close("the store cannot write: held output dropped")])
 
     def _release(self, mark: int) -> None:
         n = mark - self._released_total

@@ -22,9 +22,22 @@ Invariants:
   committed; callbacks run on the loop, in registration order.
 - ``dirty`` is True while some added operation is not yet committed (a segment left
   empty by its owner's cancellations counts until its batch leaves).
-- A failed commit is logged as an error and retried with the next batch; callbacks of
-  the failed batch wait for that retry (an acknowledgement is never sent for data
-  that is not on disk).
+- A failed commit puts the committer in *fault* mode (:attr:`fault`, a
+  :class:`~gateway.store.faults.StoreFault`): its operations go back in front of the
+  batch accumulating, in order, and are retried after a back-off (0.25 s doubling to
+  5 s) or at once on :meth:`retry`; the first success ends the fault. Before a commit
+  that failed for lack of space is reported, the writer thread calls ``release_space``
+  (the reserve file, :mod:`gateway.store.space`) and, if that freed something, retries
+  at once.
+- An acknowledgement is never sent for data that is not on disk. Callbacks come in two
+  sorts. *Strict* ones (``after_commit(cb)``) wait for the commit, however long the
+  fault lasts. *Soft* ones (``after_commit(cb, on_fail)``: a connection's held output)
+  are failed when a fault starts (``on_fail`` runs instead: the owner drops what it
+  held and closes the connection, the peer re-sends), and while the fault lasts a new
+  soft callback runs at once: whoever might acknowledge something that needs the disk
+  refuses it before it gets that far (:attr:`gateway.core.node.Node.store_refusal`).
+- ``on_fault`` (if set) is called on the loop with the new fault when one starts or
+  changes kind, and with None when it ends.
 - A segment is changed by its owner only while it is the last item of the batch still
   accumulating (:meth:`is_open`); from then on it is the writer thread's to read.
 - ``flush_sync`` (shutdown) never runs a batch again that the writer thread committed;
@@ -42,7 +55,12 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+from gateway.store.faults import StoreFault, classify
+
 log = logging.getLogger("gateway.store")
+
+RETRY_FIRST = 0.25
+RETRY_MAX = 5.0
 
 Op = tuple[str, Sequence[Any]]
 
@@ -60,6 +78,40 @@ class Segment(Protocol):
 
 
 Item = Op | Segment
+
+
+class _Soft:
+    """A callback that is failed, not delayed, when the store cannot write."""
+
+    __slots__ = ("callback", "on_fail")
+
+    def __init__(self, callback: Callable[[], None], on_fail: Callable[[], None]) -> None:
+        self.callback = callback
+        self.on_fail = on_fail
+
+    def __call__(self) -> None:
+        self.callback()
+
+
+class Task:
+    """Work for the writer thread between batches (checkpoint, vacuum): ``fn(conn)``
+    runs there; ``done(result, error)`` then runs on the loop."""
+
+    __slots__ = ("fn", "done", "replaces", "result", "error")
+
+    def __init__(
+        self,
+        fn: Callable[[sqlite3.Connection], Any],
+        done: Callable[[Any, BaseException | None], None] | None = None,
+        *,
+        replaces: bool = False,
+    ) -> None:
+        self.fn = fn
+        self.done = done
+        # fn closes the connection and returns the one to use from now on (a salvage)
+        self.replaces = replaces
+        self.result: Any = None
+        self.error: BaseException | None = None
 
 
 class _Batch:
@@ -81,7 +133,7 @@ class GroupCommitter:
         self._inflight: _Batch | None = None
         self._scheduled = False
         self._closed = False
-        self._queue: queue.SimpleQueue[_Batch | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[_Batch | Task | None] = queue.SimpleQueue()
         self._idle = threading.Event()  # clear while the writer thread holds a batch
         self._idle.set()
         self._thread = threading.Thread(
@@ -90,6 +142,14 @@ class GroupCommitter:
         self._thread.start()
         self.commits = 0
         self.ops_committed = 0
+        self.failures = 0  # commits that failed
+        self.fault: StoreFault | None = None
+        self.on_fault: Callable[[StoreFault | None], None] | None = None
+        self.on_commit: Callable[[], None] | None = None
+        # writer thread: free some space (the reserve file); True if it did
+        self.release_space: Callable[[], bool] | None = None
+        self._retry_delay = RETRY_FIRST
+        self._retry_timer: asyncio.TimerHandle | None = None
 
     @property
     def dirty(self) -> bool:
@@ -109,12 +169,32 @@ class GroupCommitter:
         items = self._items
         return bool(items) and items[-1] is segment
 
-    def after_commit(self, callback: Callable[[], None]) -> None:
-        if not self.dirty:
+    def after_commit(
+        self, callback: Callable[[], None], on_fail: Callable[[], None] | None = None
+    ) -> None:
+        """Run ``callback`` once everything added so far is committed. With ``on_fail``
+        the callback is soft (see the module's invariants)."""
+        if not self.dirty or (on_fail is not None and self.fault is not None):
             callback()
             return
-        self._callbacks.append(callback)
+        self._callbacks.append(callback if on_fail is None else _Soft(callback, on_fail))
         self._schedule()
+
+    def submit(self, task: Task) -> None:
+        """Run ``task`` on the writer thread after the batches handed to it so far."""
+        self._queue.put(task)
+
+    def retry(self) -> None:
+        """During a fault: try the pending operations now (space may be back)."""
+        if self.fault is None:
+            return
+        if self._retry_timer is not None:
+            self._retry_timer.cancel()
+            self._retry_timer = None
+        self._retry_delay = RETRY_FIRST
+        if self._inflight is None:
+            for cb in self._hand_off():
+                cb()
 
     def _schedule(self) -> None:
         if not self._scheduled:
@@ -125,6 +205,8 @@ class GroupCommitter:
         self._scheduled = False
         if self._inflight is not None:
             return  # the completion handler flushes again
+        if self.fault is not None:
+            return  # the retry timer (or retry()) hands the backlog off
         for cb in self._hand_off():
             cb()
 
@@ -149,20 +231,58 @@ class GroupCommitter:
             batch = self._queue.get()
             if batch is None:
                 return
+            if isinstance(batch, Task):
+                self._run_task(batch)
+                continue
             try:
-                self._commit(batch.items)
+                self._commit_or_release(batch.items)
                 batch.ok = True
             except Exception as exc:  # never let the thread die: the node would stall
                 batch.error = exc
-                log.exception(
-                    "store commit failed (%d operations); will retry", len(batch.items)
-                )
-                with contextlib.suppress(sqlite3.Error):
-                    self._conn.execute("ROLLBACK")
+                self.failures += 1
+                if self.fault is None:
+                    log.error(
+                        "store commit failed (%d operations), kept in memory to retry: %s",
+                        len(batch.items), exc,
+                    )
             self._idle.set()  # batch.ok is read by flush_sync once this is set
             if not self._closed:
                 with contextlib.suppress(RuntimeError):  # the loop is closed
                     self._loop.call_soon_threadsafe(self._done, batch)
+
+    def _commit_or_release(self, items: list[Item]) -> None:
+        try:
+            self._commit(items)
+        except Exception as exc:
+            self._rollback()
+            release = self.release_space
+            if classify(exc).space and release is not None and release():
+                log.warning("store out of space: reserve released, commit retried")
+                try:
+                    self._commit(items)
+                except Exception:
+                    self._rollback()
+                    raise
+                return
+            raise
+
+    def _rollback(self) -> None:
+        with contextlib.suppress(sqlite3.Error):
+            if self._conn.in_transaction:
+                self._conn.execute("ROLLBACK")
+
+    def _run_task(self, task: Task) -> None:
+        try:
+            task.result = task.fn(self._conn)
+            if task.replaces:
+                self._conn = task.result
+        except Exception as exc:
+            task.error = exc
+            self._rollback()
+        done = task.done
+        if done is not None and not self._closed:
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(done, task.result, task.error)
 
     def _commit(self, items: list[Item]) -> None:
         conn = self._conn
@@ -197,12 +317,19 @@ class GroupCommitter:
             return  # flush_sync settled it already
         self._inflight = None
         if not batch.ok:
+            assert batch.error is not None
             self._items[:0] = batch.items
             self._callbacks[:0] = batch.callbacks
-            self._schedule()
+            self._failed(classify(batch.error))
             return
         self.commits += 1
         self.ops_committed += len(batch.items)
+        if self.fault is not None:
+            log.warning("store writes again (%d operations caught up)", len(batch.items))
+            self.fault = None
+            self._retry_delay = RETRY_FIRST
+            if self.on_fault is not None:
+                self.on_fault(None)
         # the next batch leaves at once, so the writer commits it while this batch's
         # callbacks run; callbacks still run in registration order
         callbacks = batch.callbacks
@@ -210,6 +337,35 @@ class GroupCommitter:
             callbacks = callbacks + self._hand_off()
         for cb in callbacks:
             cb()
+        if self.on_commit is not None:
+            self.on_commit()
+
+    def _failed(self, fault: StoreFault) -> None:
+        """A commit failed: fail the soft callbacks, keep the strict ones, retry later."""
+        changed = self.fault is None or self.fault.kind != fault.kind
+        self.fault = fault
+        strict: list[Callable[[], None]] = []
+        failed: list[_Soft] = []
+        for cb in self._callbacks:
+            if isinstance(cb, _Soft):
+                failed.append(cb)
+            else:
+                strict.append(cb)
+        self._callbacks = strict
+        if changed and self.on_fault is not None:
+            self.on_fault(fault)
+        for soft in failed:
+            soft.on_fail()
+        if self._retry_timer is None and not self._closed:
+            delay = self._retry_delay
+            self._retry_delay = min(RETRY_MAX, delay * 2)
+            self._retry_timer = self._loop.call_later(delay, self._retry_due)
+
+    def _retry_due(self) -> None:
+        self._retry_timer = None
+        if self.fault is not None and self._inflight is None:
+            for cb in self._hand_off():
+                cb()
 
     def flush_sync(self) -> None:
         """Commit everything now and wait for it (shutdown; the loop need not run).
@@ -241,8 +397,15 @@ class GroupCommitter:
             cb()
 
     def close(self) -> None:
+        """Commit what is pending and stop the thread. A commit that still fails (the
+        disk is full) is logged, not raised: what it held was never acknowledged."""
+        if self._retry_timer is not None:
+            self._retry_timer.cancel()
+            self._retry_timer = None
         try:
             self.flush_sync()
+        except Exception as exc:
+            log.error("store: pending writes lost at shutdown (not acknowledged): %s", exc)
         finally:
             self._closed = True
             self._queue.put(None)

@@ -618,8 +618,16 @@ class CoapChannel(CoapEndpoint):
         m = BrokerMessage(full, body, qos, _flag(q.get("retain")),
                           publisher=info.client_id, username=info.username, timestamp=now,
                           expires_at=None if expiry is None else now + expiry)
+        if qos and self.context.publish(info, m) < 0:
+            # PUBLISH_REFUSED: the node's store cannot make it durable now (disk full, a
+            # write error); nothing was delivered, the device may try again later.
+            # (Deliveries this publish causes to this very peer are deferred by the
+            # shell until after this answer, so publishing first keeps the wire order.)
+            self._respond(msg, Code.SERVICE_UNAVAILABLE, b"store unavailable")
+            return
         self._respond(msg, Code.CHANGED)
-        self.context.publish(info, m)
+        if not qos:
+            self.context.publish(info, m)
 
     def _subscribe(
         self, msg: Message, topic: str, path: tuple[str, ...], q: dict[str, str]

@@ -940,6 +940,16 @@ class MqttChannel:
             offset = len(raw) - len(p.payload) - (3 if v5 else 2) if qos else -1
             message.wire = {(v5, qos, p.retain): (raw, offset)}
         n = self.context.publish(info, message)
+        if n < 0:  # PUBLISH_REFUSED: the store cannot make it durable now
+            log.warning("%s: QoS %d publish to %s refused: the store cannot write",
+                        self._who(), qos, full_topic)
+            if not v5:  # 3.1.1 has no failure code: no PUBACK, the client re-sends
+                raise _Disconnect(RC.QUOTA_EXCEEDED, "publish refused: the store cannot write")
+            if qos == 1:
+                self._ack(PubAck, 0x40, pid, RC.QUOTA_EXCEEDED)  # type: ignore[arg-type]
+            else:
+                self._ack(PubRec, 0x50, pid, RC.QUOTA_EXCEEDED)  # type: ignore[arg-type]
+            return
         if qos == 1:
             if n or not v5:
                 self._out.append(_ACK.pack(0x40, 2, pid))  # what _ack does with code 0

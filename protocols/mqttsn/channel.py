@@ -629,6 +629,7 @@ class MqttSnChannel(ChannelBase):
         # client: constrained clients (Paho's MQTT-SN samples) read one message at a time
         # and expect the PUBACK first. With a durable node the shell still holds both
         # until the store has committed.
+        at = len(self._out)
         if p.qos == 1:
             self._send(PubAck(tid, p.msg_id, RC.ACCEPTED))
         elif p.qos == 2:
@@ -639,7 +640,16 @@ class MqttSnChannel(ChannelBase):
             full, p.data, p.qos, p.retain, publisher=info.client_id, username=info.username,
             timestamp=now,
         )
-        self.context.publish(info, msg)
+        if self.context.publish(info, msg) < 0:
+            # PUBLISH_REFUSED (the store cannot write; nothing was delivered): the
+            # acknowledgement becomes "rejected: congestion" (QoS 1; the client retries
+            # later, MQTT-SN 1.2 section 6.9) or, for QoS 2 which has no code, is
+            # withdrawn (the client re-sends)
+            if p.qos == 2:
+                session.complete_rel(p.msg_id)
+                del self._out[at]
+            elif p.qos == 1:
+                self._out[at] = self.codec.encode(PubAck(tid, p.msg_id, RC.CONGESTION))
 
     # -- REGISTER in and out ---------------------------------------------------------
 

@@ -29,6 +29,20 @@ def status(config_path: Path | None, as_json: bool) -> None:
     render(data)
 
 
+def _store_line(st: dict[str, Any] | None) -> str:
+    """The store's state in one line: writable or why not, disk use, size."""
+    if not st:
+        return "memory only"
+    state = "accepting" if not st.get("refusing") else f"REFUSING ({st['refusing']})"
+    usage = st.get("disk_usage")
+    disk = f"disk {usage:.0%} used, {(st.get('disk_free') or 0) / 1048576:.1f} MiB free" \
+        if usage is not None else "disk ?"
+    size = f"{(st.get('db_bytes') or 0) / 1048576:.1f} MiB"
+    cap = f" of {st['max_size'] / 1048576:.1f} MiB cap" if st.get("max_size") else ""
+    reserve = "" if st.get("reserve_held") or not st.get("reserve_size") else ", reserve released"
+    return f"{state}; {disk}; {size}{cap}{reserve}"
+
+
 def render(s: dict[str, Any]) -> None:
     out = fmt.console()
     conns = s["connections"]
@@ -53,6 +67,7 @@ def render(s: dict[str, Any]) -> None:
                      f"dropped {fmt.rate(rates.get('messages.dropped'))}"),
         ("Bridges", bridges["status"] if not bridges["enabled"]
          else ", ".join(f"{b['name']} {b['status']}" for b in bridges["bridges"])),
+        ("Store", _store_line(s.get("store"))),
         ("Alarms", f"{len(alarms)} active" if alarms else "none"),
     ]
     out.print(fmt.pairs(rows))

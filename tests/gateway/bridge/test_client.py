@@ -329,6 +329,22 @@ def test_incoming_messages_acknowledged_after_the_local_commit(tmp_path: Path) -
     assert rig.up.received() == [PubAck(9)]
 
 
+def test_incoming_message_the_node_refuses_is_not_acknowledged() -> None:
+    """The node's store cannot write (disk full): the message is not acknowledged
+    upstream, so upstream keeps it; once the node takes messages again they are."""
+    rig = Rig()
+    taken = [False]
+    rig.client.on_message = lambda p: taken[0]
+    rig.connect()
+    assert rig.up is not None
+    rig.up.send(Publish("cmd/x", b"go", 1, packet_id=9))
+    rig.up.send(Publish("cmd/y", b"go", 2, packet_id=10))
+    assert rig.up.received() == [] and rig.client.refused == 2
+    taken[0] = True
+    rig.up.send(Publish("cmd/y", b"go", 2, packet_id=10, dup=True))
+    assert rig.up.received() == [PubRec(10)]
+
+
 def test_incoming_qos2_is_published_once() -> None:
     rig = Rig()
     rig.connect()

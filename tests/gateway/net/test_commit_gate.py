@@ -34,7 +34,9 @@ class TwoPhaseCommitter:
     def add(self, op: str) -> None:
         self.ops.append(op)
 
-    def after_commit(self, callback: Callable[[], None]) -> None:
+    def after_commit(
+        self, callback: Callable[[], None], on_fail: Callable[[], None] | None = None
+    ) -> None:
         if not self.dirty:
             callback()
         else:

@@ -583,3 +583,26 @@ def test_puback_goes_before_the_echo_of_the_same_publish(node: Node, clock: Virt
     got = w.take()
     assert got[0] == PubAck(tid, 2, 0)
     assert isinstance(got[1], Publish) and got[1].data == b"mypayload"
+
+
+def test_publish_refused_while_the_store_cannot_write(node: Node, clock: VirtualScheduler):
+    """Node.store_refusal (disk full, a write error): QoS 1 gets PUBACK "rejected:
+    congestion" (0x01) instead of accepted, QoS 2 gets no PUBREC (the client re-sends);
+    nothing is delivered; QoS 0 flows."""
+    sub = mqtt_client(node, clock, "m")
+    sub.send(MqttSubscribe(1, (Subscription("s/#", qos=2),)))
+    sub.take()
+    w = sn(node, clock, "d")
+    w.send(Register(0, 5, "s/t"))
+    tid = w.take()[0].topic_id  # type: ignore[attr-defined]
+    node.store_refusal = 0x97
+    w.send(Publish(tid, b"q1", qos=1, msg_id=7))
+    assert w.take() == [PubAck(tid, 7, 0x01)]
+    w.send(Publish(tid, b"q2", qos=2, msg_id=8))
+    assert w.take() == []
+    w.send(Publish(tid, b"q0", qos=0))
+    got = [(p.topic, p.payload) for p in sub.take() if isinstance(p, MqttPublish)]
+    assert got == [("s/t", b"q0")]
+    node.store_refusal = 0
+    w.send(Publish(tid, b"q2", qos=2, msg_id=8, dup=True))  # re-sent: accepted now
+    assert w.take() == [PubRec(8)]
