@@ -13,6 +13,7 @@ systemd-nspawn, or when the Debian mirror cannot be reached.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import queue
@@ -52,16 +53,25 @@ class Converged:
     hosts: dict[str, Host]
     inventory: Path
     pki: Path
+    wheels: Path
+    work: Path
     runs: dict[str, Run] = field(default_factory=dict)
 
 
-def write_inventory(path: Path, hosts: dict[str, Host], wheels: Path, pki: Path) -> None:
+def write_inventory(path: Path, hosts: dict[str, Host], wheels: Path, pki: Path,
+                    live: bool = False) -> None:
+    """The inventory of the test's hosts; ``live``: the booted containers, reached with the
+    chroot connection whose chroot command is ``nsenter-root`` (every namespace of the
+    container's init), so systemctl talks to the container's systemd."""
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     nofile = 1048576 if hard == resource.RLIM_INFINITY else min(1048576, hard)
     entries = {}
     for h in hosts.values():
         entries[h.name] = {
-            "ansible_host": str(h.root),
+            "ansible_host": (f"/proc/{h.container.leader}/root" if live and h.container
+                             else str(h.root)),
+            **({"ansible_chroot_exe": str(Path(__file__).with_name("nsenter-root"))}
+               if live else {}),
             "gateway_node_name": h.node,
             "cluster_port": h.ports["cluster"],
             "cluster_bind": f"127.0.0.1:{h.ports['cluster']}",
@@ -90,6 +100,8 @@ def write_inventory(path: Path, hosts: dict[str, Host], wheels: Path, pki: Path)
                 "tuning_profile": "edge",
                 # what this machine allows, a quick restart for the test
                 "gateway_service_settings": {"LimitNOFILE": nofile, "RestartSec": "1s"},
+                "gateway_authz_rules": [{"permission": "deny", "action": "subscribe",
+                                         "topics": ["forbidden/#"]}],
             },
             "children": {"gateway_cluster": {"children": {"gateway_core": {"hosts": entries}}}},
         }
@@ -123,7 +135,7 @@ def converged(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Converged]:
     inventory = work / "hosts.yml"
     pki = work / "pki"
     write_inventory(inventory, hosts, wheels, pki)
-    state = Converged(hosts, inventory, pki)
+    state = Converged(hosts, inventory, pki, wheels, work)
     state.runs["first"] = playbook(inventory, "site.yml")
     yield state
     for h in hosts.values():
@@ -147,8 +159,8 @@ def test_first_converge(converged: Converged) -> None:
         assert oct(key.stat().st_mode & 0o777) == "0o600"
         config = (root / "etc/gateway/gateway.toml").read_text()
         assert f'name = "{h.node}"' in config and "[cluster.tls]" in config
-        assert (root / "etc/sysctl.d/60-gateway.conf").read_bytes() == \
-            (Path(__file__).resolve().parents[2] / "systemd/sysctl.d/60-gateway-edge.conf").read_bytes()
+        edge = Path(__file__).resolve().parents[2] / "systemd/sysctl.d/60-gateway-edge.conf"
+        assert (root / "etc/sysctl.d/60-gateway.conf").read_bytes() == edge.read_bytes()
     assert "is persisted; /proc/sys is not writable here" in run.output
     assert (converged.pki / "ca.key").stat().st_mode & 0o777 == 0o600
     assert BRIDGE_SECRET not in run.output
@@ -199,16 +211,14 @@ def booted(converged: Converged, tmp_path_factory: pytest.TempPathFactory) -> di
 
 
 def test_gatewayd_active_and_ready_on_each(booted: dict[str, Host]) -> None:
+    def ready(c: Container) -> bool:
+        props = c.show("ActiveState", "StatusText")
+        return props.get("ActiveState") == "active" and "connections" in props["StatusText"]
+
     for h in booted.values():
         c = h.container
         assert c is not None
-
-        def ready() -> bool:
-            assert c is not None
-            props = c.show("ActiveState", "StatusText")
-            return props.get("ActiveState") == "active" and "connections" in props["StatusText"]
-
-        until(f"gatewayd READY on {h.name}", ready, 90)
+        until(f"gatewayd READY on {h.name}", functools.partial(ready, c), 90)
         props = c.show("Type", "User", "NRestarts")
         assert props == {"Type": "notify", "User": "gateway", "NRestarts": "0"}, c.journal()
         status = c.run("gatewayctl", "status", "--json")
@@ -216,35 +226,49 @@ def test_gatewayd_active_and_ready_on_each(booted: dict[str, Host]) -> None:
         assert json.loads(status.stdout)["status"] == "running"
 
 
-def _client(port: int, client_id: str, inbox: queue.Queue[tuple[str, bytes]] | None = None):  # type: ignore[no-untyped-def]
-    import paho.mqtt.client as mqtt
-    from paho.mqtt.enums import CallbackAPIVersion
+class Paho:
+    """A paho client on the host, its messages put into ``inbox``, SUBACKs into ``subacks``."""
 
-    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id)
-    subscribed: queue.Queue[bool] = queue.Queue()
-    if inbox is not None:
-        client.on_message = lambda _c, _u, m: inbox.put((m.topic, m.payload))
-    client.on_subscribe = lambda *_: subscribed.put(True)
-    client.connect("127.0.0.1", port)
-    client.loop_start()
-    client.subscribed = subscribed  # type: ignore[attr-defined]
-    return client
+    def __init__(self, port: int, client_id: str) -> None:
+        import paho.mqtt.client as mqtt
+        from paho.mqtt.enums import CallbackAPIVersion
+
+        self.inbox: queue.Queue[tuple[str, bytes]] = queue.Queue()
+        self.subacks: queue.Queue[bool] = queue.Queue()
+        self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id)
+        self.client.on_message = lambda _c, _u, m: self.inbox.put((m.topic, bytes(m.payload)))
+        self.client.on_subscribe = lambda *_: self.subacks.put(True)
+        self.client.connect("127.0.0.1", port)
+        self.client.loop_start()
+
+    def subscribe(self, topic: str) -> None:
+        self.client.subscribe(topic, qos=1)
+        self.subacks.get(timeout=10)
+
+    def publish(self, topic: str, payload: bytes) -> None:
+        self.client.publish(topic, payload, qos=1).wait_for_publish(10)
+
+    def received(self, expected: tuple[str, bytes], timeout: float = 1) -> bool:
+        try:
+            return self.inbox.get(timeout=timeout) == expected
+        except queue.Empty:
+            return False
+
+    def close(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()
 
 
 def test_paho_publishes_and_subscribes_through_a_node(booted: dict[str, Host]) -> None:
     port = booted["a"].ports["mqtt"]
-    inbox: queue.Queue[tuple[str, bytes]] = queue.Queue()
-    sub = _client(port, "sub-a", inbox)
-    pub = _client(port, "pub-a")
+    sub, pub = Paho(port, "sub-a"), Paho(port, "pub-a")
     try:
-        sub.subscribe("local/#", qos=1)
-        sub.subscribed.get(timeout=10)
-        pub.publish("local/x", b"hello", qos=1).wait_for_publish(10)
-        assert inbox.get(timeout=10) == ("local/x", b"hello")
+        sub.subscribe("local/#")
+        pub.publish("local/x", b"hello")
+        assert sub.received(("local/x", b"hello"), timeout=10)
     finally:
-        for c in (sub, pub):
-            c.disconnect()
-            c.loop_stop()
+        sub.close()
+        pub.close()
 
 
 def test_the_two_nodes_form_a_cluster_over_mutual_tls(booted: dict[str, Host]) -> None:
@@ -257,47 +281,163 @@ def test_the_two_nodes_form_a_cluster_over_mutual_tls(booted: dict[str, Host]) -
         return r.returncode == 0 and '"up"' in r.stdout and b.node in r.stdout
 
     until("b up in a's cluster view", members_up, 60)
-    inbox: queue.Queue[tuple[str, bytes]] = queue.Queue()
-    sub = _client(b.ports["mqtt"], "sub-on-b", inbox)
-    pub = _client(a.ports["mqtt"], "pub-on-a")
+    sub, pub = Paho(b.ports["mqtt"], "sub-on-b"), Paho(a.ports["mqtt"], "pub-on-a")
     try:
-        sub.subscribe("across/#", qos=1)
-        sub.subscribed.get(timeout=10)
+        sub.subscribe("across/#")
 
         def arrived() -> bool:  # until a has learnt b's route: publish again
-            pub.publish("across/nodes", b"from a", qos=1).wait_for_publish(10)
-            try:
-                return inbox.get(timeout=1) == ("across/nodes", b"from a")
-            except queue.Empty:
-                return False
+            pub.publish("across/nodes", b"from a")
+            return sub.received(("across/nodes", b"from a"))
 
         until("a message from a at b's subscriber", arrived, 30)
     finally:
-        for c in (sub, pub):
-            c.disconnect()
-            c.loop_stop()
-    journal = a.container.journal()
-    assert "TLS handshake failed" not in journal
+        sub.close()
+        pub.close()
+    assert "TLS handshake failed" not in a.container.journal()
 
 
 def test_the_bridge_role_forwards_from_b_to_a(booted: dict[str, Host]) -> None:
     a, b = booted["a"], booted["b"]
-    inbox: queue.Queue[tuple[str, bytes]] = queue.Queue()
-    sub = _client(a.ports["mqtt"], "sub-up-on-a", inbox)
-    pub = _client(b.ports["mqtt"], "pub-bridged-on-b")
+    sub, pub = Paho(a.ports["mqtt"], "sub-up-on-a"), Paho(b.ports["mqtt"], "pub-bridged-on-b")
     try:
-        sub.subscribe("up/bridged/#", qos=1)
-        sub.subscribed.get(timeout=10)
+        sub.subscribe("up/bridged/#")
 
         def arrived() -> bool:  # until the bridge is connected
-            pub.publish("bridged/t", b"via bridge", qos=1).wait_for_publish(10)
-            try:
-                return inbox.get(timeout=1) == ("up/bridged/t", b"via bridge")
-            except queue.Empty:
-                return False
+            pub.publish("bridged/t", b"via bridge")
+            return sub.received(("up/bridged/t", b"via bridge"))
 
         until("a bridged message at a", arrived, 60)
     finally:
-        for c in (sub, pub):
-            c.disconnect()
-            c.loop_stop()
+        sub.close()
+        pub.close()
+
+
+# ---------------------------------------------------------------- the running hosts
+
+
+def live_inventory(converged: Converged, name: str, wheels: Path | None = None) -> Path:
+    path = converged.work / f"{name}.yml"
+    write_inventory(path, converged.hosts, wheels or converged.wheels, converged.pki, live=True)
+    return path
+
+
+def main_pids(hosts: dict[str, Host]) -> dict[str, str]:
+    return {n: h.container.show("MainPID")["MainPID"] for n, h in hosts.items()
+            if h.container is not None}
+
+
+def release_of(h: Host) -> str:
+    return str((h.root / "opt/gateway").readlink())
+
+
+def test_converging_running_hosts_changes_nothing(converged: Converged,
+                                                 booted: dict[str, Host]) -> None:
+    before = main_pids(booted)
+    run = playbook(live_inventory(converged, "live"), "site.yml")
+    assert run.returncode == 0, run.output[-6000:]
+    assert run.changed() == {"a": 0, "b": 0}, run.output[-6000:]
+    # the role's health check ran on the live hosts (gatewayctl status, MQTT round trip)
+    health = run.output.split("TASK [gateway : MQTT round trip through the node]")[1]
+    assert "ok: [a]" in health and "ok: [b]" in health, run.output[-3000:]
+    assert main_pids(booted) == before
+
+
+def test_a_rules_change_reloads_and_a_config_change_restarts(
+    converged: Converged, booted: dict[str, Host],
+) -> None:
+    inventory = live_inventory(converged, "live")
+    before = main_pids(booted)
+    rules = ('{"gateway_authz_rules": [{"permission": "deny", "action": "subscribe", '
+             '"topics": ["forbidden/#", "secret/#"]}]}')
+    run = playbook(inventory, "site.yml", "-e", rules)
+    assert run.returncode == 0, run.output[-6000:]
+    assert "RUNNING HANDLER [gateway : Reload gatewayd]" in run.output
+    assert "changed: [a]" in run.output.split("RUNNING HANDLER [gateway : Reload gatewayd]")[1]
+    assert main_pids(booted) == before  # SIGHUP, no restart
+    for h in booted.values():
+        assert h.container is not None
+        assert "authorization reloaded: 1 rules" in h.container.journal()
+    # a key SIGHUP does not re-read: a restart (upgrade.yml's run puts it back)
+    base = ('{"gateway_config_base": {"node": {"name": "{{ gateway_node_name }}", '
+            '"data_dir": "/var/lib/gateway"}, "mqtt": {"max_inflight": 64}}}')
+    run = playbook(inventory, "site.yml", "-e", rules, "-e", base)
+    assert run.returncode == 0, run.output[-6000:]
+    assert run.changed() == {"a": 1, "b": 1}, run.output[-6000:]  # gateway.toml only
+    after = main_pids(booted)
+    assert all(after[n] != before[n] for n in before), (before, after)
+    for h in booted.values():
+        assert h.container is not None
+        assert "max_inflight = 64" in (h.root / "etc/gateway/gateway.toml").read_text()
+        assert h.container.show("ActiveState")["ActiveState"] == "active"
+
+
+def broken_wheelhouse(converged: Converged) -> Path:
+    """A copy of the wheelhouse whose edge-gateway wheel (same version 0.1.0, other bytes)
+    builds a gatewayd that exits at start: only its hash tells it apart."""
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    src = converged.work / "broken-src"
+    src.mkdir()
+    for part in ("pyproject.toml", "README.md", "gateway", "protocols"):
+        subprocess.run(["cp", "-a", str(repo / part), str(src / part)], check=True)
+    cli = src / "gateway/cli/gatewayd.py"
+    cli.write_text(cli.read_text().replace(
+        "    from gateway.app import run\n",
+        "    raise SystemExit('gatewayd: a broken build (tests/ansible upgrade test)')\n"))
+    out = converged.work / "broken-wheelhouse"
+    subprocess.run(["cp", "-a", str(converged.wheels), str(out)], check=True)
+    ours = next(out.glob("edge_gateway-*.whl"))
+    ours.unlink()
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--wheel-dir",
+                        str(out), str(src)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert ours.exists()
+    digest = hashlib.sha256(ours.read_bytes()).hexdigest()
+    lines = [f"edge-gateway=={ours.name.split('-')[1]} --hash=sha256:{digest}"
+             if line.startswith("edge-gateway==") else line
+             for line in (out / "requirements.txt").read_text().splitlines()]
+    (out / "requirements.txt").write_text("\n".join(lines) + "\n")
+    return out
+
+
+def test_upgrade_rolls_one_host_at_a_time(converged: Converged, booted: dict[str, Host]) -> None:
+    new = converged.work / "new-wheelhouse"
+    import shutil
+
+    shutil.copytree(converged.wheels, new)
+    with (new / "requirements.txt").open("a") as f:
+        f.write("# a new build: same wheels, another requirements.txt, another release\n")
+    old = {n: release_of(h) for n, h in booted.items()}
+    run = playbook(live_inventory(converged, "upgrade", new), "upgrade.yml")
+    assert run.returncode == 0, run.output[-6000:]
+    print(f"upgrade.yml over two hosts: {run.seconds:.1f}s")
+    for n, h in booted.items():
+        assert release_of(h) != old[n]
+        assert h.container is not None
+        assert h.container.show("ActiveState")["ActiveState"] == "active"
+    # serial: 1 - a was upgraded and healthy before anything ran on b
+    out = run.output
+    assert out.index("MQTT round trip through the node") < out.index(": [b]")
+    converged.wheels = new
+
+
+def test_a_failed_upgrade_stops_and_switches_back(converged: Converged,
+                                                  booted: dict[str, Host]) -> None:
+    broken = broken_wheelhouse(converged)
+    good = {n: release_of(h) for n, h in booted.items()}
+    b_pid = main_pids(booted)["b"]
+    run = playbook(live_inventory(converged, "broken", broken), "upgrade.yml")
+    assert run.returncode != 0
+    assert "did not become healthy on the new release" in run.output, run.output[-6000:]
+    a, b = booted["a"], booted["b"]
+    assert a.container is not None
+    assert release_of(a) == good["a"]  # switched back
+    until("gatewayd on a back on its previous release",
+          lambda: a.container is not None
+          and a.container.show("ActiveState")["ActiveState"] == "active", 60)
+    assert "a broken build" in a.container.run(
+        "journalctl", "-u", "gatewayd", "--no-pager").stdout
+    assert release_of(b) == good["b"] and main_pids(booted)["b"] == b_pid  # never touched
+    assert "b" not in run.changed() or run.changed()["b"] == 0
