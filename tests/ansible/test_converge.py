@@ -33,6 +33,9 @@ pytestmark = [pytest.mark.ansible, pytest.mark.slow, pytest.mark.timeout(1800)]
 # python3-apt: the apt module checks packages through it (offline, no apt-get update)
 TARGET_PACKAGES = (*PACKAGES, "python3-apt")
 HOSTS = ("a", "b")
+# what the roles write on a host
+WATCHED = ("etc/gateway", "etc/sysctl.d", "etc/security/limits.d", "etc/systemd/system", "opt",
+           "usr/lib/sysusers.d", "usr/lib/tmpfiles.d", "etc/passwd", "var/lib")
 BRIDGE_SECRET = "bridge-s3cret-never-logged"
 
 
@@ -56,6 +59,7 @@ class Converged:
     wheels: Path
     work: Path
     runs: dict[str, Run] = field(default_factory=dict)
+    fresh_unchanged: bool = False
 
 
 def write_inventory(path: Path, hosts: dict[str, Host], wheels: Path, pki: Path,
@@ -136,11 +140,23 @@ def converged(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Converged]:
     pki = work / "pki"
     write_inventory(inventory, hosts, wheels, pki)
     state = Converged(hosts, inventory, pki, wheels, work)
+    before = {n: tree_digest(h.root, *WATCHED) for n, h in hosts.items()}
+    state.runs["check-fresh"] = playbook(inventory, "site.yml", "--check", "--diff")
+    state.fresh_unchanged = before == {n: tree_digest(h.root, *WATCHED) for n, h in hosts.items()}
     state.runs["first"] = playbook(inventory, "site.yml")
     yield state
     for h in hosts.values():
         if h.container is not None:
             h.container.shutdown()
+
+
+def test_check_mode_on_a_fresh_root_reports_and_changes_nothing(converged: Converged) -> None:
+    run = converged.runs["check-fresh"]
+    assert run.returncode == 0, run.output[-6000:]
+    assert all(n > 0 for n in run.changed().values()), run.output[-3000:]
+    assert '+name = "a@127.0.0.1"' in run.output  # --diff of host a's gateway.toml
+    assert converged.fresh_unchanged
+    assert not (converged.pki / "ca.crt").exists()
 
 
 def test_first_converge(converged: Converged) -> None:
@@ -190,7 +206,7 @@ def test_check_mode_on_a_converged_host_changes_nothing(converged: Converged) ->
 def test_a_wrong_variable_fails_before_any_change(
     converged: Converged, extra: str, message: str,
 ) -> None:
-    paths = ("etc/gateway", "etc/sysctl.d", "etc/systemd/system", "opt")
+    paths = WATCHED
     before = {n: tree_digest(h.root, *paths) for n, h in converged.hosts.items()}
     pki_before = tree_digest(converged.pki, "")
     run = playbook(converged.inventory, "site.yml", "-e", extra)
@@ -362,7 +378,8 @@ def test_a_rules_change_reloads_and_a_config_change_restarts(
             '"data_dir": "/var/lib/gateway"}, "mqtt": {"max_inflight": 64}}}')
     run = playbook(inventory, "site.yml", "-e", rules, "-e", base)
     assert run.returncode == 0, run.output[-6000:]
-    assert run.changed() == {"a": 1, "b": 1}, run.output[-6000:]  # gateway.toml only
+    # gateway.toml and the restart handler, nothing else
+    assert run.changed() == {"a": 2, "b": 2}, run.output[-6000:]
     after = main_pids(booted)
     assert all(after[n] != before[n] for n in before), (before, after)
     for h in booted.values():
