@@ -199,9 +199,11 @@ def test_check_mode_on_a_converged_host_changes_nothing(converged: Converged) ->
 
 
 @pytest.mark.parametrize(("extra", "message"), [
-    ('{"cluster_port": 70000}', "cluster_port must be in 1..65535 (got 70000)"),
-    ('{"tuning_profile": "huge"}', "tuning_profile"),
-    ('{"gateway_keep_releases": "many"}', "gateway_keep_releases"),
+    ('{"cluster_port": 70000}', "cluster role: cluster_port must be in 1..65535, got 70000"),
+    ('{"tuning_profile": "huge"}',
+     "value of tuning_profile must be one of: 1m, edge, none, got: huge"),
+    ('{"gateway_keep_releases": "many"}',
+     "argument 'gateway_keep_releases' is of type str and we were unable to convert to int"),
 ])
 def test_a_wrong_variable_fails_before_any_change(
     converged: Converged, extra: str, message: str,
