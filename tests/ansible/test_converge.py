@@ -207,6 +207,9 @@ def test_check_mode_on_a_converged_host_changes_nothing(converged: Converged) ->
      "value of tuning_profile must be one of: 1m, edge, none, got: huge"),
     ('{"gateway_keep_releases": "many"}',
      "argument 'gateway_keep_releases' is of type str and we were unable to convert to int"),
+    # passes the roles' checks, refused by gatewayd --check before it replaces gateway.toml
+    ('{"gateway_config": {"mqtt": {"max_inflight": 0}}}',
+     "gatewayd: invalid configuration: mqtt.max_inflight"),
 ])
 def test_a_wrong_variable_fails_before_any_change(
     converged: Converged, extra: str, message: str,
