@@ -138,7 +138,8 @@ class Builder:
 
     def rootfs(self, base: Path, base_key: str, wheels: Path, wheels_key: str) -> Path:
         h = hashlib.sha256()
-        hash_files(h, [IMAGE_DIR / "rootfs", REPO / "systemd"], REPO)
+        hash_files(h, [IMAGE_DIR / "rootfs", REPO / "systemd", IMAGE_DIR / "edge_image/build.py"],
+                   REPO)
         key = key_of(base_key, wheels_key, h.hexdigest(), self.version,
                      self.keys.keyring.read_text(), str(self.tries))
         final = self.cache / f"rootfs-{self.arch}-{key}"
