@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from gateway.admin import introspect
 from gateway.admin.alarms import Alarms
 from gateway.admin.api import ManagementApi
+from gateway.admin.appliance import image_info
 from gateway.admin.limits import configured_max_connections, raise_nofile_limit
 from gateway.admin.prometheus import BASELINE_COUNTERS, make_registry
 from gateway.admin.registry import ListenerEntry
@@ -307,6 +308,7 @@ class Admin:
                 "enabled": durability,
                 "path": str(self.config.node.data_dir) if durability else None,
             },
+            "image": image_info(),
         }
 
     def status_line(self) -> str:

@@ -51,7 +51,7 @@ ARCHES = {"amd64": {"kernel": "linux-image-cloud-amd64", "efi": "systemd-bootx64
 PACKAGES = [
     "systemd", "systemd-sysv", "systemd-boot", "udev", "dbus", "kmod", "busybox",
     "initramfs-tools", "e2fsprogs", "dosfstools", "fdisk", "cloud-guest-utils",
-    "python3", "python3-venv", "libsystemd0", "openssh-server", "rauc",
+    "python3", "python3-venv", "libsystemd0", "openssh-server", "rauc", "rauc-service",
     "iproute2", "procps", "netbase", "ca-certificates", "less",
 ]
 DPKG_EXCLUDES = ["/usr/share/doc/*", "/usr/share/man/*", "/usr/share/info/*",
@@ -171,7 +171,7 @@ class Builder:
         with open(root / "usr/lib/os-release", "a") as f:
             f.write(f'IMAGE_ID=edge-gateway\nIMAGE_VERSION="{self.version}"\n')
         shutil.copytree(wheels, root / "tmp/wheels")
-        script = f"""set -e
+        script = """set -e
 python3 -m venv /opt/gateway
 /opt/gateway/bin/pip install -q --no-index --disable-pip-version-check \
     --find-links /tmp/wheels -r /tmp/wheels/requirements.txt
@@ -276,7 +276,9 @@ def make_bundle(slot: Path, out: Path, *, version: str, arch: str, keys: Signing
             f"[bundle]\nformat=verity\n\n[image.rootfs]\nfilename=rootfs.ext4\n")
         tmp = out.with_name(out.name + ".tmp")
         remove(tmp)
-        run(["rauc", "bundle", "--cert", keys.cert, "--key", keys.key, content, tmp],
+        # zstd: several times faster than mksquashfs's default gzip at a similar size.
+        run(["rauc", "bundle", "--cert", keys.cert, "--key", keys.key,
+             "--mksquashfs-args=-comp zstd -Xcompression-level 6", content, tmp],
             timeout=1800)
         tmp.rename(out)
     finally:

@@ -5,7 +5,8 @@ partition without booting it and without loop devices.
 The data partition of a fresh image is an empty ext4 file system; this tool rebuilds it
 (``mkfs.ext4 -d``) with ``/provision/`` holding gateway.toml, certs/, authorized_keys and
 hostname, and copies it over the partition (``dd conv=notrunc``). gateway-data.service
-applies the bundle at first boot and renames it ``/provision.applied``. An image whose
+applies the bundle at first boot and renames it ``/provision.applied``. A .bmap
+beside the image is regenerated (its checksums covered the old data partition). An image whose
 data partition already holds a unit's state (it has booted) is refused: provision
 before the first boot, or change a running unit with Ansible.
 """
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from edge_image import layout
 from edge_image.common import BadInput, main_guard, require_tools, run
+from edge_image.flash import find_bmap
 
 HOSTNAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$", re.IGNORECASE)
 KEY_TYPES = ("ssh-ed25519", "ssh-rsa", "ecdsa-sha2-", "sk-ssh-ed25519", "sk-ecdsa-sha2-")
@@ -113,6 +115,9 @@ def main(argv: list[str]) -> int:
         run(["mkfs.ext4", "-q", "-F", "-L", "data", "-E", "root_owner=0:0", "-d", root, fs,
              f"{size >> 20}M"])
         layout.write_partition(args.img, "data", fs)
+    bmap = find_bmap(args.img)
+    if bmap is not None:  # its checksums covered the old data partition
+        run(["bmaptool", "create", "-o", bmap, args.img])
     what = ["gateway.toml"] + (["certs"] if args.certs else []) + \
         ([f"{len(args.ssh_key)} SSH key(s)"] if args.ssh_key else []) + \
         ([f"hostname {args.hostname}"] if args.hostname else [])
