@@ -15,6 +15,7 @@ import os
 import stat
 import sys
 from pathlib import Path
+from typing import Any
 
 from edge_image.common import BadInput, main_guard, require_tools, run
 
@@ -56,12 +57,12 @@ def refuse_busy(device: Path) -> None:
     """Raise :class:`BadInput` if ``device`` (a block device) is in use."""
     dev = str(device.resolve())
     tree = json.loads(run(["lsblk", "-J", "-p", "-o", "NAME,MOUNTPOINTS,TYPE", dev]))
-    def walk(nodes: list[dict[str, object]]) -> list[str]:
+    def walk(nodes: list[dict[str, Any]]) -> list[str]:
         found: list[str] = []
         for n in nodes:
-            points = [m for m in (n.get("mountpoints") or []) if m]  # type: ignore[union-attr]
+            points = [m for m in (n.get("mountpoints") or []) if m]
             found += [f"{n['name']} on {m}" for m in points]
-            found += walk(n.get("children") or [])  # type: ignore[arg-type]
+            found += walk(n.get("children") or [])
         return found
     mounted = walk(tree.get("blockdevices", []))
     if mounted:
