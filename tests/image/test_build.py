@@ -33,14 +33,29 @@ def test_outputs_and_layout(built: Built) -> None:
     assert allocated < apparent / 2, "the image should be sparse"
 
 
-def test_bundle_verifies_against_the_image_keyring(built: Built) -> None:
-    ca = built.cache / "keys/dev/ca.cert.pem"
-    r = subprocess.run(["rauc", "info", "--keyring", str(ca), "--output-format=json",
-                        str(built.bundle)], capture_output=True, text=True, timeout=300)
+def rauc_info(bundle: Path, keyring: Path, tmp: Path) -> subprocess.CompletedProcess[str]:
+    """``rauc info`` with the unit's keyring settings (check-purpose=codesign)."""
+    conf = tmp / "system.conf"
+    conf.write_text(f"[system]\ncompatible=edge-gateway-amd64\nbootloader=noop\n\n"
+                    f"[keyring]\npath={keyring}\ncheck-purpose=codesign\n")
+    return subprocess.run(["rauc", f"--conf={conf}", "info", "--output-format=json",
+                           str(bundle)], capture_output=True, text=True, timeout=300)
+
+
+def test_bundle_verifies_against_the_image_keyring(built: Built, tmp_path: Path) -> None:
+    r = rauc_info(built.bundle, built.cache / "keys/dev/ca.cert.pem", tmp_path)
     assert r.returncode == 0, r.stderr
     info = json.loads(r.stdout.strip().splitlines()[-1])
     assert info["compatible"] == "edge-gateway-amd64"
     assert info["version"] == "test"
+    # The checker fails on a foreign keyring.
+    foreign = tmp_path / "foreign"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                    "ec_paramgen_curve:P-256", "-nodes", "-keyout", str(tmp_path / "k.pem"),
+                    "-out", str(foreign), "-days", "1", "-subj", "/CN=other"],
+                   check=True, capture_output=True)
+    r = rauc_info(built.bundle, foreign, tmp_path)
+    assert r.returncode != 0 and "signature verification failed" in r.stderr, r.stderr
 
 
 def test_unchanged_rebuild_is_cached(built: Built) -> None:
