@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import http.server
+import os
 import re
 import subprocess
 import sys
@@ -58,13 +59,14 @@ def unit(built: Built, ssh_key: Path,
     r = image_tool("provision", img, "--config", config, "--ssh-key", f"{ssh_key}.pub",
                    "--hostname", "unit-1")
     assert r.returncode == 0, r.stderr
-    # The unit's disk: a regular file 1 GiB larger than the image (the data partition
-    # grows into it on first boot), written by image/flash (bmaptool copy + verify).
+    # The unit's disk: a regular file written by image/flash (bmaptool copy + verify),
+    # then made 1 GiB larger than the image, as a real disk would be: the data partition
+    # grows into the rest on first boot.
     disk = work / "disk.raw"
-    with open(disk, "wb") as f:
-        f.truncate(img.stat().st_size + (1 << 30))
     r = image_tool("flash", img, disk, "--yes")
     assert r.returncode == 0, r.stdout + r.stderr
+    assert subprocess.run(["cmp", str(img), str(disk)]).returncode == 0
+    os.truncate(disk, img.stat().st_size + (1 << 30))
     img.unlink()
     vm = Vm(disk, work, ssh_key)
     vm.start()
