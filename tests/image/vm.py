@@ -1,9 +1,10 @@
 """A unit under QEMU for tests (and the HIL rig): boot, watch the serial console, run
 commands over SSH, reboot, cut the power.
 
-The serial console goes to a file that grows across reboots of one QEMU process; every
-wait looks only at what was written after a mark (:meth:`Vm.mark`), so a line from an
-earlier boot never satisfies a later wait. Waiting polls that file (bounded): the
+The serial console goes to a file per power-on (QEMU truncates it when it starts) that
+grows across reboots of that QEMU process; every wait looks only at what was written
+after a mark (:meth:`Vm.mark`), so a line from an earlier boot never satisfies a later
+wait. Waiting polls that file (bounded): the
 console of another process offers no event to await.
 """
 
@@ -37,7 +38,9 @@ class Vm:
         self.work = work
         self.ssh_key = ssh_key
         self.snapshot = snapshot
-        self.log = work / f"{name}-serial.log"
+        self.name = name
+        self.starts = 0
+        self.log = work / f"{name}-serial-0.log"
         self.vars = qemu.new_vars(work / f"{name}-OVMF_VARS.fd")
         self.ports = {"mqtt": free_port(), "ssh": free_port(), "api": free_port()}
         self.proc: subprocess.Popen[bytes] | None = None
@@ -48,9 +51,12 @@ class Vm:
     def start(self) -> None:
         """Power on (a cold boot)."""
         assert self.proc is None or self.proc.poll() is not None
+        # QEMU truncates its serial file when it starts: one file per power-on.
+        self.starts += 1
+        self.log = self.work / f"{self.name}-serial-{self.starts}.log"
         cmd = qemu.command(self.disk, vars_file=self.vars, ports=self.ports,
                            snapshot=self.snapshot, serial_log=self.log)
-        self.mark()
+        self._mark = 0
         self._t0 = time.monotonic()
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=open(self.work / "qemu.stderr", "ab"))  # noqa: SIM115
