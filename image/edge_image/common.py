@@ -32,6 +32,8 @@ class CommandFailed(Exception):
 
 
 def main_guard(tool: str, main: Callable[[list[str]], int]) -> None:
+    path = os.environ.get("PATH", "").split(":")
+    os.environ["PATH"] = ":".join(path + [d for d in ("/usr/sbin", "/sbin") if d not in path])
     try:
         sys.exit(main(sys.argv[1:]))
     except BadInput as e:
@@ -52,9 +54,8 @@ def require_root(tool: str) -> None:
 
 def require_tools(tools: dict[str, str]) -> None:
     """``tools`` maps a command to the Debian package that provides it."""
-    path = os.environ.get("PATH", "") + ":/usr/sbin:/sbin"
     for tool, package in tools.items():
-        if shutil.which(tool, path=path) is None:
+        if shutil.which(tool) is None:
             raise BadInput(f"{tool} not found (Debian package {package})")
 
 
@@ -64,9 +65,12 @@ def run(cmd: Sequence[str | Path], *, input: bytes | None = None, cwd: Path | No
     """Run ``cmd``; return its stdout; raise :class:`CommandFailed` on a non-zero exit."""
     args = [str(c) for c in cmd]
     full_env = None if env is None else {**os.environ, **env}
-    r = subprocess.run(args, input=input, cwd=cwd, env=full_env, timeout=timeout,
-                       stdout=subprocess.PIPE if capture else None,
-                       stderr=subprocess.PIPE if capture else None)
+    try:
+        r = subprocess.run(args, input=input, cwd=cwd, env=full_env, timeout=timeout,
+                           stdout=subprocess.PIPE if capture else None,
+                           stderr=subprocess.PIPE if capture else None)
+    except FileNotFoundError:
+        raise BadInput(f"{args[0]} not found (is it installed?)") from None
     if r.returncode != 0:
         tail = b"" if not capture else (r.stdout or b"")[-1500:] + (r.stderr or b"")[-2500:]
         raise CommandFailed(f"{' '.join(args[:6])} failed (exit {r.returncode}):\n"
