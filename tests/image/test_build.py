@@ -12,7 +12,8 @@ import pytest
 from tests.image.conftest import Built
 from tests.image.vm import REPO
 
-pytestmark = [pytest.mark.image, pytest.mark.slow]
+# The first test pays for the session fixture: a cold image build (minutes).
+pytestmark = [pytest.mark.image, pytest.mark.slow, pytest.mark.timeout(3600)]
 
 
 def tool(name: str, *args: str | Path) -> subprocess.CompletedProcess[str]:

@@ -36,7 +36,7 @@ from edge_image import keys as image_keys
 from edge_image import qemu
 from edge_image.build import make_bundle
 
-pytestmark = [pytest.mark.image, pytest.mark.slow, pytest.mark.timeout(3000)]
+pytestmark = [pytest.mark.image, pytest.mark.slow, pytest.mark.timeout(3600)]
 
 STATE: dict[str, object] = {}
 
