@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from gateway.admin import introspect
 from gateway.admin.alarms import Alarms
 from gateway.admin.api import ManagementApi
+from gateway.admin.appliance import image_info
 from gateway.admin.limits import configured_max_connections, raise_nofile_limit
 from gateway.admin.prometheus import BASELINE_COUNTERS, make_registry
 from gateway.admin.registry import ListenerEntry
@@ -313,6 +314,7 @@ class Admin:
                 "path": str(self.config.node.data_dir) if durability else None,
             },
             "store": self.store_view(),
+            "image": image_info(),
         }
 
     def store_view(self) -> dict[str, Any] | None:

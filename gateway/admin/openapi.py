@@ -143,6 +143,8 @@ SCHEMAS: dict[str, Any] = {
         "topics": {"type": "integer"}, "retained": {"type": "integer"},
         "stats": ref("Counts"),
         "rates": {"type": "object", "additionalProperties": {"type": "number"}},
+        "image": {"oneOf": [{"type": "null"}, obj({"version": {"type": "string"},
+                                                   "slot": {"type": "string"}})]},
         "bridges": ref("Bridges"),
         "alarms": {"type": "array", "items": ref("Alarm")},
         "limits": obj({"max_connections": {"type": "integer"}, "nofile": {"type": "object"}}),

@@ -70,6 +70,9 @@ def render(s: dict[str, Any]) -> None:
         ("Store", _store_line(s.get("store"))),
         ("Alarms", f"{len(alarms)} active" if alarms else "none"),
     ]
+    image = s.get("image")
+    if image:
+        rows.insert(2, ("Image", f"edge-gateway {image['version']} (slot {image['slot']})"))
     out.print(fmt.pairs(rows))
     out.print()
     out.print(fmt.table(
