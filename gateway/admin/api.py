@@ -25,20 +25,18 @@ import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
 from gateway.admin import introspect
 from gateway.admin.errors import ApiError, bad_request, conflict, not_found
+from gateway.admin.host import AdminView
 from gateway.admin.openapi import openapi_document
 from gateway.admin.prometheus import CONTENT_TYPE_LATEST, exposition
 from gateway.admin.registry import format_address
 from gateway.admin.tokens import check_bearer
 from gateway.core.topic_index import is_valid_filter
-
-if TYPE_CHECKING:
-    from gateway.admin.admin import Admin
 
 log = logging.getLogger("gateway.admin")
 
@@ -120,7 +118,7 @@ async def read_json(request: web.Request) -> dict[str, Any]:
 class ManagementApi:
     """The aiohttp application over one :class:`~gateway.admin.admin.Admin`."""
 
-    def __init__(self, admin: Admin, token: str) -> None:
+    def __init__(self, admin: AdminView, token: str) -> None:
         self.admin = admin
         self.token = token
         self.public = {"/status"}
