@@ -146,9 +146,9 @@ class Gateway:
         # before the listeners: forwards see the first publishes
         bridging = config if self.primary else egress_only(config, self.worker)
         if bridging.bridges.mqtt:
-            self.bridges = Bridges(node, bridging)
+            self.bridges = Bridges(node, bridging, store)
             self.bridges.start()
-        await self._start_frontends(node)
+        await self._start_frontends(node, store)
         await self.admin.start()  # API, $SYS, trace: once the core and listeners exist
 
     async def _await_siblings(self, cluster: Cluster) -> None:
@@ -205,10 +205,10 @@ class Gateway:
             self.flapping = FlappingDetector(node, self.bans, settings)
             self.flapping.attach()
 
-    async def _start_frontends(self, node: Node) -> None:
+    async def _start_frontends(self, node: Node, node_store: SessionStore | None) -> None:
         """Every listener of every front-end of the registry, in its order (datagram
         front-ends in worker 0 only), each registered in :attr:`listeners`."""
-        self.assembly = assembly = Assembly(node, self.config)
+        self.assembly = assembly = Assembly(node, self.config, node_store)
         for frontend in FRONTENDS:
             if frontend.transport == "datagram" and not self.primary:
                 continue

@@ -30,9 +30,9 @@ from gateway.admin.stores import NOT_CONFIGURED, BannedAdapter, UsersAdapter
 from gateway.admin.sys_topics import SysPublisher, sysdescr
 from gateway.admin.tokens import ensure_token
 from gateway.admin.trace import TraceHub
-from gateway.cli import version as installed_version
 from gateway.config.schema import parse_bind
 from gateway.core.node import Node
+from gateway.version import version as installed_version
 from protocols.mqtt.reason_codes import ReasonCode
 
 log = logging.getLogger("gateway.admin")

@@ -39,6 +39,7 @@ from typing import Any, Literal
 
 from gateway.config import GatewayConfig
 from gateway.core.node import Node
+from gateway.store.sessions import SessionStore
 
 log = logging.getLogger("gateway")
 
@@ -60,11 +61,15 @@ class ListenerSpec:
 
 class Assembly:
     """What a front-end gets to build its channels: the node, the configuration, the
-    loop's clock, and repeating timers that the gateway cancels when it stops."""
+    node's store (``gateway.db``; None without durability), the loop's clock, and
+    repeating timers that the gateway cancels when it stops."""
 
-    def __init__(self, node: Node, config: GatewayConfig) -> None:
+    def __init__(
+        self, node: Node, config: GatewayConfig, store: SessionStore | None = None
+    ) -> None:
         self.node = node
         self.config = config
+        self.store = store
         self.loop = asyncio.get_running_loop()
         self.monotonic: Callable[[], float] = self.loop.time
         self._timers: dict[int, asyncio.TimerHandle] = {}

@@ -95,7 +95,7 @@ def _prepare(assembly: Assembly) -> Shared:
 
 def _registry(assembly: Assembly) -> Registry:
     node = assembly.node
-    store = node.store
+    store = assembly.store
     if store is None:
         registry = Registry()
     else:
