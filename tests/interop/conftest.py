@@ -25,17 +25,14 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from tests.harness.gatewayd import GatewaydProcess, gatewayd_env
-from tests.harness.gatewayd import free_port as _free_port
+from tests.harness.gatewayd import GatewaydProcess, free_port, gatewayd_env
+
+__all__ = ["Gateway", "free_port", "start_gateway", "stop", "wait_lwm2m"]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NODE_DIR = Path(__file__).resolve().parent / "node"
 READY_TIMEOUT = 20.0
 PREDEFINED = {1: "predef/one", 2: "predef/two"}
-
-
-def free_port(kind: int = socket.SOCK_STREAM) -> int:
-    return _free_port(kind)
 
 
 class Certs(NamedTuple):
