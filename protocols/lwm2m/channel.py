@@ -61,7 +61,6 @@ from protocols.coap.codec import (
     Code,
     Message,
     RemoteProtocolError,
-    decode,
     encode,
     make,
 )
@@ -208,7 +207,6 @@ class Lwm2mChannel(CoapEndpoint):
         self.objects: list[str] = []
         self.alternate = "/"
         self.queue_mode = False
-        self.last_rx = 0.0
         self.pending: deque[Command] = deque()
         self.current: _Outstanding | None = None
         self.observations: dict[bytes, Command] = {}  # token -> the observe command
@@ -223,19 +221,6 @@ class Lwm2mChannel(CoapEndpoint):
     def connection_made(self) -> list[Effect]:
         self.last_rx = self._monotonic()
         return [SetTimer("idle", self.settings.idle_timeout)]
-
-    def handle_datagram(self, data: bytes) -> list[Effect]:
-        if self.state is State.CLOSED:
-            return []
-        outer = self._enter()
-        try:
-            msg = decode(data)
-        except RemoteProtocolError as exc:
-            self._malformed(exc)
-            return self._leave(outer)
-        self.last_rx = self._monotonic()
-        self._dispatch(msg)
-        return self._leave(outer)
 
     def on_timer(self, name: str) -> list[Effect]:
         if self.state is State.CLOSED:
