@@ -111,7 +111,7 @@ class Gateway:
         self.servers: list[asyncio.Server] = []
         self.tls: dict[str, ReloadableContext] = {}
         self.dtls: dict[str, DtlsServer] = {}  # DTLS listener id -> its reloadable keys
-        self.datagrams: list[DatagramShell] = []  # MQTT-SN (UDP) listeners
+        self.datagrams: list[DatagramShell] = []  # UDP/DTLS listeners (MQTT-SN, CoAP, LwM2M)
         self.assembly: Assembly | None = None  # what the front-ends share; its timers
         self.stopped = asyncio.Event()
         self.cluster: Cluster | None = None  # gateway.cluster, when [cluster] is enabled
