@@ -118,6 +118,8 @@ class NotifySocket:
                 continue
             except OSError:
                 return
+            if not data and not self.running:
+                return
             with self.changed:
                 self.messages.append(data.decode(errors="replace"))
                 self.changed.notify_all()
@@ -131,8 +133,10 @@ class NotifySocket:
 
     def close(self) -> None:
         self.running = False
-        self.sock.close()
+        with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            s.sendto(b"", "\0" + self.name[1:])  # wakes the thread's recv at once
         self.thread.join(2)
+        self.sock.close()
 
 
 class GatewaydProcess:
