@@ -85,24 +85,8 @@ class UpstreamMosquitto(Mosquitto):
         self.port = self.fixed_port
 
     def start(self) -> None:
-        import subprocess
-
         self.port = self.fixed_port
-        with open(self.log_path, "ab") as log:
-            self.log_offset = log.tell()
-            self.proc = subprocess.Popen(self.command(), cwd=self.tmp, env=self.env(),
-                                         stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=subprocess.STDOUT)
-        from bench.brokers import mqtt_ping
-
-        def ping() -> bool:
-            try:
-                mqtt_ping(self.host, self.port, "bench-ready")
-                return True
-            except OSError:
-                return False
-
-        wait_until(f"mosquitto on {self.port}", ping)
+        self.launch()
 
     def command(self) -> list[str]:
         cmd = super().command()

@@ -10,8 +10,10 @@
   listener on 127.0.0.1 and the anonymous-authentication plugin only.
 
 Each :class:`Broker` is one process whose pid is the broker itself (no shell in between),
-so ``/proc/<pid>/status`` (VmRSS) and ``/proc/<pid>/stat`` (CPU ticks) describe it.
-Readiness is a bounded TCP-connect poll.
+so ``/proc/<pid>/status`` (VmRSS) and ``/proc/<pid>/stat`` (CPU ticks) describe it. It
+runs as a :class:`tests.harness.gatewayd.GatewaydProcess` (the tests' harness: free
+ports, clean stop), ready when it answers an MQTT CONNECT (the same test for every
+broker).
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ import contextlib
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -29,18 +30,15 @@ import tempfile
 import time
 from pathlib import Path
 
+from tests.harness.gatewayd import HOST, GatewaydProcess, free_port, free_port_run
+
+__all__ = ["BROKERS", "HOST", "Broker", "free_port", "free_port_run", "running", "setup"]
+
 REPO = Path(__file__).resolve().parents[1]
 AMQTT_VENV = REPO / "bench" / ".venv-amqtt"
 AMQTT_REQUIREMENT = "amqtt"
 READY_TIMEOUT = 20.0
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-HOST = "127.0.0.1"
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
 
 
 def mqtt_ping(host: str, port: int, client_id: str, timeout: float = 2.0) -> None:
@@ -125,6 +123,7 @@ class Broker:
         self.host = HOST
         self.tmp = Path(tempfile.mkdtemp(prefix=f"bench-{self.name}-"))
         self.log_path = self.tmp / "broker.log"
+        self.process: GatewaydProcess | None = None
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_offset = 0
 
@@ -143,41 +142,23 @@ class Broker:
 
     def start(self) -> None:
         self.port = free_port()
-        with open(self.log_path, "ab") as log:
-            self.log_offset = log.tell()
-            self.proc = subprocess.Popen(
-                self.command(),
-                cwd=self.tmp,
-                env=self.env(),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        deadline = time.monotonic() + READY_TIMEOUT
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}"
-                )
-            try:
-                mqtt_ping(self.host, self.port, "bench-ready")
-                return
-            except OSError:
-                time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(f"{self.name} did not listen within {READY_TIMEOUT}s")
+        self.launch()
+
+    def launch(self) -> None:
+        """Start the broker on ``self.port`` and wait until it answers."""
+        self.process = GatewaydProcess(
+            self.tmp, self.env(), command=self.command(), log_path=self.log_path,
+            ready=lambda: mqtt_ping(self.host, self.port, "bench-ready") is None,
+            ready_timeout=READY_TIMEOUT, what=self.name,
+        )
+        self.process.start()
+        self.proc = self.process.proc
+        self.log_offset = self.process.log_offset
 
     def stop(self) -> None:
-        proc = self.proc
-        if proc is None:
-            return
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
+        if self.process is not None:
+            self.process.stop(10)
+        self.process = None
         self.proc = None
 
     def cleanup(self) -> None:
@@ -449,27 +430,6 @@ class GatewaydWorkersMemory(GatewaydWorkers):
 
     name = "gatewayd-2w-memory"
     OPTIONAL_CONFIG = GatewaydMemory.OPTIONAL_CONFIG
-
-
-def free_port_run(n: int) -> int:
-    """A port p with p..p+n-1 free on the loopback (probed, then closed)."""
-    for _ in range(100):
-        base = free_port()
-        if base + n > 65535:
-            continue
-        socks: list[socket.socket] = []
-        try:
-            for i in range(n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind((HOST, base + i))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no run of free ports")
 
 
 BROKERS: dict[str, type[Broker]] = {

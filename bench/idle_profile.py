@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import gc
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -67,11 +66,10 @@ def rss_kib() -> int:
 async def profile(n: int, clean: bool, subscribe: bool, top: int) -> None:
     from gateway.app import Gateway
     from gateway.config import load_config
+    from tests.harness.gatewayd import free_port
 
     tmp = tempfile.mkdtemp(prefix="idle-profile-")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     conf = Path(tmp) / "gateway.toml"
     conf.write_text(
         f'[node]\nname = "profile@127.0.0.1"\ndata_dir = "{tmp}/data"\n'

@@ -1,7 +1,8 @@
 """The operations side of one running gateway: management API, Prometheus, ``$SYS``
 topics, live trace, alarms and the open-file limit check.
 
-:class:`Admin` is created by :class:`gateway.app.Gateway` at the start of ``start()``
+:class:`Admin` is created by :class:`gateway.app.Gateway` (a
+:class:`~gateway.admin.host.GatewayHost`) at the start of ``start()``
 (raising the open-file limit before any listener opens) and started at its end, when
 the core and the listeners exist; it is stopped first in ``stop()``. It reads the core
 through :mod:`gateway.admin.introspect` and changes it only through the node's own
@@ -16,12 +17,13 @@ import logging
 import os
 import platform
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gateway.admin import introspect
 from gateway.admin.alarms import Alarms
 from gateway.admin.api import ManagementApi
 from gateway.admin.appliance import image_info
+from gateway.admin.host import GatewayHost
 from gateway.admin.limits import configured_max_connections, raise_nofile_limit
 from gateway.admin.prometheus import BASELINE_COUNTERS, make_registry
 from gateway.admin.registry import ListenerEntry
@@ -30,13 +32,10 @@ from gateway.admin.stores import NOT_CONFIGURED, BannedAdapter, UsersAdapter
 from gateway.admin.sys_topics import SysPublisher, sysdescr
 from gateway.admin.tokens import ensure_token
 from gateway.admin.trace import TraceHub
-from gateway.cli import version as installed_version
 from gateway.config.schema import parse_bind
 from gateway.core.node import Node
+from gateway.version import version as installed_version
 from protocols.mqtt.reason_codes import ReasonCode
-
-if TYPE_CHECKING:
-    from gateway.app import Gateway
 
 log = logging.getLogger("gateway.admin")
 
@@ -45,7 +44,7 @@ ROLE = "standalone"  # until gateway.cluster exists: "core" or "replicant"
 
 
 class Admin:
-    def __init__(self, gateway: Gateway) -> None:
+    def __init__(self, gateway: GatewayHost) -> None:
         self.gateway = gateway
         self.config = gateway.config
         self.node_name = self.config.node.name

@@ -425,26 +425,3 @@ def paths(metrics_public: bool = True) -> dict[str, Any]:
                     _q("topic", {"type": "string"}, "The topic filter to follow.")],
             op_id="trace")},
     }
-
-
-def openapi_document(version: str, *, metrics_public: bool = True) -> dict[str, Any]:
-    from gateway.rules import openapi as rules  # the rule engine's routes (its own module)
-
-    return {
-        "openapi": "3.1.0",
-        "info": {
-            "title": "gatewayd management API",
-            "version": version,
-            "description": "Status and control of an edge gateway node. Every route but "
-            "/status (and the Prometheus routes unless [api] metrics_auth) needs "
-            "`Authorization: Bearer <token>`; the token is [api] token or the file "
-            "{node.data_dir}/api.token.",
-        },
-        "servers": [{"url": "/"}],
-        "security": [{"bearer": []}],
-        "paths": {**paths(metrics_public), **rules.PATHS},
-        "components": {
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
-            "schemas": {**SCHEMAS, **rules.SCHEMAS},
-        },
-    }

@@ -27,6 +27,7 @@ from gateway.bridge.tls import client_context, server_hostname
 from gateway.config.schema import GatewayConfig
 from gateway.core.node import Node
 from gateway.net.tls import TlsError
+from gateway.store.sessions import SessionStore
 
 __all__ = [
     "HEADER",
@@ -48,9 +49,12 @@ STOP_TIMEOUT = 2.0  # seconds to let DISCONNECTs reach upstream at shutdown
 class Bridges:
     """Every enabled ``[bridges.mqtt.<name>]`` of a node."""
 
-    def __init__(self, node: Node, config: GatewayConfig) -> None:
+    def __init__(
+        self, node: Node, config: GatewayConfig, session_store: SessionStore | None = None
+    ) -> None:
         self.node = node
         self.config = config
+        self.session_store = session_store  # the node's gateway.db, when durability is on
         self.bridges: dict[str, Bridge] = {}
         self.dialers: list[AsyncioDialer] = []
         self.store: OutboxStore | None = None
@@ -60,7 +64,7 @@ class Bridges:
         :class:`~gateway.net.tls.TlsError` (its key names the bridge) for unusable TLS
         files."""
         node = self.node
-        session_store = node.store
+        session_store = self.session_store
         if session_store is not None:
             self.store = OutboxStore(session_store.conn, session_store.committer)
         configured = self.config.bridges.mqtt

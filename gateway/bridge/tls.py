@@ -15,13 +15,9 @@ from __future__ import annotations
 
 import ssl
 import warnings
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cryptography import x509
-from cryptography.hazmat.primitives import serialization
-
-from gateway.net.tls import TlsError
+from gateway.net.tls import TlsError, load_certificates, load_key_pair
 
 if TYPE_CHECKING:
     from gateway.config.schema import BridgeTls
@@ -52,7 +48,7 @@ def client_context(tls: BridgeTls) -> ssl.SSLContext:
         ctx.verify_mode = ssl.CERT_REQUIRED
         ctx.check_hostname = tls.server_name_indication != "disable"
         if tls.cacertfile is not None:
-            _certificates("cacertfile", tls.cacertfile)
+            load_certificates("cacertfile", tls.cacertfile)
             try:
                 ctx.load_verify_locations(cafile=tls.cacertfile)
             except ssl.SSLError as exc:
@@ -63,16 +59,7 @@ def client_context(tls: BridgeTls) -> ssl.SSLContext:
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE
     if tls.certfile is not None and tls.keyfile is not None:
-        cert = _certificates("certfile", tls.certfile)[0]
-        key_pem = _read("keyfile", tls.keyfile)
-        try:
-            key = serialization.load_pem_private_key(key_pem, password=None)
-        except TypeError:
-            raise TlsError("keyfile", "encrypted private keys are not supported") from None
-        except (ValueError, NotImplementedError):
-            raise TlsError("keyfile", f'not a PEM private key "{tls.keyfile}"') from None
-        if _spki(key.public_key()) != _spki(cert.public_key()):
-            raise TlsError("keyfile", f'"{tls.keyfile}" does not match certfile')
+        load_key_pair(tls.certfile, tls.keyfile)  # checked: PEM, unencrypted, matching
         try:
             ctx.load_cert_chain(tls.certfile, tls.keyfile)
         except ssl.SSLError as exc:
@@ -86,26 +73,3 @@ def server_hostname(tls: BridgeTls, host: str) -> str | None:
     if sni == "disable":
         return None
     return sni or host
-
-
-def _read(key: str, path: Path) -> bytes:
-    if not path.is_file():
-        raise TlsError(key, f'no such file "{path}"')
-    try:
-        return path.read_bytes()
-    except OSError as exc:
-        raise TlsError(key, f'cannot read "{path}": {exc.strerror or exc}') from None
-
-
-def _certificates(key: str, path: Path) -> list[x509.Certificate]:
-    try:
-        return x509.load_pem_x509_certificates(_read(key, path))
-    except ValueError:
-        raise TlsError(key, f'no PEM certificate in "{path}"') from None
-
-
-def _spki(public_key: object) -> bytes:
-    data: bytes = public_key.public_bytes(  # type: ignore[attr-defined]
-        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
-    )
-    return data

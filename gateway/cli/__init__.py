@@ -2,16 +2,6 @@
 
 from __future__ import annotations
 
-from importlib import metadata
+from gateway.version import DISTRIBUTION, version
 
-DISTRIBUTION = "edge-gateway"
-
-
-def version() -> str:
-    """The installed distribution's version, or the source tree's when not installed."""
-    try:
-        return metadata.version(DISTRIBUTION)
-    except metadata.PackageNotFoundError:
-        from gateway import __version__
-
-        return __version__
+__all__ = ["DISTRIBUTION", "version"]

@@ -10,228 +10,86 @@ Invariants:
   the embedded defaults documented in docs/configuration.md.
 
 The models are plain data (no I/O). Reading files and the environment is the loader's job.
+The value syntaxes are in :mod:`gateway.config.values`, the stream listeners' sections in
+:mod:`gateway.config.listeners`, the datagram front-ends' in :mod:`gateway.config.gateways`;
+this module has the rest and re-exports them all.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import re
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import (
     AfterValidator,
-    BaseModel,
     BeforeValidator,
-    ConfigDict,
     Field,
     PlainValidator,
     field_validator,
     model_validator,
 )
 
-# ------------------------------------------------------------------ value syntaxes
-
-_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?", re.IGNORECASE)
-_SIZE_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 1 << 10,
-    "kb": 1 << 10,
-    "m": 1 << 20,
-    "mb": 1 << 20,
-    "g": 1 << 30,
-    "gb": 1 << 30,
-}
-_SIZE_RE = re.compile(r"(\d+)\s*([kmg]?b?)", re.IGNORECASE)
-
-DURATION_HINT = 'expected a duration such as 30, "500ms", "30s", "5m", "2h" or "1d"'
-SIZE_HINT = 'expected a size such as 1024, "64KB", "1MB" or "1GB"'
-
-
-def parse_duration(value: object) -> float:
-    """Seconds from an int/float of seconds or a string with a unit (ms, s, m, h, d).
-
-    A string without a unit is seconds. Raises ``ValueError`` for anything else; the
-    range (non-negative) is checked by the field that uses it.
-    """
-    if isinstance(value, bool):
-        raise ValueError(DURATION_HINT)
-    if isinstance(value, int | float):
-        return float(value)
-    if isinstance(value, str):
-        match = _DURATION_RE.fullmatch(value.strip())
-        if match:
-            number, unit = match.groups()
-            return float(number) * _DURATION_UNITS[(unit or "s").lower()]
-    raise ValueError(DURATION_HINT)
-
-
-def parse_size(value: object) -> int:
-    """Bytes from an int of bytes or a string with a unit (B, KB, MB, GB; 1024-based)."""
-    if isinstance(value, bool):
-        raise ValueError(SIZE_HINT)
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str):
-        match = _SIZE_RE.fullmatch(value.strip())
-        if match:
-            number, unit = match.groups()
-            return int(number) * _SIZE_UNITS[unit.lower()]
-    raise ValueError(SIZE_HINT)
-
-
-_HOSTNAME_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,62})(\.[A-Za-z0-9]([A-Za-z0-9-]{0,62}))*\.?")
-BIND_HINT = 'expected "host:port"'
-
-
-def parse_bind(bind: str) -> tuple[str, int]:
-    """Split ``"host:port"`` (IPv6 as ``"[::1]:1883"``) into ``(host, port)``.
-
-    The host comes back without brackets. Raises ``ValueError`` with a short reason.
-    """
-    host, sep, port_text = bind.rpartition(":")
-    if not sep or not host or not port_text.isdigit():
-        raise ValueError(BIND_HINT)
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-        try:
-            ipaddress.IPv6Address(host)
-        except ValueError:
-            raise ValueError(f"{BIND_HINT} with a valid IPv6 address in brackets") from None
-    elif ":" in host:
-        raise ValueError(f'{BIND_HINT} with IPv6 addresses in brackets, as in "[::1]:1883"')
-    elif not _HOSTNAME_RE.fullmatch(host):
-        raise ValueError(f"{BIND_HINT} with a valid host name or IPv4 address")
-    port = int(port_text)
-    if port > 65535:
-        raise ValueError(f"{BIND_HINT} with a port in 0..65535")
-    return host, port
-
-
-def _normalise_bind(value: object) -> object:
-    # EMQX accepts a bare port (bind = 1883) meaning every IPv4 interface.
-    if isinstance(value, int) and not isinstance(value, bool):
-        if not 0 <= value <= 65535:
-            raise ValueError(f"{BIND_HINT} or a port in 0..65535")
-        return f"0.0.0.0:{value}"
-    if isinstance(value, str):
-        parse_bind(value)
-    return value
-
-
-def _check_network(value: str) -> str:
-    try:
-        ipaddress.ip_network(value, strict=False)
-    except ValueError:
-        raise ValueError('expected an IP address or CIDR such as "10.0.0.0/8"') from None
-    return value
-
-
-def _split_commas(value: object) -> object:
-    # Convenient from the environment: GATEWAY_..._ALLOW=10.0.0.0/8,192.168.0.0/16
-    if isinstance(value, str):
-        return [part.strip() for part in value.split(",") if part.strip()]
-    return value
-
-
-def _check_topic_filter(value: str) -> str:
-    """An authorization topic: an MQTT topic filter, or ``"eq <filter>"`` (literal match)."""
-    filter_ = value[3:] if value.startswith("eq ") else value
-    if not filter_:
-        raise ValueError("expected a non-empty topic filter")
-    levels = filter_.split("/")
-    for index, level in enumerate(levels):
-        if "#" in level and (level != "#" or index != len(levels) - 1):
-            raise ValueError('"#" must be a whole level and the last one')
-        if "+" in level and level != "+":
-            raise ValueError('"+" must be a whole level')
-    return value
-
-
-Duration = Annotated[float, BeforeValidator(parse_duration), Field(ge=0)]
-"""Seconds, as float; written as a number of seconds or ``"500ms"``, ``"30s"``, ``"2h"``..."""
-Size = Annotated[int, BeforeValidator(parse_size), Field(ge=0)]
-"""Bytes, as int; written as a number of bytes or ``"64KB"``, ``"1MB"``, ``"1GB"``."""
-Bind = Annotated[str, BeforeValidator(_normalise_bind)]
-Network = Annotated[str, AfterValidator(_check_network)]
-TopicFilter = Annotated[str, AfterValidator(_check_topic_filter)]
-
-_RATE_RE = re.compile(
-    r"(\d+(?:\.\d+)?)\s*([kmg]?b?)\s*/\s*(\d+(?:\.\d+)?)?\s*(ms|s|m|h|d)", re.IGNORECASE
+from gateway.config.gateways import (
+    CoapConfig,
+    CoapListeners,
+    DtlsListener,
+    GatewaysConfig,
+    Lwm2mBootstrap,
+    Lwm2mBootstrapPlan,
+    Lwm2mBootstrapWrite,
+    Lwm2mConfig,
+    Lwm2mListeners,
+    MqttSnConfig,
+    MqttSnListeners,
+    MqttSnPredefined,
+    UdpListener,
 )
-RATE_HINT = 'expected a rate such as 100, "100/s", "1000/m", "50/10s" or "infinity"'
-BYTE_RATE_HINT = 'expected a byte rate such as 1048576, "1MB/s", "512KB/s" or "infinity"'
-
-
-def _parse_rate(value: object, *, sizes: bool, hint: str) -> float:
-    if isinstance(value, bool):
-        raise ValueError(hint)
-    if isinstance(value, int | float):
-        return float(value)
-    if isinstance(value, str):
-        text = value.strip()
-        if text.lower() in ("infinity", "0"):
-            return 0.0
-        match = _RATE_RE.fullmatch(text)
-        if match:
-            number, unit, per, per_unit = match.groups()
-            if unit and not sizes:
-                raise ValueError(hint)
-            seconds = float(per or 1) * _DURATION_UNITS[per_unit.lower()]
-            if seconds > 0:
-                return float(number) * _SIZE_UNITS[unit.lower()] / seconds
-    raise ValueError(hint)
-
-
-def parse_rate(value: object) -> float:
-    """Events per second from a number (per second), ``"N/s"``, ``"N/m"``, ``"N/10s"``...;
-    ``"infinity"`` (or 0) is 0.0, meaning no limit."""
-    return _parse_rate(value, sizes=False, hint=RATE_HINT)
-
-
-def parse_byte_rate(value: object) -> float:
-    """Bytes per second from a number or ``"1MB/s"``, ``"512KB/s"``, ``"10MB/m"`` (sizes
-    are 1024-based, as for sizes); ``"infinity"`` (or 0) is 0.0, meaning no limit."""
-    return _parse_rate(value, sizes=True, hint=BYTE_RATE_HINT)
-
-
-Rate = Annotated[float, BeforeValidator(parse_rate), Field(ge=0)]
-"""Events per second, as float (0: no limit); written ``100``, ``"100/s"``, ``"6000/m"``."""
-ByteRate = Annotated[float, BeforeValidator(parse_byte_rate), Field(ge=0)]
-"""Bytes per second, as float (0: no limit); written ``1048576``, ``"1MB/s"``."""
-
-LogLevel = Literal["debug", "info", "warning", "error"]
-MqueueOverflow = Literal["drop_oldest", "drop_newest"]
-SharedStrategy = Literal[
-    "random",
-    "round_robin",
-    "round_robin_per_group",
-    "sticky",
-    "local",
-    "hash_clientid",
-    "hash_topic",
-]
-Permission = Literal["allow", "deny"]
-AuthzAction = Literal["publish", "subscribe", "all"]
-
-# MQTT's largest packet: 1 byte header + 4 bytes remaining length + 268,435,455 bytes.
-MAX_MQTT_PACKET = 268_435_460
-# MQTT 5 session expiry is a four-byte integer of seconds (0xFFFFFFFF: never expires).
-MAX_SESSION_EXPIRY = 0xFFFF_FFFF
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(
-        extra="forbid",
-        validate_assignment=True,
-        coerce_numbers_to_str=True,
-    )
-
-
-# ------------------------------------------------------------------ sections
+from gateway.config.listeners import (
+    DEFAULT_TLS_VERSIONS,
+    MQTT_WS_SUBPROTOCOLS,
+    TLS_VERSIONS,
+    Listeners,
+    PeerCertField,
+    SslListener,
+    TcpListener,
+    TlsVerify,
+    TlsVersion,
+    WebSocketOptions,
+    WsListener,
+    WssListener,
+    _join_ciphers,
+)
+from gateway.config.values import (
+    BIND_HINT,
+    BYTE_RATE_HINT,
+    DURATION_HINT,
+    MAX_MQTT_PACKET,
+    MAX_SESSION_EXPIRY,
+    RATE_HINT,
+    SIZE_HINT,
+    AuthzAction,
+    Bind,
+    ByteRate,
+    Duration,
+    LogLevel,
+    MqueueOverflow,
+    Network,
+    Permission,
+    Rate,
+    SharedStrategy,
+    Size,
+    TopicFilter,
+    _check_topic_filter,
+    _lower,
+    _Section,
+    _split_commas,
+    parse_bind,
+    parse_byte_rate,
+    parse_duration,
+    parse_rate,
+    parse_size,
+)
 
 
 def _lower_role(value: object) -> object:
@@ -249,444 +107,8 @@ class NodeConfig(_Section):
     workers: int = Field(default=1, ge=1, le=64)
 
 
-def _lower(value: object) -> object:
-    return value.lower() if isinstance(value, str) else value
-
-
 class LogConfig(_Section):
     level: Annotated[LogLevel, BeforeValidator(_lower)] = "info"
-
-
-class TcpListener(_Section):
-    enable: bool = True
-    bind: Bind = "0.0.0.0:1883"
-    max_connections: int = Field(default=1_024_000, ge=1)
-    allow: Annotated[list[Network], BeforeValidator(_split_commas)] = Field(default_factory=list)
-    deny: Annotated[list[Network], BeforeValidator(_split_commas)] = Field(default_factory=list)
-    mountpoint: str = ""
-    # protection: new connections per second accepted (beyond: closed at accept; 0 = no
-    # limit), and per-client rates overriding [mqtt]'s (None: [mqtt]'s)
-    max_conn_rate: Rate = 0.0
-    messages_rate: Rate | None = None
-    bytes_rate: ByteRate | None = None
-    # slow readers: a client that leaves our writes blocked for send_timeout (0 = never),
-    # or with more than max_send_buffer bytes unsent (0 = no limit), is disconnected
-    send_timeout: Duration = 15.0
-    max_send_buffer: Size = 64 << 20
-
-    @property
-    def host(self) -> str:
-        """The bind host without IPv6 brackets (``"0.0.0.0"``, ``"::1"``, ``"localhost"``)."""
-        return parse_bind(self.bind)[0]
-
-    @property
-    def port(self) -> int:
-        return parse_bind(self.bind)[1]
-
-    @property
-    def allow_networks(self) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
-        """``allow`` as networks; empty means every peer is allowed (unless denied)."""
-        return [ipaddress.ip_network(n, strict=False) for n in self.allow]
-
-    @property
-    def deny_networks(self) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
-        return [ipaddress.ip_network(n, strict=False) for n in self.deny]
-
-
-def _default_tcp_listeners() -> dict[str, TcpListener]:
-    return {"default": TcpListener()}
-
-
-# ------------------------------------------------------------------ TLS listeners
-
-TLS_VERSIONS = ("tlsv1", "tlsv1.1", "tlsv1.2", "tlsv1.3")  # oldest first
-TlsVersion = Literal["tlsv1", "tlsv1.1", "tlsv1.2", "tlsv1.3"]
-DEFAULT_TLS_VERSIONS: tuple[TlsVersion, ...] = ("tlsv1.2", "tlsv1.3")
-TlsVerify = Literal["verify_none", "verify_peer"]
-PeerCertField = Literal["none", "cn", "dn", "san"]
-
-
-def _join_ciphers(value: object) -> object:
-    # EMQX writes ciphers as a list; OpenSSL wants one colon-separated string.
-    if isinstance(value, list) and all(isinstance(v, str) for v in value):
-        return ":".join(value)
-    return value
-
-
-def _no_peer_keys(listener: Any, *more: str) -> None:
-    """Without ``verify = "verify_peer"`` no client certificate is asked for, so the keys
-    that use one must stay off (the first one set is named)."""
-    for key in ("fail_if_no_peer_cert", "peer_cert_as_clientid", "peer_cert_as_username", *more):
-        if getattr(listener, key) not in (False, "none"):
-            raise ValueError(f'{key} needs verify = "verify_peer"')
-
-
-class SslListener(TcpListener):
-    """``[listeners.ssl.<name>]``: a TCP listener that speaks TLS (MQTT over TLS, 8883).
-
-    Cross-field rules are checked here; that the files exist and load (and that the key
-    matches the certificate) is checked by the loader, which also resolves relative paths
-    against the configuration file's directory. ``verify = "verify_peer"`` asks clients
-    for a certificate signed by ``cacertfile``; ``fail_if_no_peer_cert`` makes it
-    mandatory (mutual TLS). ``peer_cert_as_clientid``/``peer_cert_as_username`` replace
-    the CONNECT's client id/username by the certificate's ``cn``, ``dn`` (RFC 4514) or
-    ``san`` (first DNS or URI subject alternative name). ``peer_cert_authenticates``: a
-    verified client certificate alone authenticates a client that sends no password
-    (mosquitto's ``use_identity_as_username``); the authentication chain and
-    ``allow_anonymous`` then do not apply to it.
-    """
-
-    bind: Bind = "0.0.0.0:8883"
-    certfile: Path | None = None
-    keyfile: Path | None = None
-    cacertfile: Path | None = None
-    verify: Annotated[TlsVerify, BeforeValidator(_lower)] = "verify_none"
-    fail_if_no_peer_cert: bool = False
-    versions: Annotated[
-        list[Annotated[TlsVersion, BeforeValidator(_lower)]],
-        BeforeValidator(_split_commas),
-        Field(min_length=1),
-    ] = Field(default_factory=lambda: list(DEFAULT_TLS_VERSIONS))
-    ciphers: Annotated[str, BeforeValidator(_join_ciphers)] = ""  # "": OpenSSL's defaults
-    peer_cert_as_clientid: Annotated[PeerCertField, BeforeValidator(_lower)] = "none"
-    peer_cert_as_username: Annotated[PeerCertField, BeforeValidator(_lower)] = "none"
-    peer_cert_authenticates: bool = False
-
-    @model_validator(mode="after")
-    def _consistent_tls(self) -> SslListener:
-        if self.enable and (self.certfile is None or self.keyfile is None):
-            raise ValueError("an enabled ssl listener needs certfile and keyfile")
-        if self.verify == "verify_peer":
-            if self.cacertfile is None:
-                raise ValueError('verify = "verify_peer" needs cacertfile (the clients\' CA)')
-        else:
-            _no_peer_keys(self, "peer_cert_authenticates")
-        indexes = sorted({TLS_VERSIONS.index(v) for v in self.versions})
-        if indexes != list(range(indexes[0], indexes[-1] + 1)):
-            raise ValueError(f"versions must be a contiguous range, got {self.versions}")
-        return self
-
-    @property
-    def min_version(self) -> TlsVersion:
-        return min(self.versions, key=TLS_VERSIONS.index)
-
-    @property
-    def max_version(self) -> TlsVersion:
-        return max(self.versions, key=TLS_VERSIONS.index)
-
-
-# ------------------------------------------------------------------ WebSocket listeners
-
-MQTT_WS_SUBPROTOCOLS = ("mqtt", "mqtt-v3.1.1", "mqtt-v3", "mqtt-v5")
-
-
-def _check_path(value: str) -> str:
-    if not value.startswith("/"):
-        raise ValueError('expected an absolute path such as "/mqtt"')
-    return value
-
-
-class WebSocketOptions(_Section):
-    """``[listeners.ws.<name>.websocket]`` (and ``wss``): EMQX's ``websocket`` options.
-
-    ``proxy_address_header``/``proxy_port_header`` ("" turns them off) are believed only
-    from peers in ``trusted_proxies``; ``max_frame_size`` 0 means no limit of its own (the
-    MQTT ``max_packet_size`` still holds); ``handshake_timeout`` bounds the HTTP upgrade.
-    """
-
-    mqtt_path: Annotated[str, AfterValidator(_check_path)] = "/mqtt"
-    supported_subprotocols: Annotated[
-        list[str], BeforeValidator(_split_commas), Field(min_length=1)
-    ] = Field(default_factory=lambda: list(MQTT_WS_SUBPROTOCOLS))
-    fail_if_no_subprotocol: bool = True
-    check_origin_enable: bool = False
-    allow_origin_absence: bool = True
-    check_origins: Annotated[list[str], BeforeValidator(_split_commas)] = Field(
-        default_factory=list
-    )
-    proxy_address_header: str = "x-forwarded-for"
-    proxy_port_header: str = "x-forwarded-port"
-    trusted_proxies: Annotated[list[Network], BeforeValidator(_split_commas)] = Field(
-        default_factory=lambda: ["127.0.0.0/8", "::1/128"]
-    )
-    max_frame_size: Size = 0
-    handshake_timeout: Annotated[Duration, Field(gt=0)] = 15.0
-
-
-class WsListener(TcpListener):
-    """``[listeners.ws.<name>]``: MQTT over WebSocket (8083)."""
-
-    bind: Bind = "0.0.0.0:8083"
-    websocket: WebSocketOptions = Field(default_factory=WebSocketOptions)
-
-
-class WssListener(SslListener):
-    """``[listeners.wss.<name>]``: MQTT over secure WebSocket (8084); the TLS keys of an
-    ssl listener plus ``websocket``."""
-
-    bind: Bind = "0.0.0.0:8084"
-    websocket: WebSocketOptions = Field(default_factory=WebSocketOptions)
-
-
-class Listeners(_Section):
-    tcp: dict[str, TcpListener] = Field(default_factory=_default_tcp_listeners)
-    # No ssl listener by default: there are no certificates by default.
-    ssl: dict[str, SslListener] = Field(default_factory=dict)
-    # No WebSocket listener by default either (EMQX opens 8083/8084): add one with
-    # [listeners.ws.default] or GATEWAY_LISTENERS__WS__DEFAULT__ENABLE=true.
-    ws: dict[str, WsListener] = Field(default_factory=dict)
-    wss: dict[str, WssListener] = Field(default_factory=dict)
-
-    @model_validator(mode="after")
-    def _distinct_binds_across_kinds(self) -> Listeners:
-        seen: dict[str, str] = {}
-        tables: tuple[tuple[str, Mapping[str, TcpListener]], ...] = (
-            ("tcp", self.tcp), ("ssl", self.ssl), ("ws", self.ws), ("wss", self.wss)
-        )
-        for kind, table in tables:
-            for name, listener in table.items():
-                if not listener.enable or listener.port == 0:
-                    continue
-                where = f"{kind}.{name}"
-                if listener.bind in seen:  # (two tcp listeners were refused above)
-                    raise ValueError(
-                        f"listeners {seen[listener.bind]} and {where} both bind {listener.bind}"
-                    )
-                seen.setdefault(listener.bind, where)
-        return self
-
-    @field_validator("tcp")
-    @classmethod
-    def _distinct_binds(cls, tcp: dict[str, TcpListener]) -> dict[str, TcpListener]:
-        seen: dict[str, str] = {}
-        for name, listener in tcp.items():
-            if not listener.enable or listener.port == 0:
-                continue
-            if listener.bind in seen:
-                raise ValueError(
-                    f"listeners {seen[listener.bind]!r} and {name!r} both bind {listener.bind}"
-                )
-            seen[listener.bind] = name
-        return tcp
-
-
-# ------------------------------------------------------------------ protocol gateways
-
-
-def _check_topic_name(value: str) -> str:
-    if not value or "+" in value or "#" in value:
-        raise ValueError("expected a topic name without wildcards")
-    return value
-
-
-class MqttSnPredefined(_Section):
-    """One predefined topic: the same id means the same topic on both sides."""
-
-    id: int = Field(ge=1, le=0xFFFE)
-    topic: Annotated[str, AfterValidator(_check_topic_name)]
-
-
-class UdpListener(_Section):
-    enable: bool = True
-    bind: Bind = "0.0.0.0:1884"
-    max_connections: int = Field(default=1_024_000, ge=1)  # peers (addresses) at once
-    allow: Annotated[list[Network], BeforeValidator(_split_commas)] = Field(default_factory=list)
-    deny: Annotated[list[Network], BeforeValidator(_split_commas)] = Field(default_factory=list)
-
-    @property
-    def host(self) -> str:
-        return parse_bind(self.bind)[0]
-
-    @property
-    def port(self) -> int:
-        return parse_bind(self.bind)[1]
-
-
-def _default_udp_listeners() -> dict[str, UdpListener]:
-    return {"default": UdpListener()}
-
-
-class MqttSnListeners(_Section):
-    udp: dict[str, UdpListener] = Field(default_factory=_default_udp_listeners)
-
-
-class MqttSnConfig(_Section):
-    """``[gateway.mqttsn]`` (EMQX's shape): MQTT-SN 1.2 over UDP. The table's presence
-    enables the gateway (``enable = false`` keeps it configured but off).
-
-    ``broadcast`` sends ADVERTISE to ``broadcast_address``:``broadcast_port`` every
-    ``advertise_interval``; ``enable_qos3`` accepts QoS -1 publishes without a connection;
-    ``retry_interval``/``max_retries`` govern retransmission of unacknowledged messages;
-    ``max_sleep_buffer`` bounds the QoS 0 messages kept for a sleeping client.
-    """
-
-    enable: bool = True
-    gateway_id: int = Field(default=1, ge=0, le=255)
-    broadcast: bool = False
-    broadcast_address: str = "255.255.255.255"
-    broadcast_port: int = Field(default=0, ge=0, le=65535)  # 0: the listener's port
-    advertise_interval: Annotated[Duration, Field(gt=0, le=65535)] = 900.0
-    enable_qos3: bool = True
-    mountpoint: str = ""
-    predefined: list[MqttSnPredefined] = Field(default_factory=list)
-    idle_timeout: Annotated[Duration, Field(gt=0)] = 30.0
-    retry_interval: Annotated[Duration, Field(gt=0)] = 10.0
-    max_retries: int = Field(default=4, ge=0)
-    max_sleep_buffer: int = Field(default=1000, ge=0)
-    listeners: MqttSnListeners = Field(default_factory=MqttSnListeners)
-
-    @field_validator("predefined")
-    @classmethod
-    def _unique_ids(cls, value: list[MqttSnPredefined]) -> list[MqttSnPredefined]:
-        seen: set[int] = set()
-        for p in value:
-            if p.id in seen:
-                raise ValueError(f"predefined topic id {p.id} given twice")
-            seen.add(p.id)
-        return value
-
-
-def _default_coap_udp() -> dict[str, UdpListener]:
-    return {"default": UdpListener(bind="0.0.0.0:5683")}
-
-
-class DtlsListener(UdpListener):
-    """A UDP listener with DTLS 1.2: pre-shared keys (``psk_file``: ``identity:secret``
-    lines, EMQX's PSK file format), certificates (``certfile``/``keyfile``, and
-    ``cacertfile`` with ``verify = "verify_peer"`` for client certificates; EMQX's key
-    names and meanings, as on ``[listeners.ssl.<name>]``), or both on one listener.
-
-    Identity: ``peer_cert_as_clientid``/``peer_cert_as_username`` (``cn``, ``dn``, ``san``)
-    take the client id/username from a verified client certificate;
-    ``psk_identity_as_clientid``/``psk_identity_as_username`` from the PSK identity. The
-    peer may then name no other (CoAP: a different ``clientid``/``username`` in the query
-    is refused 4.03; LwM2M: the client id is the endpoint name, so the registration's
-    ``ep`` must equal it). Files are checked and loaded by the loader, relative paths
-    resolved against the configuration file's directory.
-    """
-
-    bind: Bind = "0.0.0.0:5684"
-    psk_file: Path | None = None
-    certfile: Path | None = None
-    keyfile: Path | None = None
-    cacertfile: Path | None = None
-    verify: Annotated[TlsVerify, BeforeValidator(_lower)] = "verify_none"
-    fail_if_no_peer_cert: bool = False
-    peer_cert_as_clientid: Annotated[PeerCertField, BeforeValidator(_lower)] = "none"
-    peer_cert_as_username: Annotated[PeerCertField, BeforeValidator(_lower)] = "none"
-    psk_identity_as_clientid: bool = False
-    psk_identity_as_username: bool = False
-    handshake_timeout: Annotated[Duration, Field(gt=0)] = 30.0
-
-    @model_validator(mode="after")
-    def _consistent_dtls(self) -> DtlsListener:
-        if (self.certfile is None) != (self.keyfile is None):
-            raise ValueError("certfile and keyfile go together")
-        if self.enable and self.psk_file is None and self.certfile is None:
-            raise ValueError("a DTLS listener needs psk_file, or certfile and keyfile")
-        if self.verify == "verify_peer":
-            if self.certfile is None:
-                raise ValueError('verify = "verify_peer" needs certfile and keyfile')
-            if self.cacertfile is None:
-                raise ValueError('verify = "verify_peer" needs cacertfile (the clients\' CA)')
-        else:
-            _no_peer_keys(self)
-        if self.psk_file is None:
-            for key in ("psk_identity_as_clientid", "psk_identity_as_username"):
-                if getattr(self, key):
-                    raise ValueError(f"{key} needs psk_file")
-        return self
-
-
-class CoapListeners(_Section):
-    udp: dict[str, UdpListener] = Field(default_factory=_default_coap_udp)
-    dtls: dict[str, DtlsListener] = Field(default_factory=dict)
-
-
-class CoapConfig(_Section):
-    """``[gateway.coap]`` (EMQX's shape): CoAP over UDP with the ``/ps`` publish/subscribe
-    mapping and ``/mqtt/connection``. ``connection_required`` refuses requests without a
-    connection token; ``heartbeat`` is how often a connected client must PUT; a
-    connectionless peer with nothing observed is forgotten after ``idle_timeout``."""
-
-    enable: bool = True
-    mountpoint: str = ""
-    connection_required: bool = False
-    heartbeat: Annotated[Duration, Field(gt=0)] = 30.0
-    idle_timeout: Annotated[Duration, Field(gt=0)] = 30.0
-    ack_timeout: Annotated[Duration, Field(gt=0)] = 2.0
-    max_retransmit: int = Field(default=4, ge=0, le=10)
-    block_size: Literal[16, 32, 64, 128, 256, 512, 1024] = 1024
-    max_body: int = Field(default=4 * 1024 * 1024, ge=1)
-    listeners: CoapListeners = Field(default_factory=CoapListeners)
-
-
-def _default_lwm2m_udp() -> dict[str, UdpListener]:
-    return {"default": UdpListener(bind="0.0.0.0:5783")}
-
-
-class Lwm2mListeners(_Section):
-    udp: dict[str, UdpListener] = Field(default_factory=_default_lwm2m_udp)
-    dtls: dict[str, DtlsListener] = Field(default_factory=dict)
-
-
-class Lwm2mBootstrapWrite(_Section):
-    """One Bootstrap-Write: the resources of object instance ``path`` (``"/0/1"``)."""
-
-    path: Annotated[str, Field(pattern=r"^/\d+/\d+$")]
-    content: list[dict[str, Any]]
-
-    @field_validator("content")
-    @classmethod
-    def _entries(cls, v: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        for e in v:
-            if "path" not in e or "value" not in e:
-                raise ValueError("each entry needs a path and a value")
-        return v
-
-
-class Lwm2mBootstrapPlan(_Section):
-    """What one endpoint (or every endpoint: ``"*"``) is told when it bootstraps."""
-
-    delete: bool = True
-    writes: list[Lwm2mBootstrapWrite] = Field(default_factory=list)
-
-
-class Lwm2mBootstrap(_Section):
-    """``[gateway.lwm2m.bootstrap]``: a bootstrap server on the LwM2M listeners (``POST
-    /bs?ep=``); off unless ``enable``; endpoints without a plan (and no ``"*"``) get 4.00."""
-
-    enable: bool = False
-    endpoints: dict[str, Lwm2mBootstrapPlan] = Field(default_factory=dict)
-
-
-class Lwm2mConfig(_Section):
-    """``[gateway.lwm2m]`` (EMQX's shape): LwM2M 1.0/1.1 over CoAP. ``mountpoint`` may use
-    ``{ep}`` (the endpoint name); ``xml_dir`` adds object definitions (OMA XML) to the
-    shipped core objects 0-7; ``qmode_time_window`` is how long a queue-mode device
-    listens after each message it sends; ``max_queue`` bounds the commands waiting for
-    one device (the oldest is dropped)."""
-
-    enable: bool = True
-    mountpoint: str = "lwm2m/{ep}/"
-    lifetime_min: Annotated[Duration, Field(gt=0)] = 1.0
-    lifetime_max: Annotated[Duration, Field(gt=0)] = 86400.0
-    qmode_time_window: Annotated[Duration, Field(gt=0)] = 22.0
-    response_timeout: Annotated[Duration, Field(gt=0)] = 60.0
-    idle_timeout: Annotated[Duration, Field(gt=0)] = 30.0
-    publish_qos: int = Field(default=0, ge=0, le=2)
-    max_queue: int = Field(default=1000, ge=1)
-    xml_dir: str = ""
-    bootstrap: Lwm2mBootstrap = Field(default_factory=Lwm2mBootstrap)
-    listeners: Lwm2mListeners = Field(default_factory=Lwm2mListeners)
-
-
-class GatewaysConfig(_Section):
-    """``[gateway.<protocol>]``: the non-MQTT front-ends; absent means off."""
-
-    mqttsn: MqttSnConfig | None = None
-    coap: CoapConfig | None = None
-    lwm2m: Lwm2mConfig | None = None
 
 
 class MqttConfig(_Section):
@@ -1211,7 +633,7 @@ class BridgesConfig(_Section):
         return mqtt
 
 
-from gateway.rules.config import RuleEngineConfig, RuleEngineField, WebhookConfig  # noqa: E402
+from gateway.config.rules import RuleEngineConfig, RuleEngineField, WebhookConfig  # noqa: E402
 
 
 class GatewayConfig(_Section):
@@ -1241,3 +663,93 @@ class GatewayConfig(_Section):
                 "(the workers form their own private cluster; docs/workers.md)"
             )
         return self
+
+
+# everything public here, with the sections and value types of values, listeners and gateways
+__all__ = [
+    "ApiConfig",
+    "AuthenticationConfig",
+    "AuthorizationConfig",
+    "AuthzAction",
+    "AuthzCacheConfig",
+    "AuthzRule",
+    "BIND_HINT",
+    "BYTE_RATE_HINT",
+    "Bind",
+    "BridgeFilter",
+    "BridgeForward",
+    "BridgeOutbox",
+    "BridgeQos",
+    "BridgeReconnect",
+    "BridgeRetain",
+    "BridgeSubscription",
+    "BridgeTls",
+    "BridgesConfig",
+    "BuiltinDbAuthnConfig",
+    "ByteRate",
+    "ClusterConfig",
+    "ClusterDnsConfig",
+    "ClusterTlsConfig",
+    "CoapConfig",
+    "CoapListeners",
+    "DEFAULT_TLS_VERSIONS",
+    "DURATION_HINT",
+    "DtlsListener",
+    "DurabilityConfig",
+    "Duration",
+    "FlappingDetectConfig",
+    "FleetArchiverConfig",
+    "FleetConfig",
+    "GatewayConfig",
+    "GatewaysConfig",
+    "HttpAuthnConfig",
+    "HttpUrl",
+    "Listeners",
+    "LogConfig",
+    "LogLevel",
+    "Lwm2mBootstrap",
+    "Lwm2mBootstrapPlan",
+    "Lwm2mBootstrapWrite",
+    "Lwm2mConfig",
+    "Lwm2mListeners",
+    "MAX_MQTT_PACKET",
+    "MAX_SESSION_EXPIRY",
+    "MQTT_WS_SUBPROTOCOLS",
+    "MqttBridge",
+    "MqttConfig",
+    "MqttSnConfig",
+    "MqttSnListeners",
+    "MqttSnPredefined",
+    "MqueueOverflow",
+    "Network",
+    "NodeConfig",
+    "PathName",
+    "PeerCertField",
+    "Permission",
+    "RATE_HINT",
+    "Rate",
+    "RetainerConfig",
+    "RulesFile",
+    "SIZE_HINT",
+    "ScramAuthnConfig",
+    "SharedStrategy",
+    "Size",
+    "SslListener",
+    "SysEventMessages",
+    "SysTopicsConfig",
+    "TLS_VERSIONS",
+    "TcpListener",
+    "TlsVerify",
+    "TlsVersion",
+    "TopicFilter",
+    "TopicTemplate",
+    "UdpListener",
+    "WebSocketOptions",
+    "WsListener",
+    "WssListener",
+    "parse_bind",
+    "parse_byte_rate",
+    "parse_duration",
+    "parse_rate",
+    "parse_size",
+]

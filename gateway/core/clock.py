@@ -10,7 +10,6 @@ their deadlines must mean the same thing after a restart).
 
 from __future__ import annotations
 
-import asyncio
 import heapq
 import itertools
 import time as _time
@@ -27,13 +26,20 @@ class Scheduler(Protocol):
     def call_later(self, delay: float, callback: Callable[[], None]) -> TimerHandle: ...
 
 
+class EventLoop(Protocol):
+    """The part of an asyncio event loop a :class:`LoopScheduler` uses (the core does not
+    import asyncio)."""
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> TimerHandle: ...
+
+
 class LoopScheduler:
     """Timers on an asyncio event loop, wall-clock time."""
 
     # time.time itself, not a method around it: the hot path asks for the time per message
     time = staticmethod(_time.time)
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: EventLoop) -> None:
         self._loop = loop
 
     def call_later(self, delay: float, callback: Callable[[], None]) -> TimerHandle:

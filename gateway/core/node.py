@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,10 +37,10 @@ from gateway.core.broker import Broker
 from gateway.core.clock import Scheduler
 from gateway.core.deferred import fold_deferred
 from gateway.core.hooks import Hooks, Priority
+from gateway.core.journal import NodeJournal, StoredSession
 from gateway.core.metrics import Metrics
 from gateway.core.retainer import Retainer
 from gateway.core.session import NEVER_EXPIRE, Session, SessionConfig
-from gateway.store.sessions import SessionStore, StoredSession
 from protocols.context import (
     AUTH_PENDING,
     PUBLISH_REFUSED,
@@ -85,7 +85,7 @@ class Node:
         *,
         authorizer: Authorizer | None = None,
         rng: random.Random | None = None,
-        store: SessionStore | None = None,
+        store: NodeJournal | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -301,7 +301,7 @@ class Node:
             for pid in session.awaiting_rel:
                 store.awaiting_rel_added(cid, pid)
 
-    def restore(self, stored: list[StoredSession], retained: list[Message]) -> None:
+    def restore(self, stored: Sequence[StoredSession], retained: Sequence[Message]) -> None:
         """Rebuild persisted state at start-up (every session is offline)."""
         now = self.scheduler.time()
         for m in retained:

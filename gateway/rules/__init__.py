@@ -8,8 +8,8 @@ Layers, each its own module (docs/rules.md):
   :mod:`~gateway.rules.events` (event sources and their fields)
 - :mod:`~gateway.rules.actions` and :mod:`~gateway.rules.template` (what outputs do)
 - :mod:`~gateway.rules.engine` (the hook subscriber), :mod:`~gateway.rules.service`
-  (assembly inside gatewayd, persistence), :mod:`~gateway.rules.api` (management API),
-  :mod:`~gateway.rules.config` (configuration models)
+  (assembly inside gatewayd, persistence), :mod:`~gateway.admin.rules_api` (management API),
+  :mod:`~gateway.config.rules` (configuration models)
 """
 
 from gateway.rules.compiler import Program, compile_sql

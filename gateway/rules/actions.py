@@ -49,7 +49,7 @@ class ActionContext(Protocol):
     """What actions need from the running engine."""
 
     def publish(self, rule_id: str, message: Message) -> None: ...
-    def webhook(self, name: str) -> Any: ...  # a gateway.connectors.webhook.Webhook
+    def webhook(self, name: str) -> Any: ...  # a gateway.rules.webhook.Webhook
     def bridge(self, name: str) -> Any: ...  # a gateway.bridge.bridge.Bridge
     def now(self) -> float: ...
 

@@ -24,19 +24,57 @@ import logging
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from gateway.connectors.webhook import Webhook
+from gateway.config import GatewayConfig
+from gateway.core.node import Node
 from gateway.rules.engine import Rule, RuleEngine, RuleMetrics
 from gateway.rules.store import RuleStore
+from gateway.rules.webhook import Webhook
 from gateway.store.db import open_db
 from gateway.store.queue import QueueDb
 from protocols.context import ClientInfo
 
-if TYPE_CHECKING:
-    from gateway.app import Gateway
+
+class AlarmSink(Protocol):
+    def activate(self, name: str, message: str, details: dict[str, Any] | None = None) -> None:
+        ...
+
+    def deactivate(self, name: str) -> bool: ...
+
+
+class AdminPart(Protocol):
+    """What the rules use of :class:`gateway.admin.admin.Admin`."""
+
+    @property
+    def alarms(self) -> AlarmSink: ...
+
+    @property
+    def prometheus_registry(self) -> Any: ...
+
+
+class BridgesPart(Protocol):
+    @property
+    def bridges(self) -> dict[str, Any]: ...
+
+
+class Gateway(Protocol):
+    """What the rules use of :class:`gateway.app.Gateway` (stated here, so that
+    gateway.rules does not import gateway.app, which imports it)."""
+
+    @property
+    def config(self) -> GatewayConfig: ...
+
+    @property
+    def node(self) -> Node | None: ...
+
+    @property
+    def bridges(self) -> BridgesPart | None: ...
+
+    @property
+    def admin(self) -> AdminPart | None: ...
 
 __all__ = ["RulesService", "rule_view", "start_rules"]
 

@@ -63,7 +63,6 @@ from protocols.coap.codec import (
     Code,
     Message,
     RemoteProtocolError,
-    decode,
     encode,
     make,
     unknown_critical,
@@ -191,29 +190,12 @@ class CoapChannel(CoapEndpoint):
         self._uploads: dict[tuple[str, ...], _Upload] = {}
         self._waiting: list[Message] = []  # requests held while authenticating
         self._probe = False
-        self.last_rx = 0.0
 
     # -- entry points from the shell ---------------------------------------------------
 
     def connection_made(self) -> list[Effect]:
         self.last_rx = self._monotonic()
         return [SetTimer("idle", self._idle_limit())]
-
-    def handle_datagram(self, data: bytes) -> list[Effect]:
-        if self.state is State.CLOSED:
-            return []
-        outer = self._enter()
-        try:
-            msg = decode(data)
-        except RemoteProtocolError as exc:
-            self._malformed(exc)
-            return self._leave(outer)
-        self.last_rx = self._monotonic()
-        try:
-            self._dispatch(msg)
-        except RemoteProtocolError as exc:
-            self._malformed(exc)
-        return self._leave(outer)
 
     def on_timer(self, name: str) -> list[Effect]:
         if self.state is State.CLOSED:

@@ -4,7 +4,8 @@ LwM2M channels, sans-IO.
 :class:`CoapEndpoint` adds to :class:`~protocols.channel_base.ChannelBase` what both
 channels do the same way with CoAP messages: message ids for what we send, the cache of
 answers that makes a repeated request harmless, answering a request (piggybacked or
-not), answering a malformed datagram, and ``release`` (CoAP has no PUBREL).
+not), answering a malformed datagram, ``handle_datagram`` (decode, then the channel's
+``_dispatch``, or its ``_malformed``) and ``release`` (CoAP has no PUBREL).
 
 Invariants:
 - Message ids we allocate start at a random value and go up by one, modulo 2**16.
@@ -28,6 +29,7 @@ from protocols.coap.codec import (
     Code,
     Message,
     RemoteProtocolError,
+    decode,
     encode,
     make,
 )
@@ -61,6 +63,31 @@ class CoapEndpoint(ChannelBase):
         self._dedup_size = dedup_size
         self._responses: OrderedDict[int, bytes | None] = OrderedDict()
         self._last_block1: tuple[int, Block] | None = None  # (mid, Block1) to echo
+        self.last_rx = 0.0  # when the peer last sent something well-formed (monotonic)
+
+    def handle_datagram(self, data: bytes) -> list[Effect]:
+        """One datagram from the peer: a well-formed message goes to ``_dispatch``; one
+        that is not (decode raises RemoteProtocolError) to ``_malformed``."""
+        if self.state is self.CLOSED:
+            return []
+        outer = self._enter()
+        try:
+            msg = decode(data)
+        except RemoteProtocolError as exc:
+            self._malformed(exc)
+            return self._leave(outer)
+        self.last_rx = self._monotonic()
+        try:
+            self._dispatch(msg)
+        except RemoteProtocolError as exc:
+            self._malformed(exc)
+        return self._leave(outer)
+
+    def _dispatch(self, msg: Message) -> None:
+        raise NotImplementedError
+
+    def _malformed(self, exc: RemoteProtocolError) -> None:
+        raise NotImplementedError
 
     def release(self, packet_id: int) -> list[Effect]:
         """No PUBREL in CoAP: an outgoing QoS 2 message resumed at PUBREL is complete."""

@@ -61,7 +61,6 @@ from protocols.coap.codec import (
     Code,
     Message,
     RemoteProtocolError,
-    decode,
     encode,
     make,
 )
@@ -78,19 +77,22 @@ from protocols.effects import CancelTimer, Close, Effect, SetTimer
 from protocols.lwm2m import bootstrap, content
 from protocols.lwm2m.objects import ObjectModel
 from protocols.lwm2m.registry import Registry
+from protocols.lwm2m.requests import (
+    BLOCK_SZX,
+    COMPOSITE,
+    Command,
+    build,
+    build_composite,
+)
 
 log = logging.getLogger("protocols.lwm2m.channel")
 
 MAX_BODY = 4 * 1024 * 1024  # a Block2 answer larger than this is refused (4.08)
-BLOCK_SIZE, BLOCK_SZX = 1024, 6  # Block1 for request bodies larger than one block
+BLOCK_SIZE = 1 << (BLOCK_SZX + 4)  # Block1 (1024 bytes) for larger request bodies
 MAX_UPLOAD = 64 * 1024  # a request body a device sends with Block1 (links, Send)
 MAX_UPLOADS = 4  # Block1 bodies being received from one peer at once (different paths)
 DEDUP_SIZE = 64  # requests whose message ids (and answers) are remembered
 
-COMPOSITE = ("read-composite", "write-composite", "observe-composite",
-             "cancel-observe-composite")  # LwM2M 1.1, SenML bodies on the root path
-COMMANDS = ("read", "discover", "write", "write-attr", "execute", "create", "delete",
-            "observe", "cancel-observe", *COMPOSITE)
 READS = ("read", "discover", "observe", "read-composite", "observe-composite")
 OBSERVES = ("observe", "observe-composite")
 _CODE_MSG = {
@@ -132,24 +134,6 @@ class State(Enum):
     BOOTSTRAPPING = "bootstrapping"
     REGISTERED = "registered"
     CLOSED = "closed"
-
-
-@dataclass(slots=True)
-class Command:
-    req_id: Any
-    msg_type: str
-    path: str
-    echo: dict[str, Any]
-    request: Message | None = None  # the CoAP request, once built
-    seq: int | None = None  # its place in the registry (None: not kept there)
-    paths: list[str] | None = None  # a composite operation's paths
-    partial: bytearray | None = None  # a Block2 answer being collected
-    upload: bytes | None = None  # a request body sent with Block1
-    sent: int = 0  # bytes of ``upload`` sent so far
-    block_start: int = 0  # where the last block sent starts
-    szx: int = BLOCK_SZX  # Block1 size exponent: ours, or smaller if the device asks
-    notify_of: Command | None = None  # fetching the rest of this observation's notification
-    seq_num: int | None = None  # that notification's Observe number
 
 
 @dataclass(slots=True)
@@ -208,7 +192,6 @@ class Lwm2mChannel(CoapEndpoint):
         self.objects: list[str] = []
         self.alternate = "/"
         self.queue_mode = False
-        self.last_rx = 0.0
         self.pending: deque[Command] = deque()
         self.current: _Outstanding | None = None
         self.observations: dict[bytes, Command] = {}  # token -> the observe command
@@ -223,19 +206,6 @@ class Lwm2mChannel(CoapEndpoint):
     def connection_made(self) -> list[Effect]:
         self.last_rx = self._monotonic()
         return [SetTimer("idle", self.settings.idle_timeout)]
-
-    def handle_datagram(self, data: bytes) -> list[Effect]:
-        if self.state is State.CLOSED:
-            return []
-        outer = self._enter()
-        try:
-            msg = decode(data)
-        except RemoteProtocolError as exc:
-            self._malformed(exc)
-            return self._leave(outer)
-        self.last_rx = self._monotonic()
-        self._dispatch(msg)
-        return self._leave(outer)
 
     def on_timer(self, name: str) -> list[Effect]:
         if self.state is State.CLOSED:
@@ -682,130 +652,13 @@ class Lwm2mChannel(CoapEndpoint):
         try:
             if msg_type in COMPOSITE:
                 c.path = "/"
-                c.request = self._build_composite(c, data)
+                c.request = build_composite(self, self.settings.model, c, data)
             else:
-                c.request = self._build(msg_type, path, data)
+                c.request = build(self, self.settings.model, msg_type, path, data)
         except (content.ContentError, ValueError, TypeError, KeyError) as exc:
             self._answer(c, {"code": "4.00", "codeMsg": f"bad_request: {exc}"})
             return None
         return c
-
-    def _build(self, msg_type: str, path: str, data: dict[str, Any]) -> Message:
-        if msg_type not in COMMANDS:
-            raise ValueError(f"unknown msgType {msg_type!r}")
-        parts = [p for p in path.split("/") if p]
-        if not parts or not all(p.isdigit() for p in parts):
-            raise ValueError(f"bad path {path!r}")
-        alt = [p for p in self.alternate.split("/") if p]
-        model = self.settings.model
-        code = Code.GET
-        payload = b""
-        fmt: int | None = None
-        observe: int | None = None
-        query: list[str] = []
-        accept: int | None = None
-        if msg_type == "discover":
-            accept = content.LINK_FORMAT
-        elif msg_type == "observe":
-            observe = 0
-        elif msg_type == "cancel-observe":
-            observe = 1
-        elif msg_type == "write":
-            if "content" in data:  # several resources of an instance: partial update
-                code = Code.POST
-                payload, fmt = self._encode_values(list(data["content"]), path)
-            else:
-                code = Code.PUT
-                typ = data.get("type") or model.type_of(path)
-                if str(typ).lower() == "opaque":
-                    payload, fmt = content.value_to_bytes(data.get("value"), "opaque"), 42
-                else:
-                    payload, fmt = content.text_of(data.get("value"), typ), content.TEXT
-        elif msg_type == "write-attr":
-            code = Code.PUT
-            for k in ("pmin", "pmax", "gt", "lt", "st"):
-                if data.get(k) not in (None, ""):
-                    query.append(f"{k}={data[k]}")
-        elif msg_type == "execute":
-            code = Code.POST
-            payload = str(data.get("args") or "").encode()
-        elif msg_type == "create":
-            code = Code.POST
-            payload, fmt = self._encode_values(list(data.get("content") or []), path)
-        elif msg_type == "delete":
-            code = Code.DELETE
-        req = make(CON, code, 0, secrets.token_bytes(4), payload)
-        req.opt.uri_path = tuple(alt + parts)
-        if query:
-            req.opt.uri_query = tuple(query)
-        if fmt is not None:
-            req.opt.content_format = fmt
-        if accept is not None:
-            req.opt.accept = accept
-        if observe is not None:
-            req.opt.observe = observe
-        if msg_type == "cancel-observe":
-            for token, c in list(self.observations.items()):
-                if c.path == path:
-                    req.token = token  # the observation's own token
-                    del self.observations[token]
-        return req
-
-    def _senml_format(self) -> int | None:
-        """The SenML format the device said it reads (the ``ct`` of its root link, LwM2M
-        1.1): JSON when listed, else CBOR; None for a 1.0 device or no such list."""
-        if self.version.strip() in ("", "1.0"):
-            return None
-        for fmt in (content.SENML_JSON, content.SENML_CBOR):
-            if fmt in self.root_formats:
-                return fmt
-        return None
-
-    def _encode_values(self, entries: list[Any], base: str) -> tuple[bytes, int]:
-        """A multi-resource write or a create: SenML when the device reads it (1.1),
-        TLV otherwise (every 1.0 device reads TLV)."""
-        type_of = self.settings.model.type_of
-        fmt = self._senml_format()
-        if fmt is None:
-            return content.encode_tlv(entries, base, type_of), content.TLV
-        return content.encode_senml(entries, base, type_of,
-                                    cbor=fmt == content.SENML_CBOR), fmt
-
-    def _build_composite(self, c: Command, data: dict[str, Any]) -> Message:
-        """Read-/Write-/Observe-Composite (LwM2M 1.1): FETCH or iPATCH on the root path
-        with a SenML body (JSON unless the device listed only CBOR)."""
-        if self.version.strip() in ("", "1.0"):  # a 1.0 device does not answer FETCH at all
-            raise ValueError("composite operations need LwM2M 1.1 (the device registered 1.0)")
-        fmt = self._senml_format() or content.SENML_JSON
-        cbor = fmt == content.SENML_CBOR
-        if c.msg_type == "write-composite":
-            entries = data.get("content")
-            if not isinstance(entries, list) or not entries:
-                raise ValueError("write-composite needs content: [{path, value}]")
-            payload = content.encode_senml(entries, "/", self.settings.model.type_of, cbor=cbor)
-            code = Code.iPATCH
-            c.paths = [str(e.get("path")) for e in entries if isinstance(e, dict)]
-        else:
-            paths = data.get("paths")
-            if not isinstance(paths, list) or not paths:
-                raise ValueError(f"{c.msg_type} needs paths: [...]")
-            payload = content.encode_senml_names([str(p) for p in paths], cbor=cbor)
-            code = Code.FETCH
-            c.paths = ["/" + "/".join(x for x in str(p).split("/") if x) for p in paths]
-        req = make(CON, code, 0, secrets.token_bytes(4), payload)
-        req.opt.uri_path = tuple(p for p in self.alternate.split("/") if p)
-        req.opt.content_format = fmt
-        if code == Code.FETCH:
-            req.opt.accept = fmt
-        if c.msg_type == "observe-composite":
-            req.opt.observe = 0
-        elif c.msg_type == "cancel-observe-composite":
-            req.opt.observe = 1
-            for token, obs in list(self.observations.items()):
-                if obs.msg_type == "observe-composite" and obs.paths == c.paths:
-                    req.token = token
-                    del self.observations[token]
-        return req
 
     def _awake(self) -> bool:
         if not self.queue_mode:

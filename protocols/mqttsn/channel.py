@@ -48,6 +48,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from enum import Enum
+from typing import Any
 
 from protocols.channel_base import ChannelBase
 from protocols.context import (
@@ -291,73 +292,45 @@ class MqttSnChannel(ChannelBase):
         self._send(Disconnect())
 
     def _dispatch(self, p: Packet) -> None:
-        state = self.state
-        connected = state in CONNECTED
-        if isinstance(p, Publish):
-            if p.qos == -1:
-                self._on_publish_qos3(p)
-            elif connected:
-                self._on_publish(p)
-            else:
-                self._not_connected("PUBLISH")
-        elif isinstance(p, PubAck):
-            if connected:
-                self._on_puback(p)
-        elif isinstance(p, PubRec):
-            if connected:
-                self._on_pubrec(p)
-        elif isinstance(p, PubRel):
-            if connected:
-                assert self.session is not None
-                self.session.complete_rel(p.msg_id)
-                self._send(PubComp(p.msg_id))
-        elif isinstance(p, PubComp):
-            if connected and self.unacked.pop(("rel", p.msg_id), None) is not None:
-                assert self.session is not None
-                self.session.pubcomp(p.msg_id)
-        elif isinstance(p, PingReq):
-            self._on_pingreq(p)
-        elif isinstance(p, Connect):
-            self._on_connect(p)
-        elif isinstance(p, WillTopic):
-            self._on_willtopic(p)
-        elif isinstance(p, WillMsg):
-            self._on_willmsg(p)
-        elif isinstance(p, Register):
-            if connected:
-                self._on_register(p)
-            else:
-                self._not_connected("REGISTER")
-        elif isinstance(p, RegAck):
-            if connected:
-                self._on_regack(p)
-        elif isinstance(p, Subscribe):
-            if connected:
-                self._on_subscribe(p)
-            else:
-                self._not_connected("SUBSCRIBE")
-        elif isinstance(p, Unsubscribe):
-            if connected:
-                self._on_unsubscribe(p)
-            else:
-                self._not_connected("UNSUBSCRIBE")
-        elif isinstance(p, Disconnect):
-            self._on_disconnect(p)
-        elif isinstance(p, WillTopicUpd):
-            if connected:
-                self._on_willtopicupd(p)
-        elif isinstance(p, WillMsgUpd):
-            if connected:
-                self._on_willmsgupd(p)
-        elif isinstance(p, SearchGw):
-            self._send(GwInfo(self.settings.gateway_id))
-        elif isinstance(p, Encapsulated):
-            self.context.incr("packets.mqttsn.encapsulated.dropped")
-            log.info("%s: forwarder encapsulation is not supported; dropped", self._who())
-        elif isinstance(p, Advertise | GwInfo | PingResp):
-            pass  # other gateways' broadcasts; an answer to a PINGREQ we never send
-        else:  # pragma: no cover - the codec's role table rules the rest out
+        """The handler of ``p``'s type in :data:`_ROUTES`; a packet that needs a
+        connection and comes without one is ignored, or answered with DISCONNECT."""
+        route = _ROUTES.get(type(p))
+        if route is None:  # pragma: no cover - the codec's role table rules the rest out
             log.warning("%s: unexpected %s", self._who(), type(p).__name__)
+            return
+        handler, unconnected = route
+        if unconnected is _ANY or self.state in CONNECTED:
+            handler(self, p)
+        elif unconnected is not _IGNORE:
+            self._not_connected(unconnected)
+
+    def _on_publish_any(self, p: Publish) -> None:
+        if p.qos == -1:
+            self._on_publish_qos3(p)  # QoS -1 needs no connection
+        elif self.state in CONNECTED:
+            self._on_publish(p)
+        else:
+            self._not_connected("PUBLISH")
+
+    def _on_pubrel(self, p: PubRel) -> None:
+        assert self.session is not None
+        self.session.complete_rel(p.msg_id)
+        self._send(PubComp(p.msg_id))
+
+    def _on_pubcomp(self, p: PubComp) -> None:
+        if self.unacked.pop(("rel", p.msg_id), None) is not None:
+            assert self.session is not None
+            self.session.pubcomp(p.msg_id)
+
+    def _on_searchgw(self, p: SearchGw) -> None:
+        self._send(GwInfo(self.settings.gateway_id))
+
+    def _on_encapsulated(self, p: Encapsulated) -> None:
+        self.context.incr("packets.mqttsn.encapsulated.dropped")
+        log.info("%s: forwarder encapsulation is not supported; dropped", self._who())
+
+    def _on_broadcast(self, p: Advertise | GwInfo | PingResp) -> None:
+        pass  # other gateways' broadcasts; an answer to a PINGREQ we never send
 
     # -- CONNECT and the will dialogue -----------------------------------------------
 
@@ -929,3 +902,32 @@ class MqttSnChannel(ChannelBase):
         if f is not None:
             self.context.unsubscribe(info, self.settings.mountpoint + f)
         self._send(UnsubAck(p.msg_id))
+
+
+_ANY = "any"  # handled whether or not the client is connected
+_IGNORE = ""  # without a connection: dropped silently
+# packet type -> (handler, what happens without a connection: _ANY, _IGNORE, or the name
+# of the packet in the DISCONNECT's log line)
+_ROUTES: dict[type, tuple[Callable[[MqttSnChannel, Any], None], str]] = {
+    Publish: (MqttSnChannel._on_publish_any, _ANY),
+    PubAck: (MqttSnChannel._on_puback, _IGNORE),
+    PubRec: (MqttSnChannel._on_pubrec, _IGNORE),
+    PubRel: (MqttSnChannel._on_pubrel, _IGNORE),
+    PubComp: (MqttSnChannel._on_pubcomp, _IGNORE),
+    PingReq: (MqttSnChannel._on_pingreq, _ANY),
+    Connect: (MqttSnChannel._on_connect, _ANY),
+    WillTopic: (MqttSnChannel._on_willtopic, _ANY),
+    WillMsg: (MqttSnChannel._on_willmsg, _ANY),
+    Register: (MqttSnChannel._on_register, "REGISTER"),
+    RegAck: (MqttSnChannel._on_regack, _IGNORE),
+    Subscribe: (MqttSnChannel._on_subscribe, "SUBSCRIBE"),
+    Unsubscribe: (MqttSnChannel._on_unsubscribe, "UNSUBSCRIBE"),
+    Disconnect: (MqttSnChannel._on_disconnect, _ANY),
+    WillTopicUpd: (MqttSnChannel._on_willtopicupd, _IGNORE),
+    WillMsgUpd: (MqttSnChannel._on_willmsgupd, _IGNORE),
+    SearchGw: (MqttSnChannel._on_searchgw, _ANY),
+    Encapsulated: (MqttSnChannel._on_encapsulated, _ANY),
+    Advertise: (MqttSnChannel._on_broadcast, _ANY),
+    GwInfo: (MqttSnChannel._on_broadcast, _ANY),
+    PingResp: (MqttSnChannel._on_broadcast, _ANY),
+}

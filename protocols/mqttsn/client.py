@@ -57,6 +57,16 @@ from protocols.mqttsn.packets import (
 )
 
 
+def _topic_id_type(topic: str | int, topic_id_type: int | None) -> int:
+    """A predefined id (``int``), or a name: as ``topic_id_type`` says, else a two-byte
+    name as a short name and any other as a normal one."""
+    if isinstance(topic, int):
+        return PREDEFINED
+    if topic_id_type is not None:
+        return topic_id_type
+    return SHORT if len(topic.encode()) == 2 else NORMAL
+
+
 class Refused(Exception):
     def __init__(self, what: str, code: int) -> None:
         super().__init__(f"{what} refused with return code 0x{code:02X}")
@@ -333,12 +343,7 @@ class MqttSnClient:
     ) -> SubAck:
         """By name (``str``; a two-byte name as a short name unless ``topic_id_type``
         is NORMAL) or predefined id (``int``)."""
-        if isinstance(topic, int):
-            tid_type: int = PREDEFINED
-        elif topic_id_type is not None:
-            tid_type = topic_id_type
-        else:
-            tid_type = SHORT if len(topic.encode()) == 2 else NORMAL
+        tid_type = _topic_id_type(topic, topic_id_type)
         mid = self._mid()
         ack = await self.request(
             Subscribe(mid, topic, qos, False, tid_type),
@@ -352,12 +357,7 @@ class MqttSnClient:
         return ack
 
     async def unsubscribe(self, topic: str | int, *, topic_id_type: int | None = None) -> None:
-        if isinstance(topic, int):
-            tid_type: int = PREDEFINED
-        elif topic_id_type is not None:
-            tid_type = topic_id_type
-        else:
-            tid_type = SHORT if len(topic.encode()) == 2 else NORMAL
+        tid_type = _topic_id_type(topic, topic_id_type)
         mid = self._mid()
         await self.request(
             Unsubscribe(mid, topic, tid_type),

@@ -15,21 +15,18 @@ authorization rules go to mosquitto's dynamic-security plugin, whose ACLs, unlik
 
 Markers: ``gateway_only`` (skipped under mosquitto: a known, documented difference) and
 ``interop`` (needs mosquitto_pub / mosquitto_sub; skipped when they are not installed).
-Readiness is a bounded TCP-connect poll, never a fixed sleep. When a test fails, the log of
-every broker still running is attached to its report.
+Each broker is a :class:`tests.harness.gatewayd.GatewaydProcess`: gatewayd is ready on its
+READY=1, mosquitto on a bounded TCP-connect poll, never a fixed sleep. When a test fails,
+the log of every broker still running is attached to its report.
 """
 
 from __future__ import annotations
 
-import contextlib
 import glob
 import json
 import os
 import shutil
-import socket
 import subprocess
-import sys
-import time
 import tomllib
 import uuid
 from collections.abc import Callable, Generator, Iterator
@@ -37,6 +34,14 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
+
+from tests.harness.gatewayd import (
+    GatewaydProcess,
+    clean_environ,
+    free_port,
+    gatewayd_env,
+    tcp_listening,
+)
 
 BROKER_KIND = os.environ.get("CONFORMANCE_BROKER", "gatewayd").strip().lower() or "gatewayd"
 UNDER_MOSQUITTO = BROKER_KIND == "mosquitto"
@@ -59,12 +64,6 @@ MOSQUITTO_EQUIVALENTS: dict[str, tuple[str, str]] = {
 class BrokerAddr(NamedTuple):
     host: str
     port: int
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 _DYNSEC_PLUGIN = next(
@@ -123,7 +122,11 @@ class BrokerProcess:
         self.host = "127.0.0.1"
         self.port = free_port()
         self.log_path = workdir / "broker.log"
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.process: GatewaydProcess | None = None
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes] | None:
+        return self.process.proc if self.process is not None else None
 
     @property
     def addr(self) -> BrokerAddr:
@@ -155,69 +158,37 @@ class BrokerProcess:
         return [mosquitto, "-c", str(conf)]
 
     def start(self) -> None:
-        env = dict(os.environ)
         if UNDER_MOSQUITTO:
-            cmd = self._mosquitto_command()
+            self.process = GatewaydProcess(
+                self.workdir, clean_environ(), command=self._mosquitto_command(),
+                ready=lambda: tcp_listening(self.port, self.host), log_path=self.log_path,
+                ready_timeout=READY_TIMEOUT, what=BROKER_KIND,
+            )
         else:
             data_dir = self.workdir / "data"
             data_dir.mkdir(exist_ok=True)
-            cmd = [sys.executable, "-m", "gateway.cli.gatewayd"]
-            env["PYTHONPATH"] = os.pathsep.join(
-                p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p
+            env = {
+                "GATEWAY_LISTENERS__TCP__DEFAULT__BIND": f"{self.host}:{self.port}",
+                "GATEWAY_NODE__DATA_DIR": str(data_dir),
+                **self.env,
+            }
+            self.process = GatewaydProcess(
+                self.workdir, gatewayd_env(env), log_path=self.log_path,
+                ready_timeout=READY_TIMEOUT, what=BROKER_KIND,
             )
-            env["GATEWAY_LISTENERS__TCP__DEFAULT__BIND"] = f"{self.host}:{self.port}"
-            env["GATEWAY_NODE__DATA_DIR"] = str(data_dir)
-            env.update(self.env)
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                cmd,
-                cwd=self.workdir,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        self._wait_ready()
-
-    def _wait_ready(self) -> None:
-        assert self.proc is not None
-        deadline = time.monotonic() + READY_TIMEOUT
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"{BROKER_KIND} exited with status {self.proc.returncode} before "
-                    f"listening on {self.port}:\n{self.log_tail()}"
-                )
-            try:
-                with socket.create_connection(self.addr, timeout=0.2):
-                    return
-            except OSError:
-                # Not listening yet; block briefly on the process instead of sleeping.
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    self.proc.wait(timeout=0.05)
-        self.stop()
-        raise RuntimeError(
-            f"{BROKER_KIND} did not listen on {self.port} within {READY_TIMEOUT}s:\n"
-            f"{self.log_tail()}"
-        )
+        self.process.start()
 
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        return self.process is not None and self.process.alive()
 
     def stop(self, *, kill: bool = False) -> None:
         """SIGTERM (a graceful shutdown) or, with ``kill``, SIGKILL; waits for the exit."""
-        if self.proc is None or self.proc.poll() is not None:
+        if self.process is None or not self.process.alive():
             return
         if kill:
-            self.proc.kill()
-            self.proc.wait(timeout=5)
-            return
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=5)
+            self.process.kill()
+        else:
+            self.process.stop(5)
 
     def log_tail(self, limit: int = 12000) -> str:
         try:

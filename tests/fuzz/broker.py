@@ -7,24 +7,24 @@
   the broker did: closed it (with the DISCONNECT or CONNACK it sent first, if any) or
   kept it open, every read under a deadline. Nothing here sleeps.
 
-Readiness is a bounded TCP-connect poll that also blocks on the process.
+The process is a :class:`tests.harness.gatewayd.GatewaydProcess` (ready on gatewayd's
+READY=1, clean stop).
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import selectors
 import socket
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.conformance import raw
+from tests.harness.gatewayd import GatewaydProcess, free_port, gatewayd_env
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+__all__ = ["Gatewayd", "Outcome", "free_port", "throw"]
 
 # MQTT 5 DISCONNECT reason codes a server may send (3.14.2.1), failures only.
 SERVER_DISCONNECT_CODES = frozenset(
@@ -33,12 +33,6 @@ SERVER_DISCONNECT_CODES = frozenset(
         0x95, 0x96, 0x97, 0x98, 0x99, 0x9A, 0x9B, 0x9C, 0x9D, 0x9E, 0x9F, 0xA0, 0xA1, 0xA2,
     }
 )
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _quiet_defaults() -> dict[str, str]:
@@ -59,7 +53,11 @@ class Gatewayd:
         self.env = {k: str(v) for k, v in env.items()}
         self.log_path = workdir / "gatewayd.log"
         self.data_dir = workdir / "data"
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.process: GatewaydProcess | None = None
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes] | None:
+        return self.process.proc if self.process is not None else None
 
     @property
     def addr(self) -> tuple[str, int]:
@@ -72,35 +70,16 @@ class Gatewayd:
 
     def start(self, timeout: float = 15.0) -> Gatewayd:
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p
-        )
-        env.update(_quiet_defaults())
-        env["GATEWAY_LISTENERS__TCP__DEFAULT__BIND"] = f"127.0.0.1:{self.port}"
-        env["GATEWAY_NODE__DATA_DIR"] = str(self.data_dir)
-        env.update(self.env)
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "gateway.cli.gatewayd"],
-                cwd=self.workdir,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"gatewayd exited ({self.proc.returncode}):\n{self.log_tail()}")
-            try:
-                with socket.create_connection(self.addr, timeout=0.2):
-                    return self
-            except OSError:
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    self.proc.wait(timeout=0.05)
-        self.stop()
-        raise RuntimeError(f"gatewayd did not listen within {timeout}s:\n{self.log_tail()}")
+        env = {
+            **_quiet_defaults(),
+            "GATEWAY_LISTENERS__TCP__DEFAULT__BIND": f"127.0.0.1:{self.port}",
+            "GATEWAY_NODE__DATA_DIR": str(self.data_dir),
+            **self.env,
+        }
+        self.process = GatewaydProcess(self.workdir, gatewayd_env(env), log_path=self.log_path,
+                                       ready_timeout=timeout)
+        self.process.start()
+        return self
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -119,16 +98,7 @@ class Gatewayd:
             self.proc.wait(timeout=seconds)
 
     def stop(self) -> int | None:
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
-        return self.proc.returncode
+        return self.process.stop(10) if self.process is not None else None
 
     def log_tail(self, limit: int = 8000) -> str:
         try:

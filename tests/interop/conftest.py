@@ -2,21 +2,17 @@
 
 ``gateway`` (one per module) listens on MQTT/TCP, MQTT over WebSocket (ws and wss, with a
 CA and a server certificate made here with ``cryptography``) and MQTT-SN (UDP), with two
-predefined MQTT-SN topics. It is configured only through ``GATEWAY_*`` variables.
-Readiness is a bounded connect poll, never a fixed sleep; the gateway's log is attached to
-the report of a failing test.
+predefined MQTT-SN topics. It is configured only through ``GATEWAY_*`` variables and
+runs as a :class:`tests.harness.gatewayd.GatewaydProcess` (ready on its READY=1, when
+every listener is open); the gateway's log is attached to the report of a failing test.
 """
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import ipaddress
-import os
 import shutil
 import socket
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Generator, Iterator
@@ -29,16 +25,14 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from tests.harness.gatewayd import GatewaydProcess, free_port, gatewayd_env
+
+__all__ = ["Gateway", "free_port", "start_gateway", "stop", "wait_lwm2m"]
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NODE_DIR = Path(__file__).resolve().parent / "node"
 READY_TIMEOUT = 20.0
 PREDEFINED = {1: "predef/one", 2: "predef/two"}
-
-
-def free_port(kind: int = socket.SOCK_STREAM) -> int:
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Certs(NamedTuple):
@@ -121,10 +115,10 @@ class Gateway(NamedTuple):
     log: Path
 
 
-_RUNNING: list[tuple[subprocess.Popen[bytes], Path]] = []
+_RUNNING: list[GatewaydProcess] = []
 
 
-def start_gateway(workdir: Path, **extra: str) -> tuple[subprocess.Popen[bytes], Gateway]:
+def start_gateway(workdir: Path, **extra: str) -> tuple[GatewaydProcess, Gateway]:
     certs = make_certs(workdir)
     gw = Gateway(
         "127.0.0.1",
@@ -135,62 +129,30 @@ def start_gateway(workdir: Path, **extra: str) -> tuple[subprocess.Popen[bytes],
         certs,
         workdir / "gateway.log",
     )
-    env = dict(os.environ)
-    env = {k: v for k, v in env.items() if not k.startswith("GATEWAY_")}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
-    env.update(
-        {
-            "GATEWAY_NODE__DATA_DIR": str(workdir / "data"),
-            "GATEWAY_API__ENABLE": "false",
-            "GATEWAY_LISTENERS__TCP__DEFAULT__BIND": f"127.0.0.1:{gw.tcp}",
-            "GATEWAY_LISTENERS__WS__DEFAULT__BIND": f"127.0.0.1:{gw.ws}",
-            "GATEWAY_LISTENERS__WSS__DEFAULT__BIND": f"127.0.0.1:{gw.wss}",
-            "GATEWAY_LISTENERS__WSS__DEFAULT__CERTFILE": str(certs.cert),
-            "GATEWAY_LISTENERS__WSS__DEFAULT__KEYFILE": str(certs.key),
-            "GATEWAY_GATEWAY__MQTTSN__LISTENERS__UDP__DEFAULT__BIND": f"127.0.0.1:{gw.mqttsn}",
-            "GATEWAY_GATEWAY__MQTTSN__PREDEFINED": "["
-            + ", ".join(f'{{id = {i}, topic = "{t}"}}' for i, t in PREDEFINED.items())
-            + "]",
-            "GATEWAY_GATEWAY__MQTTSN__RETRY_INTERVAL": "2s",
-        }
-    )
-    env.update(extra)
-    log = open(gw.log, "ab")  # noqa: SIM115 - the process owns it
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli.gatewayd"],
-        cwd=workdir,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    log.close()
-    _RUNNING.append((proc, gw.log))
-    deadline = time.monotonic() + READY_TIMEOUT
-    pending = [gw.tcp, gw.ws, gw.wss]
-    while pending and time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"gatewayd exited ({proc.returncode}):\n{gw.log.read_text()}")
-        try:
-            with socket.create_connection((gw.host, pending[0]), timeout=0.2):
-                pending.pop(0)
-        except OSError:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=0.05)
-    if pending:
-        stop(proc)
-        raise RuntimeError(f"gatewayd not ready:\n{gw.log.read_text()}")
+    env = {
+        "GATEWAY_NODE__DATA_DIR": str(workdir / "data"),
+        "GATEWAY_API__ENABLE": "false",
+        "GATEWAY_LISTENERS__TCP__DEFAULT__BIND": f"127.0.0.1:{gw.tcp}",
+        "GATEWAY_LISTENERS__WS__DEFAULT__BIND": f"127.0.0.1:{gw.ws}",
+        "GATEWAY_LISTENERS__WSS__DEFAULT__BIND": f"127.0.0.1:{gw.wss}",
+        "GATEWAY_LISTENERS__WSS__DEFAULT__CERTFILE": str(certs.cert),
+        "GATEWAY_LISTENERS__WSS__DEFAULT__KEYFILE": str(certs.key),
+        "GATEWAY_GATEWAY__MQTTSN__LISTENERS__UDP__DEFAULT__BIND": f"127.0.0.1:{gw.mqttsn}",
+        "GATEWAY_GATEWAY__MQTTSN__PREDEFINED": "["
+        + ", ".join(f'{{id = {i}, topic = "{t}"}}' for i, t in PREDEFINED.items())
+        + "]",
+        "GATEWAY_GATEWAY__MQTTSN__RETRY_INTERVAL": "2s",
+        **extra,
+    }
+    proc = GatewaydProcess(workdir, gatewayd_env(env), log_path=gw.log,
+                           ready_timeout=READY_TIMEOUT)
+    _RUNNING.append(proc)
+    proc.start()
     return proc, gw
 
 
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
+def stop(proc: GatewaydProcess) -> None:
+    proc.stop(10)
 
 
 @pytest.fixture(scope="module")
@@ -198,7 +160,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     proc, gw = start_gateway(tmp_path_factory.mktemp("gatewayd"))
     yield gw
     stop(proc)
-    _RUNNING[:] = [(p, log) for p, log in _RUNNING if p is not proc]
+    _RUNNING[:] = [p for p in _RUNNING if p is not proc]
 
 
 @pytest.fixture
@@ -216,9 +178,8 @@ def pytest_runtest_makereport(
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
     if report.failed and call.when == "call":
-        for _, log in _RUNNING:
-            with contextlib.suppress(OSError):
-                report.sections.append(("gatewayd log", log.read_text()[-8000:]))
+        for proc in _RUNNING:
+            report.sections.append(("gatewayd log", proc.log()[-8000:]))
     return report
 
 

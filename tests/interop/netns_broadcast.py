@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -20,6 +19,7 @@ sys.path.insert(0, str(REPO))
 
 from protocols.mqttsn.client import MqttSnClient  # noqa: E402
 from protocols.mqttsn.packets import Advertise  # noqa: E402
+from tests.harness.gatewayd import GatewaydProcess, gatewayd_env  # noqa: E402
 
 GW_PORT, CLIENT_PORT, BROADCAST = 1884, 11884, "10.77.0.255"
 
@@ -37,10 +37,8 @@ def setup_network() -> None:
 
 async def main() -> dict[str, object]:
     work = Path(tempfile.mkdtemp(prefix="netns-gw-"))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
-    env.update(
+    env = gatewayd_env(
         {
-            "PYTHONPATH": str(REPO),
             "GATEWAY_NODE__DATA_DIR": str(work / "data"),
             "GATEWAY_API__ENABLE": "false",
             "GATEWAY_LISTENERS__TCP__DEFAULT__BIND": "127.0.0.1:1883",
@@ -52,11 +50,9 @@ async def main() -> dict[str, object]:
             "GATEWAY_GATEWAY__MQTTSN__LISTENERS__UDP__DEFAULT__BIND": f"0.0.0.0:{GW_PORT}",
         }
     )
-    log = open(work / "gateway.log", "wb")  # noqa: SIM115
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli.gatewayd"], env=env, cwd=work,
-        stdout=log, stderr=subprocess.STDOUT,
-    )
+    # not waiting for READY: the client listens while gatewayd starts (the first ADVERTISE
+    # goes out when the listener opens)
+    proc = GatewaydProcess(work, env, log_path=work / "gateway.log").start(wait=False)
     client = MqttSnClient(BROADCAST, GW_PORT, "bc", timeout=2)
     try:
         await client.start(local_addr=("0.0.0.0", CLIENT_PORT), broadcast=True)
@@ -71,9 +67,7 @@ async def main() -> dict[str, object]:
         }
     finally:
         client.close()
-        proc.terminate()
-        proc.wait(timeout=10)
-        log.close()
+        proc.stop(10)
 
 
 if __name__ == "__main__":

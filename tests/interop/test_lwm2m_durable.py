@@ -5,7 +5,6 @@ and the 1.1 Send operation through gatewayd."""
 from __future__ import annotations
 
 import asyncio
-import signal
 import socket
 from pathlib import Path
 from typing import Any
@@ -54,8 +53,7 @@ def test_queued_commands_survive_kill_9(tmp_path: Path) -> None:
             await asyncio.to_thread(app.command, 1, "write", path="/3/0/14", value="+01:00")
             await asyncio.to_thread(app.command, 2, "read", path="/3/0/14")
             assert dev.values.get("/3/0/14") is None
-            proc.send_signal(signal.SIGKILL)
-            await asyncio.to_thread(proc.wait, TIMEOUT)
+            await asyncio.to_thread(proc.kill)  # kill -9, and reaped
             app.close()
             proc, gw = await asyncio.to_thread(_start, tmp_path, port)
             procs.append(proc)

@@ -1,8 +1,9 @@
 """A real ``gatewayd`` on free loopback ports, and small HTTP/MQTT helpers, for the
 management API, Prometheus, ``$SYS`` and ``gatewayctl`` tests.
 
-Readiness is a bounded poll of ``GET /status`` (never a fixed sleep); MQTT helpers wait
-for CONNACK/SUBACK/messages on events with a timeout.
+The process is :class:`tests.harness.gatewayd.GatewaydProcess` (free ports, gatewayd's
+own READY=1, clean stop); MQTT helpers wait for CONNACK/SUBACK/messages on events with a
+timeout.
 """
 
 from __future__ import annotations
@@ -10,11 +11,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
-import os
 import queue
-import socket
-import subprocess
-import sys
 import threading
 import time
 import urllib.parse
@@ -26,19 +23,11 @@ from typing import Any
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 
-READY_TIMEOUT = 30.0
+from tests.harness.gatewayd import GatewaydProcess, clean_environ, free_port, gatewayd_env
+
+__all__ = ["Client", "Gatewayd", "clean_environ", "clients", "free_port", "q"]
+
 WAIT = 10.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def clean_environ() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items()
-            if not k.startswith("GATEWAY_") and k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC")}
 
 
 @dataclass
@@ -48,7 +37,7 @@ class Gatewayd:
     mqtt_port: int = field(default_factory=free_port)
     api_port: int = field(default_factory=free_port)
     node_name: str = "gw-test@127.0.0.1"
-    proc: subprocess.Popen[bytes] | None = None
+    process: GatewaydProcess | None = None
 
     @property
     def data_dir(self) -> Path:
@@ -71,38 +60,15 @@ class Gatewayd:
         }
 
     def start(self) -> Gatewayd:
-        env = {**clean_environ(), **self.env}
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")  # noqa: SIM115 - the child keeps it
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway.cli.gatewayd"], cwd=self.workdir, env=env,
-            stdout=log, stderr=subprocess.STDOUT,
-        )
-        log.close()
-        deadline = time.monotonic() + READY_TIMEOUT
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"gatewayd exited {self.proc.returncode}:\n{self.log()}")
-            with contextlib.suppress(OSError):
-                if self.http("GET", "/status", auth=False)[0] == 200:
-                    return self
-            time.sleep(0.05)  # bounded readiness poll
-        raise RuntimeError(f"gatewayd not ready in {READY_TIMEOUT}s:\n{self.log()}")
+        self.process = GatewaydProcess(self.workdir, gatewayd_env(self.env)).start()
+        return self
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.process is not None:
+            self.process.stop()
 
     def log(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
+        return self.process.log() if self.process is not None else ""
 
     @property
     def token(self) -> str:

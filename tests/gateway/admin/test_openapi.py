@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from gateway.admin.api import ROUTES
-from gateway.admin.openapi import openapi_document
-from gateway.rules.api import ROUTES as RULES
+from gateway.admin.openapi_doc import openapi_document
+from gateway.admin.rules_api import ROUTES as RULES
 from tests.gateway.admin.gatewayd import Client, Gatewayd, clients, q
 
 jsonschema = pytest.importorskip("jsonschema")

@@ -2,35 +2,29 @@
 port, run gatewayctl against its configuration, talk MQTT over a socket with our own
 codec in the client role (for SCRAM, which paho-mqtt does not do), and serve HTTP.
 
-Readiness and answers are waited for with bounded polls and socket timeouts; nothing
-sleeps for a fixed time.
+The process is a :class:`tests.harness.gatewayd.GatewaydProcess` (ready on gatewayd's
+READY=1); answers are waited for with socket timeouts; nothing sleeps for a fixed time.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from protocols.mqtt.connection import Connection, Role
 from protocols.mqtt.packets import Packet
+from tests.harness.gatewayd import GatewaydProcess, free_port, gatewayd_env
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
+__all__ = ["Gatewayd", "RawClient", "free_port"]
+
 TIMEOUT = 30.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Gatewayd:
@@ -40,57 +34,34 @@ class Gatewayd:
         self.workdir = workdir
         self.port = free_port()
         self.data_dir = workdir / "data"
-        self.env = dict(os.environ)
-        self.env.update(
+        self.env = gatewayd_env(
             {
-                "PYTHONPATH": os.pathsep.join(
-                    p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p
-                ),
                 "GATEWAY_LISTENERS__TCP__DEFAULT__BIND": f"127.0.0.1:{self.port}",
                 "GATEWAY_NODE__DATA_DIR": str(self.data_dir),
                 "GATEWAY_AUTHENTICATION__ALLOW_ANONYMOUS": "false",
+                **env,
             }
         )
-        self.env.update(env)
         self.log = workdir / "gatewayd.log"
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.process: GatewaydProcess | None = None
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes] | None:
+        return self.process.proc if self.process is not None else None
 
     @property
     def addr(self) -> tuple[str, int]:
         return ("127.0.0.1", self.port)
 
     def start(self) -> Gatewayd:
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "gateway.cli.gatewayd"],
-                cwd=self.workdir,
-                env=self.env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        deadline = time.monotonic() + TIMEOUT
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"gatewayd exited:\n{self.log.read_text()[-4000:]}")
-            try:
-                with socket.create_connection(self.addr, timeout=0.2):
-                    return self
-            except OSError:
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    self.proc.wait(timeout=0.05)
-        self.stop()
-        raise RuntimeError(f"gatewayd not listening:\n{self.log.read_text()[-4000:]}")
+        self.process = GatewaydProcess(self.workdir, self.env, log_path=self.log,
+                                       ready_timeout=TIMEOUT)
+        self.process.start()
+        return self
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=5)
+        if self.process is not None:
+            self.process.stop(10)
 
     def ctl(self, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
         """Run gatewayctl with the same environment (so the same database)."""

@@ -2,7 +2,8 @@
 a TCP gate in front of it (the uplink, which the test cuts and restores), gatewayd with a
 bridge, and paho clients that wait on events.
 
-Waits are bounded: readiness is a TCP-connect or ``GET /status`` poll, bridge states are
+Waits are bounded: readiness is a TCP-connect poll (mosquitto) or gatewayd's READY=1 (it
+runs as a :class:`tests.harness.gatewayd.GatewaydProcess`), bridge states are
 polled from the management API (another process: there is no event to await), messages
 are awaited on queues with a deadline.
 """
@@ -15,10 +16,8 @@ import json
 import os
 import queue
 import shutil
-import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -29,6 +28,13 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
+from tests.harness.gatewayd import (
+    GatewaydProcess,
+    free_port,
+    gatewayd_command,
+    gatewayd_env,
+)
+
 WAIT = 30.0  # seconds any single expected event may take on a busy machine
 POLL = 0.05
 MOSQUITTO = shutil.which("mosquitto") or next(
@@ -36,12 +42,6 @@ MOSQUITTO = shutil.which("mosquitto") or next(
 )
 needs_mosquitto = pytest.mark.skipif(MOSQUITTO is None, reason="needs Debian's mosquitto")
 REPO = Path(__file__).resolve().parents[3]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_until(what: str, predicate: Callable[[], Any], timeout: float = WAIT) -> Any:
@@ -192,11 +192,6 @@ class TcpGate:
                     s.shutdown(socket.SHUT_RDWR)
 
 
-def clean_environ() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items()
-            if not k.startswith("GATEWAY_") and k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC")}
-
-
 class Gatewayd:
     """gatewayd with a configuration file; ``kill()`` is SIGKILL, ``start()`` again
     reuses the same ports and data directory."""
@@ -215,43 +210,30 @@ class Gatewayd:
             f"[mqtt]\nmax_inflight = 1000\n"  # the test clients' window (see Client)
             f'[api]\nbind = "127.0.0.1:{self.api_port}"\n' + config
         )
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.process: GatewaydProcess | None = None
         self.starts = 0
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes] | None:
+        return self.process.proc if self.process is not None else None
 
     def start(self) -> Gatewayd:
         self.starts += 1
-        log = open(self.workdir / f"gatewayd-{self.starts}.log", "wb")  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway.cli.gatewayd", "--config", str(self.config_path)],
-            cwd=self.workdir, env=clean_environ(), stdout=log, stderr=subprocess.STDOUT,
-        )
-        log.close()
-        wait_until("gatewayd to answer", self._ready)
+        self.process = GatewaydProcess(
+            self.workdir, gatewayd_env(),
+            command=gatewayd_command("--config", str(self.config_path)),
+            log_path=self.workdir / f"gatewayd-{self.starts}.log",
+        ).start()
         return self
-
-    def _ready(self) -> bool:
-        assert self.proc is not None
-        if self.proc.poll() is not None:
-            raise RuntimeError(f"gatewayd exited {self.proc.returncode}:\n{self.log()}")
-        try:
-            return self.http("GET", "/status", auth=False)[0] == 200
-        except OSError:
-            return False
 
     def kill(self) -> None:
         """SIGKILL: no shutdown, no last commit, no DISCONNECT."""
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait()
+        assert self.process is not None
+        self.process.kill()
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.process is not None:
+            self.process.stop()
 
     def log(self) -> str:
         return "\n".join(p.read_text(errors="replace") for p in

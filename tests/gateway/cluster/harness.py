@@ -1,9 +1,10 @@
 """Real ``gatewayd`` cluster nodes on free loopback ports, for the cluster tests.
 
 Certificates come from our own CLI (``gatewayctl certs init-ca/issue --server-client``)
-in a temporary directory; each node is configured only through ``GATEWAY_*`` variables.
-Every wait is a bounded poll of a condition (the management API, a message queue),
-never a fixed sleep.
+in a temporary directory; each node is configured only through ``GATEWAY_*`` variables
+and runs as a :class:`tests.harness.gatewayd.GatewaydProcess` (free ports, gatewayd's own
+READY=1, clean stop). Every other wait is a bounded poll of a condition (the management
+API, a message queue), never a fixed sleep.
 """
 
 from __future__ import annotations
@@ -11,10 +12,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
-import os
 import queue
-import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -26,13 +24,9 @@ from typing import Any
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 
+from tests.harness.gatewayd import GatewaydProcess, clean_environ, free_port, gatewayd_env
+
 WAIT = 20.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def gatewayctl(
@@ -43,11 +37,6 @@ def gatewayctl(
         capture_output=True, text=True, check=False, timeout=60,
         env={**clean_environ(), **(env or {})},
     )
-
-
-def clean_environ() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items()
-            if not k.startswith("GATEWAY_") and k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC")}
 
 
 def make_pki(root: Path, names: Iterable[str]) -> Path:
@@ -96,7 +85,7 @@ class Node:
         self.extra = dict(extra or {})
         self.cert_dir = cert_dir or pki
         self.cert_name = cert_name or self.name
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.process: GatewaydProcess | None = None
 
     @property
     def addr(self) -> str:
@@ -127,23 +116,23 @@ class Node:
     def log_path(self) -> Path:
         return self.workdir / "gatewayd.log"
 
+    @property
+    def proc(self) -> subprocess.Popen[bytes] | None:
+        return self.process.proc if self.process is not None else None
+
     def start(self, *, wait: bool = True) -> Node:
-        """Start gatewayd (and wait until it answers). The client and API ports were
+        """Start gatewayd (and wait until it is ready). The client and API ports were
         picked free but may be taken by someone else before gatewayd binds them: then
         it exits at once, and it is started again on other ones (at most 3 times; the
         cluster port is in other nodes' seeds, so it is kept)."""
-        self.workdir.mkdir(parents=True, exist_ok=True)
         for attempt in range(3):
-            log = open(self.log_path, "ab")  # noqa: SIM115 - the child keeps it
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "gateway.cli.gatewayd"], cwd=self.workdir,
-                env={**clean_environ(), **self.env}, stdout=log, stderr=subprocess.STDOUT,
-            )
-            log.close()
+            self.process = GatewaydProcess(
+                self.workdir, gatewayd_env(self.env), what=self.name
+            ).start(wait=False)
             if not wait:
                 return self
             try:
-                wait_until(self._ready, what=f"{self.name} ready")
+                self.process.wait_ready()
                 return self
             except RuntimeError as exc:
                 if "Address already in use" not in str(exc) or attempt == 2:
@@ -151,31 +140,16 @@ class Node:
                 self.mqtt_port, self.api_port = free_port(), free_port()
         return self
 
-    def _ready(self) -> bool:
-        assert self.proc is not None
-        if self.proc.poll() is not None:
-            raise RuntimeError(f"{self.name} exited {self.proc.returncode}:\n{self.log()}")
-        return self.http("GET", "/status", auth=False)[0] == 200
-
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.process is not None:
+            self.process.stop()
 
     def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait()
+        assert self.process is not None
+        self.process.kill()
 
     def log(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
+        return self.process.log() if self.process is not None else ""
 
     @property
     def token(self) -> str:

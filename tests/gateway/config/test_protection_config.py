@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.app import mqtt_settings
 from gateway.config import ConfigError, GatewayConfig, load_config
 from gateway.config.schema import parse_byte_rate, parse_rate
+from gateway.frontends.mqtt import mqtt_settings
 
 
 @pytest.mark.parametrize(

@@ -1,14 +1,14 @@
 """Fixtures for the TLS listener tests: a PKI made by our own CLI, and real gatewayd
 processes on free loopback ports, configured only through ``GATEWAY_*`` variables.
 
-Readiness and log lines are awaited by bounded polling (a connect, a log read), never by
-fixed sleeps. The log of every gateway a failing test started is attached to its report.
+Each runs as a :class:`tests.harness.gatewayd.GatewaydProcess` (ready on its READY=1);
+log lines are awaited by bounded polling of the log, never by fixed sleeps. The log of
+every gateway a failing test started is attached to its report.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import socket
 import subprocess
@@ -20,14 +20,11 @@ from typing import NamedTuple
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
+from tests.harness.gatewayd import GatewaydProcess, free_port, gatewayd_env
+
+__all__ = ["GatewayProcess", "Pki", "free_port", "gatewayctl"]
+
 TIMEOUT = 15.0
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def gatewayctl(*args: str | Path) -> None:
@@ -79,17 +76,18 @@ class GatewayProcess:
         self.tcp_port = free_port()
         self.ssl_port = free_port()
         self.log_path = workdir / "gatewayd.log"
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
-        self.env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p
-        )
+        self.env = gatewayd_env()
         self.env["GATEWAY_LISTENERS__TCP__DEFAULT__BIND"] = f"127.0.0.1:{self.tcp_port}"
         self.env["GATEWAY_LISTENERS__SSL__DEFAULT__BIND"] = f"127.0.0.1:{self.ssl_port}"
         self.env["GATEWAY_NODE__DATA_DIR"] = str(workdir / "data")
         for key, value in ssl.items():
             self.env[f"GATEWAY_LISTENERS__SSL__DEFAULT__{key.upper()}"] = value
         self.env.update(env)
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.process: GatewaydProcess | None = None
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes] | None:
+        return self.process.proc if self.process is not None else None
 
     @property
     def tcp(self) -> tuple[str, int]:
@@ -100,17 +98,8 @@ class GatewayProcess:
         return ("127.0.0.1", self.ssl_port)
 
     def start(self) -> GatewayProcess:
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "gateway.cli.gatewayd"],
-                cwd=self.workdir, env=self.env, stdin=subprocess.DEVNULL,
-                stdout=log, stderr=subprocess.STDOUT,
-            )
-        ports = [self.tcp_port]
-        if self.env.get("GATEWAY_LISTENERS__SSL__DEFAULT__ENABLE") != "false":
-            ports.append(self.ssl_port)
-        for port in ports:
-            self._wait(lambda port=port: self._listening(port), f"listening on {port}")  # type: ignore[misc]
+        self.process = GatewaydProcess(self.workdir, self.env, log_path=self.log_path)
+        self.process.start()
         return self
 
     def _listening(self, port: int) -> bool:
@@ -148,15 +137,8 @@ class GatewayProcess:
         self._wait(lambda: self.log().count(expect) > before, f"logging {expect!r}")
 
     def stop(self) -> None:
-        proc = self.proc
-        if proc is None or proc.poll() is not None:
-            return
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        if self.process is not None:
+            self.process.stop(10)
 
 
 GatewayFactory = Callable[..., GatewayProcess]

@@ -21,13 +21,13 @@ from .conftest import GatewayFactory, GatewayProcess, Pki, gatewayctl
 tls = pytest.importorskip("mbedtls.tls")
 from mbedtls import x509 as mx509  # noqa: E402
 
+from tests.harness.gatewayd import free_port  # noqa: E402
+
 TIMEOUT = 10.0
 
 
 def free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_port(socket.SOCK_DGRAM)
 
 
 def serial(path: Path) -> int:

@@ -363,7 +363,7 @@ def test_answers_match_the_openapi_document(gatewayd: Gatewayd) -> None:
 
 
 def test_every_rules_route_needs_the_token(gatewayd: Gatewayd) -> None:
-    from gateway.rules.api import ROUTES
+    from gateway.admin.rules_api import ROUTES
 
     for method, path, _ in ROUTES:
         assert gatewayd.http(method, path.replace("{id}", "high_temp"), auth=False)[0] == 401

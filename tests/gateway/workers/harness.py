@@ -1,8 +1,10 @@
 """A real multi-worker ``gatewayd`` (``node.workers = N``) on free loopback ports.
 
-Configured only through ``GATEWAY_*`` variables; ``NOTIFY_SOCKET`` points at a datagram
-socket of the test, so what the supervisor tells "systemd" is recorded. Worker ``I``'s
-management API is on ``api_port + I``. Every wait is a bounded poll of a condition.
+Configured only through ``GATEWAY_*`` variables and run as a
+:class:`tests.harness.gatewayd.GatewaydProcess`; ``NOTIFY_SOCKET`` points at a datagram
+socket of the test, so what the supervisor tells "systemd" is recorded (readiness is
+therefore every worker meshed, polled through the API). Worker ``I``'s management API is
+on ``api_port + I``. Every wait is a bounded poll of a condition.
 """
 
 from __future__ import annotations
@@ -13,13 +15,13 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 from pathlib import Path
 from typing import Any
 
-from bench.brokers import free_port_run as free_ports
-from tests.gateway.cluster.harness import WAIT, Client, clean_environ, free_port, wait_until
+from tests.gateway.cluster.harness import WAIT, Client, wait_until
+from tests.harness.gatewayd import GatewaydProcess, free_port, gatewayd_command, gatewayd_env
+from tests.harness.gatewayd import free_port_run as free_ports
 
 
 class NotifySink:
@@ -73,7 +75,7 @@ class WorkerNode:
         self.api_port = free_ports(workers)
         self.cluster_port = free_ports(workers)
         self.extra = dict(extra or {})
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.process: GatewaydProcess | None = None
         self.killed = False  # the test killed the supervisor itself
         self.notify = NotifySink(workdir / "notify.sock")
 
@@ -100,24 +102,27 @@ class WorkerNode:
     def log_path(self) -> Path:
         return self.workdir / "gatewayd.log"
 
+    @property
+    def proc(self) -> subprocess.Popen[bytes] | None:
+        return self.process.proc if self.process is not None else None
+
     def start(self) -> WorkerNode:
         for attempt in range(3):
-            log = open(self.log_path, "wb")  # noqa: SIM115 - the child keeps it
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "gateway.cli.gatewayd", *self.config_args],
-                cwd=self.workdir,
-                env={**clean_environ(), **self.env}, stdout=log, stderr=subprocess.STDOUT,
+            self.log_path.unlink(missing_ok=True)  # the log of this attempt only
+            self.process = GatewaydProcess(
+                self.workdir, gatewayd_env(self.env),
+                command=gatewayd_command(*self.config_args),
+                ready=self.ready, ready_timeout=120, what="every worker ready and meshed",
             )
-            log.close()
             try:
-                wait_until(self.ready, 120, "every worker ready and meshed")
+                self.process.start()
                 return self
             except RuntimeError:
                 # a port picked free was taken meanwhile (by another test's connection):
                 # the node refuses to start (exit 1); pick new ports
                 if attempt == 2 or "address already in use" not in self.log():
                     raise
-                self.proc.wait(30)
+                self.process.stop()
                 self.mqtt_port = free_port()
                 self.api_port = free_ports(self.n)
                 self.cluster_port = free_ports(self.n)
@@ -137,22 +142,12 @@ class WorkerNode:
 
     def stop(self) -> int | None:
         """SIGTERM and the supervisor's exit status (or the one it already had)."""
-        code = None if self.proc is None else self.proc.poll()
-        if self.proc is not None and code is None:
-            self.proc.terminate()
-            try:
-                code = self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        code = self.process.stop(60) if self.process is not None else None
         self.notify.close()
         return code
 
     def log(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
+        return self.process.log() if self.process is not None else ""
 
     # ------------------------------------------------------------ workers
 

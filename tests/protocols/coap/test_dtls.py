@@ -18,10 +18,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.app import _coap_inner, _lwm2m_inner
 from gateway.config.schema import DtlsListener
 from gateway.core.clock import VirtualScheduler
 from gateway.core.node import CoreSettings, Node
+from gateway.frontends.coap import coap_dtls_channel
+from gateway.frontends.lwm2m import lwm2m_channel
 from gateway.security import pki
 from protocols.coap.channel import CoapSettings
 from protocols.coap.codec import CON, Code, Message, decode, encode, make
@@ -142,9 +143,9 @@ class Pipe:
         self.to_client: list[bytes] = []
         inner: Callable[..., Any]
         if lwm2m:
-            inner = _lwm2m_inner(node, Lwm2mSettings(), clock.time, dl)
+            inner = lwm2m_channel(node, Lwm2mSettings(), clock.time, dl)
         else:
-            inner = _coap_inner(node, CoapSettings(), clock.time, dl)
+            inner = coap_dtls_channel(node, CoapSettings(), clock.time, dl)
         self.channel = DtlsChannel(server, self, addr, inner)
         self._run(self.channel.connection_made())
         self.client = tls.ClientContext(conf).wrap_buffers(server_hostname="localhost")

@@ -22,7 +22,7 @@ from gateway.admin.errors import ApiError, bad_request, conflict, not_found
 from gateway.rules.parser import parse
 
 if TYPE_CHECKING:
-    from gateway.admin.admin import Admin
+    from gateway.admin.host import AdminView
     from gateway.rules.service import RulesService
 
 __all__ = ["ROUTES", "register"]
@@ -43,7 +43,7 @@ ROUTES: list[tuple[str, str, str]] = [
 
 
 class _Handlers:
-    def __init__(self, admin: Admin) -> None:
+    def __init__(self, admin: AdminView) -> None:
         self.admin = admin
 
     def _service(self) -> RulesService:
@@ -53,12 +53,12 @@ class _Handlers:
         return service
 
     async def _body(self, request: web.Request) -> dict[str, Any]:
-        from gateway.admin.api import read_json
+        from gateway.admin.requests import read_json
 
         return await read_json(request)
 
     async def list_rules(self, request: web.Request) -> web.Response:
-        from gateway.admin.api import page
+        from gateway.admin.requests import page
 
         return page(request, self._service().views())
 
@@ -138,7 +138,7 @@ def _dumps(data: Any) -> str:
     return to_json(data)
 
 
-def register(app: web.Application, admin: Admin) -> None:
+def register(app: web.Application, admin: AdminView) -> None:
     """Add the routes to the management API's application (before it starts)."""
     h = _Handlers(admin)
     for method, path, name in ROUTES:

@@ -36,13 +36,13 @@ from pydantic import (
 
 
 def _duration(value: object) -> float:
-    from gateway.config.schema import parse_duration  # at validation time: no import cycle
+    from gateway.config.values import parse_duration  # at validation time: no import cycle
 
     return parse_duration(value)
 
 
 def _size(value: object) -> int:
-    from gateway.config.schema import parse_size
+    from gateway.config.values import parse_size
 
     return parse_size(value)
 

@@ -11,8 +11,8 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.connectors.webhook import Webhook
-from gateway.rules.config import WebhookConfig
+from gateway.config.rules import WebhookConfig
+from gateway.rules.webhook import Webhook
 from gateway.security.pki import init_ca, issue
 from gateway.store.queue import QueueDb
 from tests.gateway.admin.gatewayd import free_port

@@ -1,8 +1,8 @@
-"""The rule engine's part of the management API's OpenAPI document (gateway.rules.api).
+"""The rule engine's part of the management API's OpenAPI document (gateway.admin.rules_api).
 
-:func:`gateway.admin.openapi.openapi_document` merges :data:`PATHS` and :data:`SCHEMAS`
+:func:`gateway.admin.openapi_doc.openapi_document` merges :data:`PATHS` and :data:`SCHEMAS`
 into the node's document; the admin tests check every route of
-:data:`gateway.rules.api.ROUTES` is documented and real answers validate.
+:data:`gateway.admin.rules_api.ROUTES` is documented and real answers validate.
 """
 
 from __future__ import annotations

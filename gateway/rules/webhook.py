@@ -31,14 +31,14 @@ from typing import Any
 
 import aiohttp
 
-from gateway.rules.config import WebhookConfig
+from gateway.config.rules import WebhookConfig
 from gateway.rules.functions import to_json
 from gateway.rules.template import Template
 from gateway.store.queue import DurableQueue, QueueDb, QueueEntry
 
 __all__ = ["QueueFull", "Webhook"]
 
-log = logging.getLogger("gateway.connectors")
+log = logging.getLogger("gateway.rules.webhook")
 
 
 class QueueFull(RuntimeError):
