@@ -12,6 +12,7 @@ import contextlib
 import http.client
 import json
 import queue
+import subprocess
 import threading
 import time
 import urllib.parse
@@ -69,6 +70,11 @@ class Gatewayd:
 
     def log(self) -> str:
         return self.process.log() if self.process is not None else ""
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes] | None:
+        """The gatewayd process itself (for kill -9, pid and exit status checks)."""
+        return self.process.proc if self.process is not None else None
 
     @property
     def token(self) -> str:

@@ -330,7 +330,7 @@ def test_bridge_action_forwards_through_the_outbox(
 def test_answers_match_the_openapi_document(gatewayd: Gatewayd) -> None:
     import jsonschema
 
-    from gateway.admin.openapi import openapi_document
+    from gateway.admin.openapi_doc import openapi_document
 
     doc = openapi_document("0")
 
