@@ -7,9 +7,25 @@ in bench/, never in tests.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile(
     "gateway", deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 settings.load_profile("gateway")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failed test that used a gatewayd fixture shows that gatewayd's log."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed:
+        from tests.gateway.admin.gatewayd import Gatewayd
+
+        for value in getattr(item, "funcargs", {}).values():
+            if isinstance(value, Gatewayd):
+                report.sections.append(("gatewayd log", value.log()[-20000:]))

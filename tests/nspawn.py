@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness.cache import cache_dir
+
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
 PACKAGES = ("systemd", "systemd-sysv", "dbus", "procps", "python3", "python3-venv",
@@ -39,14 +41,6 @@ def skip_unless_possible() -> None:
         if shutil.which(tool) is None:
             pytest.skip(f"{tool} not installed (Debian package {package})")
 
-
-def cache_dir() -> Path:
-    base = os.environ.get("EDGE_GATEWAY_CACHE")
-    if base:
-        return Path(base)
-    if os.geteuid() == 0:
-        return Path("/var/cache/edge-gateway")
-    return Path.home() / ".cache/edge-gateway"
 
 
 def base_rootfs(packages: Sequence[str] = PACKAGES) -> Path:

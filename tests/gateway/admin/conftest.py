@@ -18,13 +18,3 @@ def gatewayd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gatewayd]:
     gw.start()
     yield gw
     gw.stop()
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
-    outcome = yield
-    report = outcome.get_result()
-    if report.failed:
-        gw = getattr(item, "funcargs", {}).get("gatewayd")
-        if isinstance(gw, Gatewayd):
-            report.sections.append(("gatewayd log", gw.log()[-20000:]))

@@ -37,13 +37,3 @@ def gatewayd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gatewayd]:
     gw.start()
     yield gw
     gw.stop()
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
-    outcome = yield
-    report = outcome.get_result()
-    if report.failed:
-        for v in getattr(item, "funcargs", {}).values():
-            if isinstance(v, Gatewayd):
-                report.sections.append(("gatewayd log", v.log()[-20000:]))
