@@ -34,7 +34,7 @@ from gateway.rules.engine import Rule, RuleEngine, RuleMetrics
 from gateway.rules.store import RuleStore
 from gateway.rules.webhook import Webhook
 from gateway.store.db import open_db
-from gateway.store.queue import QueueDb
+from gateway.store.queue import QUEUE_DB_NAME, QueueDb
 from protocols.context import ClientInfo
 
 
@@ -81,7 +81,7 @@ __all__ = ["RulesService", "rule_view", "start_rules"]
 log = logging.getLogger("gateway.rules")
 
 _ID_RE = re.compile(r"[A-Za-z0-9_\-]{1,64}")
-DB_NAME = "rules.db"
+DB_NAME = QUEUE_DB_NAME
 
 
 def _rfc3339(t: float) -> str:

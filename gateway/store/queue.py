@@ -39,7 +39,11 @@ from typing import Any, Protocol
 from gateway.store.db import open_db
 from gateway.store.writer import GroupCommitter
 
-__all__ = ["SCHEMA", "Committer", "DurableQueue", "QueueDb", "QueueEntry"]
+__all__ = ["QUEUE_DB_NAME", "SCHEMA", "Committer", "DurableQueue", "QueueDb", "QueueEntry"]
+
+# the file in a node's data directory that holds the queues (and the rules made at run
+# time); checked and salvaged at start like gateway.db (gateway.store.startup)
+QUEUE_DB_NAME = "rules.db"
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS durable_queue(

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from gateway.store.db import db_path
+from gateway.store.queue import QUEUE_DB_NAME
 from gateway.store.salvage import keep_damaged_wal, open_checked, salvage
 from gateway.store.space import (
     AlarmSink,
@@ -42,11 +43,15 @@ class Reporting(Protocol):
 def prepare(data_dir: Path, check_dirs: Iterable[Path], check_on_start: bool,
             admin: Reporting | None) -> None:
     """Free the leftover reserves of ``data_dir``; check (and salvage) the
-    ``gateway.db`` of each of ``check_dirs`` when ``check_on_start``."""
+    ``gateway.db`` of each of ``check_dirs`` and the node's ``rules.db`` when
+    ``check_on_start``."""
     release_leftover_reserve(data_dir)
     if check_on_start:
         for d in sorted(set(check_dirs)):
             check(db_path(d), admin)
+        queues = data_dir / QUEUE_DB_NAME  # webhook queues, rules made at run time
+        if queues.exists():
+            check(queues, admin)
 
 
 def check(path: Path, admin: Reporting | None, problems: list[str] | None = None) -> None:

@@ -32,6 +32,7 @@ import click
 from gateway.config import ConfigError, load_config
 from gateway.fleet.spool import complete_members
 from gateway.store.db import DB_NAME
+from gateway.store.queue import QUEUE_DB_NAME
 from gateway.store.salvage import check, is_corruption, salvage
 from gateway.store.walcheck import check_wal
 
@@ -70,6 +71,7 @@ def _data_dir(ctx: click.Context) -> tuple[Path, Path]:
 def _databases(data_dir: Path) -> list[Path]:
     dbs = [data_dir / DB_NAME] if (data_dir / DB_NAME).exists() else []
     dbs += sorted(p for p in data_dir.glob(f"*/{DB_NAME}") if p.is_file())
+    dbs += [data_dir / QUEUE_DB_NAME] if (data_dir / QUEUE_DB_NAME).exists() else []
     return dbs
 
 

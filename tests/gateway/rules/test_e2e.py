@@ -367,3 +367,30 @@ def test_every_rules_route_needs_the_token(gatewayd: Gatewayd) -> None:
 
     for method, path, _ in ROUTES:
         assert gatewayd.http(method, path.replace("{id}", "high_temp"), auth=False)[0] == 401
+
+
+@pytest.mark.storage
+def test_a_corrupt_rules_db_is_salvaged_at_start(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """rules.db (rules made at run time, webhook queues) is checked at start like
+    gateway.db: a torn header does not stop the node, the rule survives, an alarm says so."""
+    from tests.fsfaults import corrupt
+
+    gw = Gatewayd(tmp_path_factory.mktemp("torn"), dict(CONFIG_RULES))
+    gw.start()
+    try:
+        status, _, raw = gw.http("POST", f"{API}/rules", body={
+            "id": "survivor", "sql": 'SELECT payload AS p FROM "s/#"',
+            "actions": [{"function": "republish", "args": {"topic": "s-out", "payload": "${p}"}}]})
+        assert status == 201, raw
+    finally:
+        gw.stop()
+    corrupt(gw.data_dir / "rules.db", 0, 100)  # the file header: "file is not a database"
+    gw.start()
+    try:
+        alarms = {a["name"]: a for a in gw.get(f"{API}/alarms")["data"]}
+        assert "store_salvaged" in alarms, alarms
+        assert "rules.db" in alarms["store_salvaged"]["message"]
+        assert "survivor" in {r["id"] for r in gw.get(f"{API}/rules")["data"]}
+        assert list(gw.data_dir.glob("rules.db.corrupt-*")), "the damaged file is kept"
+    finally:
+        gw.stop()
