@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import tests.image.vm  # noqa: F401  (puts image/ on sys.path: edge_image for every test)
 from tests.image_build import BOOT_TRIES, VERSION, Built, image_cache, skip_unless_possible
 
 __all__ = ["BOOT_TRIES", "VERSION", "Built", "image_cache", "skip_unless_possible"]
