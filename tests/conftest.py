@@ -12,6 +12,8 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import HealthCheck, settings
 
+from tests.image_build import Built, build
+
 settings.register_profile(
     "gateway", deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
@@ -29,3 +31,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         for value in getattr(item, "funcargs", {}).values():
             if isinstance(value, Gatewayd):
                 report.sections.append(("gatewayd log", value.log()[-20000:]))
+@pytest.fixture(scope="session")
+def built() -> Built:
+    """``image/build`` once per run, for tests/image and tests/hil alike (the outputs and
+    every stage live in ``$EDGE_GATEWAY_CACHE/image``, not the work tree)."""
+    return build()

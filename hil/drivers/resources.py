@@ -38,6 +38,9 @@ class GatewayImage(Resource):
     image: str = attr.ib(validator=_str)  # edge-gateway-V-amd64.img (copied per run)
     script: str = attr.ib(default="image/qemu", validator=_str)
     boot_timeout: float = attr.ib(default=600.0, validator=attr.validators.instance_of(float))
+    # the [api] token provisioned into the image (image/provision --config); without it
+    # the rig reaches /status only, and rss_max has no samples
+    api_token: str | None = attr.ib(default=None, validator=_opt_str)
 
 
 @target_factory.reg_resource

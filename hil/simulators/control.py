@@ -93,7 +93,11 @@ class Commander:
         ep = ctx.ep
         self.link = PahoLink(
             ctx.loop, ctx.pool, f"hil-{ctx.run}-commander", ep.control_host,
-            ep.ports["mqtt"], persistent=False, keepalive=5, on_acked=self._acked)
+            # persistent, like the collector: a QoS 2 command whose PUBREC a power cut
+            # swallowed is re-sent (DUP) after the unit is back, and only the session the
+            # unit kept makes that re-send the same message rather than a new one (with a
+            # clean session the qemu target recorded QoS 2 "duplicates" the rig made)
+            ep.ports["mqtt"], persistent=True, keepalive=5, on_acked=self._acked)
         self.pending: dict[int, str] = {}
         self.tasks: list[asyncio.Task[None]] = []
         self.req = 0

@@ -7,20 +7,12 @@ the work tree, so a person can look at them after the run; each test prints the 
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
 import pytest
 
-
-def cache_dir() -> Path:
-    base = os.environ.get("EDGE_GATEWAY_CACHE")
-    if base:
-        return Path(base)
-    if os.geteuid() == 0:
-        return Path("/var/cache/edge-gateway")
-    return Path.home() / ".cache/edge-gateway"
+from tests.harness.cache import cache_dir
 
 
 def screenshot_dir() -> Path:

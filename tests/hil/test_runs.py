@@ -141,16 +141,6 @@ def test_labgrid_pytest_plugin_drives_the_local_target() -> None:
     assert "2 passed" in r.stdout
 
 
-def test_qemu_target() -> None:
-    script = REPO / "image" / "qemu"
-    if not script.exists():
-        pytest.skip("image/ has not landed yet: smoke and power-cut on qemu are not run")
-    images = sorted((REPO / "build" / "image").glob("edge-gateway-*-amd64.img"))
-    if not images:
-        pytest.skip("no built image under build/image (image/build --out build/image)")
-    pytest.skip("qemu runs are not wired into CI yet")
-
-
 def test_netns_faults_cut_only_the_device_address() -> None:
     import socket
 

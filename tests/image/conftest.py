@@ -1,72 +1,19 @@
-"""The image test group's shared artefacts: one image build per run (cached by input
-hash outside the work tree, so an unchanged rebuild takes seconds), an SSH key, and the
-development signing keys the build used."""
+"""The image test group's shared artefacts: an SSH key, and (re-exported from
+tests/image_build.py) what the session fixture ``built`` of tests/conftest.py returns: one
+image build per run, shared with tests/hil, cached outside the work tree."""
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.image.vm import REPO
+import tests.image.vm  # noqa: F401  (puts image/ on sys.path: edge_image for every test)
+from tests.image_build import BOOT_TRIES, VERSION, Built, image_cache, skip_unless_possible
 
-VERSION = "test"
-#: Two tries for a new slot (the default is 3): the rollback test then needs two bad
-#: boots, not three, which keeps the group inside its time budget.
-BOOT_TRIES = 2
-
-
-@dataclass(frozen=True)
-class Built:
-    out: Path
-    img: Path
-    bmap: Path
-    bundle: Path
-    cache: Path
-    build_seconds: float
-    build_log: str
-
-
-def image_cache() -> Path:
-    base = os.environ.get("EDGE_GATEWAY_CACHE")
-    return (Path(base) if base else Path("/var/cache/edge-gateway")) / "image"
-
-
-def skip_unless_possible() -> None:
-    if os.geteuid() != 0:
-        pytest.skip("building and booting the image needs root")
-    for tool, package in (("mmdebstrap", "mmdebstrap"), ("qemu-system-x86_64", "qemu-system-x86"),
-                          ("rauc", "rauc"), ("bmaptool", "bmap-tools"), ("mcopy", "mtools"),
-                          ("ssh", "openssh-client")):
-        if shutil.which(tool) is None:
-            pytest.skip(f"{tool} not installed (Debian package {package})")
-    if not Path("/usr/share/OVMF/OVMF_CODE_4M.fd").exists():
-        pytest.skip("OVMF not installed (Debian package ovmf)")
-
-
-@pytest.fixture(scope="session")
-def built() -> Built:
-    """``image/build`` once per run; its outputs live in the cache, not the work tree."""
-    skip_unless_possible()
-    import time
-
-    out = image_cache() / "test-out"
-    t0 = time.monotonic()
-    r = subprocess.run([str(REPO / "image/build"), "--out", str(out), "--version", VERSION,
-                        "--boot-tries", str(BOOT_TRIES)],
-                       capture_output=True, text=True, timeout=3600)
-    took = time.monotonic() - t0
-    if r.returncode != 0 and "mmdebstrap" in r.stderr and "failed" in r.stderr:
-        pytest.skip(f"mmdebstrap failed (no Debian mirror?): {r.stderr[-300:]}")
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    name = f"edge-gateway-{VERSION}-amd64"
-    return Built(out, out / f"{name}.img", out / f"{name}.bmap", out / f"{name}.raucb",
-                 image_cache(), took, r.stdout)
+__all__ = ["BOOT_TRIES", "VERSION", "Built", "image_cache", "skip_unless_possible"]
 
 
 @pytest.fixture(scope="session")
