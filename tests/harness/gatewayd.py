@@ -124,6 +124,11 @@ class NotifySocket:
                 self.messages.append(data.decode(errors="replace"))
                 self.changed.notify_all()
 
+    def all(self) -> list[str]:
+        """Every message so far, in arrival order."""
+        with self.changed:
+            return list(self.messages)
+
     def wait_for(self, text: str, timeout: float) -> bool:
         """True once a message containing ``text`` arrived, False after ``timeout``."""
         with self.changed:

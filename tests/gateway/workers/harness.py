@@ -13,51 +13,19 @@ import http.client
 import json
 import os
 import signal
-import socket
 import subprocess
-import threading
 from pathlib import Path
 from typing import Any
 
 from tests.gateway.cluster.harness import WAIT, Client, wait_until
-from tests.harness.gatewayd import GatewaydProcess, free_port, gatewayd_command, gatewayd_env
+from tests.harness.gatewayd import (
+    GatewaydProcess,
+    NotifySocket,
+    free_port,
+    gatewayd_command,
+    gatewayd_env,
+)
 from tests.harness.gatewayd import free_port_run as free_ports
-
-
-class NotifySink:
-    """An AF_UNIX datagram socket standing in for systemd's $NOTIFY_SOCKET."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.bind(str(path))
-        self.sock.settimeout(0.5)
-        self.messages: list[str] = []
-        self.lock = threading.Lock()
-        self.running = True
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        while self.running:
-            try:
-                data = self.sock.recv(4096)
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            with self.lock:
-                self.messages.append(data.decode())
-
-    def all(self) -> list[str]:
-        with self.lock:
-            return list(self.messages)
-
-    def close(self) -> None:
-        self.running = False
-        self.thread.join(2)
-        self.sock.close()
-        self.path.unlink(missing_ok=True)
 
 
 class WorkerNode:
@@ -77,7 +45,7 @@ class WorkerNode:
         self.extra = dict(extra or {})
         self.process: GatewaydProcess | None = None
         self.killed = False  # the test killed the supervisor itself
-        self.notify = NotifySink(workdir / "notify.sock")
+        self.notify = NotifySocket()
 
     @property
     def env(self) -> dict[str, str]:
@@ -93,7 +61,7 @@ class WorkerNode:
             "GATEWAY_CLUSTER__RECONNECT_MAX": "0.5s",
             "GATEWAY_SYS_TOPICS__SYS_MSG_INTERVAL": "0",
             "GATEWAY_SYS_TOPICS__SYS_HEARTBEAT_INTERVAL": "0",
-            "NOTIFY_SOCKET": str(self.notify.path),
+            "NOTIFY_SOCKET": self.notify.name,
             "WATCHDOG_USEC": "2000000",
             **self.extra,
         }
