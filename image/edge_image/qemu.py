@@ -62,8 +62,10 @@ def accelerator() -> str:
 
 def command(img: Path, *, vars_file: Path, ports: dict[str, int], snapshot: bool = False,
             serial_log: Path | None = None, memory_mib: int = 1024, cpus: int = 2,
-            extra_drives: tuple[Path, ...] = ()) -> list[str]:
-    """The QEMU command line (``ports`` maps mqtt/ssh/api to host ports)."""
+            extra_drives: tuple[Path, ...] = (), no_reboot: bool = False) -> list[str]:
+    """The QEMU command line (``ports`` maps mqtt/ssh/api to host ports). With
+    ``no_reboot`` QEMU exits (status 0) when the guest resets instead of resetting in
+    place; the caller starts it again (see tests/image/vm.py)."""
     accel = accelerator()
     fwd = "".join(f",hostfwd=tcp:127.0.0.1:{port}-:{GUEST_PORTS[name]}"
                   for name, port in sorted(ports.items()) if port)
@@ -81,6 +83,8 @@ def command(img: Path, *, vars_file: Path, ports: dict[str, int], snapshot: bool
            "-device", "virtio-rng-pci"]
     for extra in extra_drives:
         cmd += ["-drive", f"if=virtio,format=raw,file={extra}"]
+    if no_reboot:
+        cmd.append("-no-reboot")
     if serial_log is not None:
         cmd += ["-serial", f"file:{serial_log}", "-monitor", "none"]
     else:

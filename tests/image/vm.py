@@ -4,7 +4,13 @@ commands over SSH, reboot, cut the power.
 The serial console goes to a file per power-on (QEMU truncates it when it starts) that
 grows across reboots of that QEMU process; every wait looks only at what was written
 after a mark (:meth:`Vm.mark`), so a line from an earlier boot never satisfies a later
-wait. Waiting polls that file (bounded): the
+wait.
+
+A guest reboot is a fresh QEMU process: QEMU runs with ``-no-reboot`` and exits when the
+guest resets, and the next wait starts it again on the same disk and UEFI variables (a
+cold boot where real hardware would do a warm reset). Resetting in place hung now and
+then under KVM on the CI machine: the guest printed "reboot: machine restart" and then
+nothing for 15 minutes, with nothing on QEMU's stderr. Waiting polls that file (bounded): the
 console of another process offers no event to await.
 """
 
@@ -27,6 +33,7 @@ sys.path.insert(0, str(REPO / "image"))
 from edge_image import qemu  # noqa: E402
 
 GOOD = "gateway-health: boot is good"
+POWER_DOWN = "reboot: Power down"
 BAD = "gateway-health: FAILED"
 BOOT_TIMEOUT = float(os.environ.get("EDGE_GATEWAY_BOOT_TIMEOUT", "420"))
 
@@ -45,19 +52,26 @@ class Vm:
         self.ports = {"mqtt": free_port(), "ssh": free_port(), "api": free_port()}
         self.proc: subprocess.Popen[bytes] | None = None
         self._mark = 0
+        self._earlier = ""  # console text since the mark from QEMU processes that ended
         self.boots: list[float] = []
+        self.resets = 0  # guest resets that ended a QEMU process (see the module doc)
 
     # --------------------------------------------------------------- power
-    def start(self) -> None:
-        """Power on (a cold boot)."""
+    def start(self, *, after_reset: bool = False) -> None:
+        """Power on (a cold boot); ``after_reset``: the guest's own reboot, whose time
+        counts from the reboot, not from here."""
         assert self.proc is None or self.proc.poll() is not None
         # QEMU truncates its serial file when it starts: one file per power-on.
         self.starts += 1
         self.log = self.work / f"{self.name}-serial-{self.starts}.log"
         cmd = qemu.command(self.disk, vars_file=self.vars, ports=self.ports,
-                           snapshot=self.snapshot, serial_log=self.log)
+                           snapshot=self.snapshot, serial_log=self.log, no_reboot=True)
+        if after_reset:
+            self._earlier += self._current()
+        else:
+            self._earlier = ""
+            self._t0 = time.monotonic()
         self._mark = 0
-        self._t0 = time.monotonic()
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=open(self.work / "qemu.stderr", "ab"))  # noqa: SIM115
 
@@ -88,24 +102,35 @@ class Vm:
     # --------------------------------------------------------------- console
     def mark(self) -> None:
         self._mark = self.log.stat().st_size if self.log.exists() else 0
+        self._earlier = ""
 
-    def console(self, since_mark: bool = True) -> str:
+    def console(self) -> str:
+        """What the console showed since the mark, across guest resets."""
+        return self._earlier + self._current()
+
+    def _current(self) -> str:
         if not self.log.exists():
             return ""
         with open(self.log, "rb") as f:
-            f.seek(self._mark if since_mark else 0)
+            f.seek(self._mark)
             return f.read().decode(errors="replace")
 
     def wait_for(self, pattern: str, timeout: float = BOOT_TIMEOUT) -> re.Match[str]:
         rx = re.compile(pattern)
         deadline = time.monotonic() + timeout
         while True:
-            m = rx.search(self.console())
+            exited = self.proc is not None and self.proc.poll() is not None
+            m = rx.search(self.console())  # read after the poll: nothing written is missed
             if m:
                 return m
-            if self.proc is not None and self.proc.poll() is not None:
-                raise AssertionError(f"QEMU exited ({self.proc.returncode}) before "
-                                     f"{pattern!r}:\n{self.console()[-3000:]}")
+            if exited:
+                assert self.proc is not None
+                if self.proc.returncode != 0 or POWER_DOWN in self._current()[-400:]:
+                    raise AssertionError(f"QEMU exited ({self.proc.returncode}) before "
+                                         f"{pattern!r}:\n{self.console()[-3000:]}")
+                self.resets += 1  # the guest reset (-no-reboot): boot it again
+                self.start(after_reset=True)
+                continue
             if time.monotonic() > deadline:
                 raise AssertionError(f"no {pattern!r} on the console within {timeout:.0f} s:"
                                      f"\n{self.console()[-3000:]}")
