@@ -61,17 +61,17 @@ class Vm:
         """Power on (a cold boot); ``after_reset``: the guest's own reboot, whose time
         counts from the reboot, not from here."""
         assert self.proc is None or self.proc.poll() is not None
-        # QEMU truncates its serial file when it starts: one file per power-on.
-        self.starts += 1
-        self.log = self.work / f"{self.name}-serial-{self.starts}.log"
-        cmd = qemu.command(self.disk, vars_file=self.vars, ports=self.ports,
-                           snapshot=self.snapshot, serial_log=self.log, no_reboot=True)
         if after_reset:
-            self._earlier += self._current()
+            self._earlier += self._current()  # the ended process's log, before a new one
         else:
             self._earlier = ""
             self._t0 = time.monotonic()
+        # QEMU truncates its serial file when it starts: one file per power-on.
+        self.starts += 1
+        self.log = self.work / f"{self.name}-serial-{self.starts}.log"
         self._mark = 0
+        cmd = qemu.command(self.disk, vars_file=self.vars, ports=self.ports,
+                           snapshot=self.snapshot, serial_log=self.log, no_reboot=True)
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=open(self.work / "qemu.stderr", "ab"))  # noqa: SIM115
 
