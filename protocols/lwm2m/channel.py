@@ -114,6 +114,7 @@ class Lwm2mChannel(Exchange):
         self._bootstrap_failed = False
         self._uploads: dict[tuple[str, ...], bytearray] = {}  # Block1 bodies coming in
         self.root_formats: list[int] = []  # ct of the root link (1.1): formats it reads
+        self.read_format: int | None = None  # the format a fallback found it answers in
 
     # -- entry points from the shell ---------------------------------------------------
 
@@ -128,8 +129,7 @@ class Lwm2mChannel(Exchange):
         if name == "idle" and self.state is not State.REGISTERED:
             self._close("did not register")
         elif name == "lifetime" and self.state is State.REGISTERED:
-            log.info("%s: lifetime expired", self._who())
-            self._close("lifetime expired", forget=True)
+            self._close("lifetime expired", forget=True, event="lifetime_expired")
         elif name == "retry":
             self._retransmit()
         elif name == "response":
@@ -142,6 +142,7 @@ class Lwm2mChannel(Exchange):
 
     def connection_lost(self) -> None:
         self.state = State.CLOSED
+        self._set_reason("closed")
         self._notify_core_closed()
 
     def deliver(self, deliveries: list[Delivery]) -> list[Effect]:
@@ -160,13 +161,25 @@ class Lwm2mChannel(Exchange):
     def _who(self) -> str:
         return f"lwm2m endpoint {self.ep!r}" if self.ep else self._peer_name()
 
-    def _close(self, reason: str, *, forget: bool = False) -> None:
+    def _set_reason(self, event: str) -> None:
+        """Why the session ends, for ``client.disconnected`` (the ``reason`` of ``$SYS
+        .../disconnected``): the first reason given wins (the admin API sets "kicked")."""
+        if self.info is not None and event and "disconnect_reason" not in self.info.attrs:
+            self.info.set_attr("disconnect_reason", event)
+
+    def _kicked(self, reason_code: int) -> None:
+        event = "takeover" if reason_code == 0x8E else "kicked"
+        self._close(f"{event} (0x{reason_code:02X})", event=event)
+
+    def _close(self, reason: str, *, forget: bool = False, event: str = "") -> None:
         """End this channel. ``forget``: the registration ends too (deregistration,
         lifetime expiry): waiting commands are answered ``coap_timeout`` and dropped.
         Otherwise (a takeover, a kick, shutdown) they stay in the registry for the
-        endpoint's next channel, or the next start of gatewayd."""
+        endpoint's next channel, or the next start of gatewayd. ``event``: the reason
+        the core is told (deregistered, lifetime_expired, kicked, takeover)."""
         if self.state is State.CLOSED:
             return
+        self._set_reason(event)
         was_registered = self.state is State.REGISTERED
         self.state = State.CLOSED
         if forget and was_registered:
@@ -228,7 +241,7 @@ class Lwm2mChannel(Exchange):
                 self._update(msg)
             elif msg.code == Code.DELETE:
                 self._respond(msg, Code.DELETED)
-                self._close("deregistered", forget=True)
+                self._close("deregistered", forget=True, event="deregistered")
             else:
                 self._respond(msg, Code.METHOD_NOT_ALLOWED)
         elif len(path) == 2 and self.state is State.NEW and msg.code in (Code.POST, Code.DELETE):
@@ -404,6 +417,7 @@ class Lwm2mChannel(Exchange):
         update ``resumed`` from the registry)."""
         s = self.settings
         if self.state is State.REGISTERED:  # registering again: a new session
+            self._set_reason("reregistered")
             self._notify_core_closed()
             self._core_closed = False
             self.session = None
@@ -453,6 +467,11 @@ class Lwm2mChannel(Exchange):
             log.info("%s: registration resumed by an update", self._who())
             self._publish("up/update", {"msgType": "update", "data": self._reg_data()})
         else:
+            log.info("%s registered from %s: lwm2m %s, lifetime %ds, binding %s, %d objects%s",
+                     self._who(), self._peer_name().split()[-1], self.version,
+                     int(self.lifetime), self.binding, len(self.objects),
+                     f", formats {' '.join(map(str, self.root_formats))}"
+                     if self.root_formats else "")
             self._publish("up/resp", {"msgType": "register", "data": self._reg_data()})
         assert self.session is not None
         self.session.resume()

@@ -44,7 +44,7 @@ from protocols.coap.codec import (
 from protocols.coap.endpoint import CoapEndpoint
 from protocols.context import Message as BrokerMessage
 from protocols.effects import CancelTimer, SetTimer
-from protocols.lwm2m import bootstrap, content
+from protocols.lwm2m import bootstrap, content, formats
 from protocols.lwm2m.objects import ObjectModel
 from protocols.lwm2m.registry import Registry
 from protocols.lwm2m.requests import (
@@ -53,6 +53,7 @@ from protocols.lwm2m.requests import (
     Command,
     build,
     build_composite,
+    with_format,
 )
 
 log = logging.getLogger("protocols.lwm2m.channel")
@@ -60,8 +61,10 @@ log = logging.getLogger("protocols.lwm2m.channel")
 MAX_BODY = 4 * 1024 * 1024  # a Block2 answer larger than this is refused (4.08)
 BLOCK_SIZE = 1 << (BLOCK_SZX + 4)  # Block1 (1024 bytes) for larger request bodies
 
-READS = ("read", "discover", "observe", "read-composite", "observe-composite")
+READS = ("read", "discover", "observe", "cancel-observe", "read-composite",
+         "observe-composite", "cancel-observe-composite")  # answers carry "content"
 OBSERVES = ("observe", "observe-composite")
+FALLBACK_CODES = (Code.NOT_ACCEPTABLE, Code.INTERNAL_SERVER_ERROR)  # asked in the next format
 _CODE_MSG = {
     "2.01": "created", "2.02": "deleted", "2.03": "valid", "2.04": "changed",
     "2.05": "content", "2.31": "continue", "4.00": "bad_request", "4.01": "unauthorized",
@@ -151,6 +154,7 @@ class Exchange(CoapEndpoint):
     alternate: str
     version: str
     root_formats: list[int]
+    read_format: int | None
 
     def _bootstrap_step(self, c: Command, result: dict[str, Any]) -> None:  # pragma: no cover
         raise NotImplementedError
@@ -207,7 +211,7 @@ class Exchange(CoapEndpoint):
                 c.path = "/"
                 c.request = build_composite(self, self.settings.model, c, data)
             else:
-                c.request = build(self, self.settings.model, msg_type, path, data)
+                c.request = build(self, self.settings.model, msg_type, path, data, c)
         except (content.ContentError, ValueError, TypeError, KeyError) as exc:
             self._answer(c, {"code": "4.00", "codeMsg": f"bad_request: {exc}"})
             return None
@@ -312,6 +316,11 @@ class Exchange(CoapEndpoint):
             if (msg.code == Code.REQUEST_ENTITY_TOO_LARGE and b1 is not None
                     and self._smaller_blocks(c, b1)):
                 return
+            if msg.code in FALLBACK_CODES and c.fallback and c.partial is None:
+                self._fall_back(c, msg)
+                return
+            if c.fell_back and msg.code.is_successful() and c.request is not None:
+                self.read_format = c.request.opt.accept  # ask in it first from now on
             c.upload = None
             if (msg.opt.block2 is not None and msg.code.is_successful()
                     and not self._block2(c, msg)):
@@ -334,6 +343,19 @@ class Exchange(CoapEndpoint):
             return  # acknowledged; nobody asked for it
         if msg.mtype == NON:
             self._out.append(encode(make(RST, Code.EMPTY, msg.mid)))
+
+    def _fall_back(self, c: Command, msg: Message) -> None:
+        """A 4.06 or 5.00 to a read in a format the device was expected to take: the
+        same request once more, in the next candidate format."""
+        first = c.request
+        fmt = c.fallback.pop(0)
+        log.info("%s: %s %s answered %s in %s: asking in %s", self._who(), c.msg_type,
+                 c.path, _code(msg.code), formats.name_of(first.opt.accept if first else None),
+                 formats.name_of(fmt))
+        self.context.incr("lwm2m.format.fallback")
+        req = with_format(c, fmt)
+        req.mid = self._mid()
+        self._send_current(c, req)
 
     def _smaller_blocks(self, c: Command, b1: Block) -> bool:
         """A 4.13 with Block1 (RFC 7959 2.9.3): the device takes blocks of that size only.
