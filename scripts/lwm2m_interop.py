@@ -26,10 +26,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import paho.mqtt.client as mqtt  # noqa: E402
-from paho.mqtt.enums import CallbackAPIVersion  # noqa: E402
+import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion
 
-from tests.interop.conftest import free_port, start_gateway, stop, wait_lwm2m  # noqa: E402
+from tests.interop.conftest import free_port, start_gateway, stop, wait_lwm2m
 
 TIMEOUT = 15.0
 
@@ -79,10 +79,11 @@ def main() -> int:
         work, GATEWAY_GATEWAY__LWM2M__LISTENERS__UDP__DEFAULT__BIND=f"127.0.0.1:{port}")
     wait_lwm2m(port)
     app = App(gw.host, gw.tcp, ep)
+    log = open(work / "device.log", "wb")  # noqa: SIM115 (open while the device runs)
     dev = subprocess.Popen(
         [binary, "-4", "-h", "127.0.0.1", "-p", str(port), "-n", ep,
          "-l", str(free_port(socket.SOCK_DGRAM)), "-t", "60"],
-        stdin=subprocess.PIPE, stdout=open(work / "device.log", "wb"),
+        stdin=subprocess.PIPE, stdout=log,
         stderr=subprocess.STDOUT)
     rows: list[tuple[str, str, bool]] = []
 
