@@ -43,7 +43,7 @@ class App:
         self.c.connect(host, port)
         self.c.loop_start()
         self.c.subscribe(f"lwm2m/{ep}/up/#", 0)
-        self.c.subscribe(f"$SYS/brokers/+/clients/{ep}/disconnected", 0)
+        self.c.subscribe(f"$SYS/brokers/+/gateway/lwm2m/clients/{ep}/disconnected", 0)
         time.sleep(0.5)
 
     def wait(self, pred: Any, timeout: float = TIMEOUT) -> tuple[str, dict[str, Any]] | None:
