@@ -50,7 +50,7 @@ async def _scenario(port: int, app: Lwm2mApp, ep: str) -> None:
     nxt = lambda: asyncio.to_thread(app.next)  # noqa: E731
     try:
         await dev.register()
-        topic, ev = await nxt()
+        _, ev = await nxt()
         assert ev["msgType"] == "register" and ev["data"]["lwm2m"] == "1.1"
 
         async def roundtrip(req_id: int, msg_type: str, **data: Any) -> dict[str, Any]:
