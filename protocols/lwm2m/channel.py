@@ -115,6 +115,7 @@ class Lwm2mChannel(Exchange):
         self._uploads: dict[tuple[str, ...], bytearray] = {}  # Block1 bodies coming in
         self.root_formats: list[int] = []  # ct of the root link (1.1): formats it reads
         self.read_format: int | None = None  # the format a fallback found it answers in
+        self.composite: bool | None = None  # False: no composite operations (path by path)
 
     # -- entry points from the shell ---------------------------------------------------
 
@@ -407,6 +408,7 @@ class Lwm2mChannel(Exchange):
         if self.state is State.AUTHENTICATING:
             return  # the first REGISTER is being decided
         self.lifetime = lt
+        self.read_format, self.composite = None, None  # learned anew
         self.version = q.get("lwm2m", "1.0")
         self.binding = q.get("b", "U")
         self.queue_mode = "Q" in self.binding or "Q" in q

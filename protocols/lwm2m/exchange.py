@@ -44,7 +44,7 @@ from protocols.coap.codec import (
 from protocols.coap.endpoint import CoapEndpoint
 from protocols.context import Message as BrokerMessage
 from protocols.effects import CancelTimer, SetTimer
-from protocols.lwm2m import bootstrap, content, formats
+from protocols.lwm2m import bootstrap, composite, content, formats
 from protocols.lwm2m.objects import ObjectModel
 from protocols.lwm2m.registry import Registry
 from protocols.lwm2m.requests import (
@@ -155,6 +155,7 @@ class Exchange(CoapEndpoint):
     version: str
     root_formats: list[int]
     read_format: int | None
+    composite: bool | None  # False: it does not do composite operations (path by path)
 
     def _bootstrap_step(self, c: Command, result: dict[str, Any]) -> None:  # pragma: no cover
         raise NotImplementedError
@@ -230,6 +231,11 @@ class Exchange(CoapEndpoint):
         if not self.pending or not self._awake():
             return
         c = self.pending.popleft()
+        if (c.msg_type in composite.EMULATED and self.composite is False
+                and c.parts_left is None):
+            self._split(c)
+            self._pump()
+            return
         req = c.request
         assert req is not None
         if len(req.payload) > BLOCK_SIZE:  # Block1 (RFC 7959): the body goes block by block
@@ -442,10 +448,37 @@ class Exchange(CoapEndpoint):
                 out["content"] = []
         return out
 
+    def _split(self, c: Command) -> bool:
+        """Carry out composite command ``c`` path by path (:mod:`.composite`): its parts
+        go before the waiting commands; False when it cannot be split."""
+        try:
+            subs = composite.parts(self, self.settings.model, c)
+        except (content.ContentError, ValueError, TypeError) as exc:
+            log.info("%s: %s cannot go path by path: %s", self._who(), c.msg_type, exc)
+            c.parts_left = None
+            return False
+        if not subs:
+            c.parts_left = None
+            return False
+        self.pending.extendleft(reversed(subs))
+        return True
+
     def _answer(self, c: Command, result: dict[str, Any]) -> None:
         if c.msg_type.startswith("bootstrap-"):
             self._bootstrap_step(c, result)
             return
+        if c.part_of is not None:  # a part of a composite operation carried out by path
+            parent, whole = composite.gather(c, result)
+            if whole is not None:
+                self._answer(parent, whole)
+            return
+        if composite.not_done(c, result) and self.state is State.REGISTERED:
+            if self.composite is not False:
+                log.info("%s: %s answered %s: no composite operations, going path by path",
+                         self._who(), c.msg_type, result.get("code"))
+            self.composite = False
+            if self._split(c):
+                return
         if c.seq is not None:
             self.settings.registry.done(self.ep, c.seq)
             c.seq = None

@@ -45,6 +45,12 @@ class Command:
     seq_num: int | None = None  # that notification's Observe number
     fallback: list[int] = field(default_factory=list)  # formats left to try (4.06, 5.00)
     fell_back: bool = False  # asked again in a fallback format
+    entries: list[Any] | None = None  # a write-composite's records
+    # carrying out a composite operation path by path (protocols/lwm2m/composite.py)
+    part_of: Command | None = None  # this single-path command is a part of that one
+    parts_left: int | None = None  # parts not answered yet (None: not split)
+    gathered: list[Any] | None = None  # the parts' content so far
+    error: dict[str, Any] | None = None  # the first failing part's result
 
 
 class Device(Protocol):
@@ -172,6 +178,7 @@ def build_composite(
         payload = content.encode_senml(entries, "/", model.type_of, cbor=cbor)
         code = Code.iPATCH
         c.paths = [str(e.get("path")) for e in entries if isinstance(e, dict)]
+        c.entries = [e for e in entries if isinstance(e, dict)]
     else:
         paths = data.get("paths")
         if not isinstance(paths, list) or not paths:

@@ -11,7 +11,7 @@ import pytest
 
 from gateway.core.clock import VirtualScheduler
 from gateway.core.node import CoreSettings, Node
-from protocols.coap.codec import NON, Code, make
+from protocols.coap.codec import ACK, NON, Code, make
 from protocols.context import ClientInfo
 from protocols.lwm2m import content
 from protocols.lwm2m.channel import Lwm2mSettings
@@ -222,3 +222,45 @@ def test_why_the_session_ended(node: Node, clock: VirtualScheduler,
     d2.request(Code.POST, ("rd",), ("ep=dev1", "lt=300", "lwm2m=1.0", "b=U"), LINKS)
     assert seen[-1] == ("dev1", "reregistered")
     assert all(reason != "unknown" and reason is not None for _, reason in seen)
+
+
+def test_composite_path_by_path_for_a_device_without_it(node: Node,
+                                                        clock: VirtualScheduler) -> None:
+    d, app = registered_11(node, clock, b'</>;rt="oma.lwm2m";ct=112,</3/0>')
+    app.command(1, "read-composite", paths=["/3/0/9", "/3/0/0"])
+    app.command(2, "read", path="/3/0/1")  # waits behind it
+    [fetch] = d.take()
+    assert fetch.code == Code.FETCH
+    d.send(make(ACK, Code.EMPTY, fetch.mid))  # wakaama: an empty ACK, then nothing
+    d.advance(61)
+    assert app.up() == []  # not answered: carried out path by path
+    [get9] = d.take()
+    assert get9.code == Code.GET and get9.opt.uri_path == ("3", "0", "9")
+    d.reply(get9, Code.CONTENT, cbor2.dumps([{0: "/3/0/9", 2: 80}]), content.SENML_CBOR)
+    [get0] = d.take()
+    assert get0.opt.uri_path == ("3", "0", "0")
+    d.reply(get0, Code.CONTENT, cbor2.dumps([{0: "/3/0/0", 3: "OMA"}]), content.SENML_CBOR)
+    [(_, resp)] = app.up()
+    assert resp["reqID"] == 1 and resp["msgType"] == "read-composite"
+    assert resp["data"]["code"] == "2.05" and resp["data"]["content"] == SENML_CONTENT
+    assert resp["data"]["paths"] == ["/3/0/9", "/3/0/0"] and resp["data"]["reqPath"] == "/"
+    assert "path by path" in resp["data"]["codeMsg"]
+    [get1] = d.take()  # the waiting read goes next
+    assert get1.opt.uri_path == ("3", "0", "1")
+    d.reply(get1, Code.CONTENT, b"x", content.TEXT)
+    assert app.up()[0][1]["reqID"] == 2
+    # known now: the next composite goes path by path at once, a failing part says so
+    app.command(3, "write-composite", content=[{"path": "/3/0/14", "value": "+01:00"},
+                                               {"path": "/3/0/15", "value": "Europe/Paris"}])
+    [put14] = d.take()
+    assert put14.code == Code.PUT and put14.payload == b"+01:00"
+    d.reply(put14, Code.CHANGED)
+    [put15] = d.take()
+    assert put15.opt.uri_path == ("3", "0", "15")
+    d.reply(put15, Code.NOT_IMPLEMENTED)
+    [(_, resp)] = app.up()
+    assert resp["msgType"] == "write-composite" and resp["data"]["code"] == "5.01"
+    assert "/3/0/15" in resp["data"]["codeMsg"]
+    app.command(4, "read-composite", paths=["/3/0/9"], accept="senml-json")
+    [get] = d.take()
+    assert get.code == Code.GET  # path by path, no FETCH any more
