@@ -2,25 +2,33 @@
 has no TLV (SenML CBOR and JSON only, as a 1.1 wakaama build can be) against a real
 gatewayd, through paho-mqtt: format negotiation and its fallback, the ``accept``
 override, cancel-observe content, the composite operations in SenML CBOR, Send (CBOR and
-JSON), and the reason of ``$SYS/.../disconnected``."""
+JSON), and the reason of ``$SYS/.../disconnected``; and libcoap's ``coap-client``
+(Debian libcoap3-bin) as a 1.1 device that registers, Sends and deregisters."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import queue
+import shutil
+import socket
+import subprocess
+from pathlib import Path
 from typing import Any
 
+import cbor2
 import paho.mqtt.client as mqtt
+import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from protocols.lwm2m import content
 from protocols.lwm2m.client import Lwm2mClient
 from tests.interop.clients import Lwm2mApp
-from tests.interop.conftest import Gateway
+from tests.interop.conftest import Gateway, free_port
 from tests.interop.test_coap_lwm2m import TIMEOUT, lgw  # noqa: F401 (the gatewayd fixture)
 
 CBOR, JSON = content.SENML_CBOR, content.SENML_JSON
+COAP_CLIENT = shutil.which("coap-client-openssl") or shutil.which("coap-client")
 
 
 class SysEvents:
@@ -147,6 +155,65 @@ def test_cbor_device_composite_send_and_disconnect_reason(
     sys = SysEvents(gw, ep)
     try:
         asyncio.run(_cbor_device(port, app, sys, ep))
+    finally:
+        app.close()
+        sys.close()
+
+
+def _libcoap(port: int, local: int, method: str, path: str, *, fmt: int | None = None,
+             payload: bytes | None = None, tmp: Path | None = None) -> str:
+    """One request of libcoap's coap-client from local port ``local`` (so every request
+    comes from the same device address); its output (the response code at -v 6)."""
+    assert COAP_CLIENT is not None
+    cmd = [COAP_CLIENT, "-m", method, "-p", str(local), "-B", "10", "-v", "6"]
+    if fmt is not None:
+        cmd += ["-t", str(fmt)]
+    if payload is not None:
+        assert tmp is not None
+        body = tmp / f"body-{local}"
+        body.write_bytes(payload)
+        cmd += ["-f", str(body)]
+    cmd.append(f"coap://127.0.0.1:{port}{path}")
+    out = subprocess.run(cmd, capture_output=True, timeout=30, check=False)
+    return (out.stdout + out.stderr).decode(errors="replace")
+
+
+@pytest.mark.skipif(COAP_CLIENT is None, reason="libcoap3-bin not installed")
+def test_libcoap_registers_and_sends(lgw: tuple[Gateway, int], uid: str,  # noqa: F811
+                                     tmp_path: Path) -> None:
+    """A third-party CoAP stack (libcoap) as a 1.1 device: register, Send in SenML CBOR
+    and JSON, deregister; the records arrive on up/send, the reason on $SYS."""
+    gw, port = lgw
+    ep = f"libcoap-{uid}"
+    local = free_port(socket.SOCK_DGRAM)
+    app = Lwm2mApp(gw, ep, timeout=TIMEOUT)
+    sys = SysEvents(gw, ep)
+    try:
+        links = b'</>;rt="oma.lwm2m";ct="110 112",</3/0>'
+        out = _libcoap(port, local, "post", f"/rd?ep={ep}&lt=60&lwm2m=1.1&b=U",
+                       fmt=content.LINK_FORMAT, payload=links, tmp=tmp_path)
+        assert "2.01" in out, out
+        _, ev = app.next()
+        assert ev["msgType"] == "register" and ev["data"]["lwm2m"] == "1.1"
+        cbor = cbor2.dumps([{-2: "/3/0/", 0: "9", 2: 42}, {0: "0", 3: "libcoap"}])
+        out = _libcoap(port, local, "post", "/dp", fmt=CBOR, payload=cbor, tmp=tmp_path)
+        assert "2.04" in out, out
+        topic, sent = app.next()
+        assert topic == f"lwm2m/{ep}/up/send" and sent["data"]["content"] == [
+            {"path": "/3/0/9", "value": 42}, {"path": "/3/0/0", "value": "libcoap"}]
+        out = _libcoap(port, local, "post", "/dp", fmt=JSON,
+                       payload=b'[{"n":"/3/0/9","v":43,"t":1700000000}]', tmp=tmp_path)
+        assert "2.04" in out, out
+        _, sent = app.next()
+        assert sent["data"]["content"] == [{"path": "/3/0/9", "value": 43,
+                                            "time": 1700000000}]
+        out = _libcoap(port, local, "post", "/dp", fmt=content.TLV, payload=b"\xc1\x09\x2a",
+                       tmp=tmp_path)
+        assert "4.15" in out, out  # Send is SenML only
+        out = _libcoap(port, local, "delete", f"/rd/{ep}")
+        assert "2.02" in out, out
+        ev = sys.q.get(timeout=TIMEOUT)
+        assert ev["reason"] == "deregistered" and ev["protocol"] == "lwm2m"
     finally:
         app.close()
         sys.close()
