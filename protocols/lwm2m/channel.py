@@ -15,12 +15,14 @@ Registration interface (device -> us):
 - ``POST /dp`` (1.1 Send, SenML) -> 2.04; the records go to ``{mp}up/send``.
 - Request bodies sent with Block1 (large link lists, Send) are reassembled.
 
-Device management (MQTT -> us -> device): a JSON command on ``{mp}dn`` (``reqID``,
+Device management (MQTT -> us -> device; the half in :mod:`protocols.lwm2m.exchange`,
+a base class of this channel): a JSON command on ``{mp}dn`` (``reqID``,
 ``msgType`` read | discover | write | write-attr | execute | create | delete | observe |
 cancel-observe, and the 1.1 read-composite | write-composite | observe-composite |
 cancel-observe-composite, ``data``) becomes one CoAP request; its answer is published on
 ``{mp}up/resp`` as ``{"reqID", "msgType", "data": {"reqPath", "code", "codeMsg",
-"content"}}`` (keys of the command other than those are echoed); notifications of an
+"content"}}`` (keys of the command other than those are echoed; reads ask for a content
+format negotiated per device, :mod:`protocols.lwm2m.formats`); notifications of an
 observation go to ``{mp}up/notify`` with ``seqNum``. No answer: ``"code":
 "coap_timeout"``. Requests go one at a time (CoAP NSTART = 1), the rest wait in order.
 

@@ -11,6 +11,9 @@ Write (text, opaque, TLV, SenML), Execute (recorded in ``executed``), Create and
 of instances, and Observe with notifications when :meth:`set` changes a value. As a 1.1
 device (``version="1.1"``, ``senml=True``) it lists SenML in its registration, answers
 Read-/Observe-Composite (FETCH) and Write-Composite (iPATCH), and sends (``POST /dp``).
+Reads are answered in the Accept asked when it is one of ``formats`` (4.06 otherwise;
+without an Accept: text for a resource, else TLV, or 5.00 when it has no TLV, as
+wakaama's 1.1 client did); ``accepts`` records the Accept of every read.
 """
 
 from __future__ import annotations
