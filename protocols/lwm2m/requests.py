@@ -214,6 +214,9 @@ def negotiate(device: Device, c: Command, data: dict[str, Any]) -> int:
         return fmt
     order = formats.candidates(device.version, device.root_formats, device.read_format,
                                composite=composite)
+    if not composite and len([p for p in c.path.split("/") if p]) == 3:
+        # a single resource: text is what every device reads (first, once it worked)
+        order.insert(0 if device.read_format == content.TEXT else 1, content.TEXT)
     c.fallback = order[1:2]  # once
     return order[0]
 

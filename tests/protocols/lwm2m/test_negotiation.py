@@ -264,3 +264,24 @@ def test_composite_path_by_path_for_a_device_without_it(node: Node,
     app.command(4, "read-composite", paths=["/3/0/9"], accept="senml-json")
     [get] = d.take()
     assert get.code == Code.GET  # path by path, no FETCH any more
+
+
+def test_a_single_resource_falls_back_to_text(node: Node, clock: VirtualScheduler) -> None:
+    d, app = registered(node, clock)
+    app.up()
+    app.command(1, "read", path="/3/0/0")
+    [req] = d.take()
+    assert req.opt.accept == content.TLV
+    d.reply(req, Code.NOT_ACCEPTABLE)
+    [again] = d.take()
+    assert again.opt.accept == content.TEXT
+    d.reply(again, Code.CONTENT, b"OMA", content.TEXT)
+    assert app.up()[0][1]["data"]["content"] == [{"path": "/3/0/0", "value": "OMA"}]
+    app.command(2, "read", path="/3/0/1")  # text first now, for a resource
+    [req] = d.take()
+    assert req.opt.accept == content.TEXT
+    d.reply(req, Code.CONTENT, b"x", content.TEXT)
+    app.up()
+    app.command(3, "read", path="/3/0")  # not for an instance
+    [req] = d.take()
+    assert req.opt.accept == content.TLV
