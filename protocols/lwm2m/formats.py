@@ -6,8 +6,9 @@ in ``ct``). :func:`candidates` orders the formats to try for a read, observe or
 composite operation of one device: the format that last worked for it, then the
 formats its root link lists (in the order listed), then the defaults of its version.
 The exchange asks in the first and, on 4.06 Not Acceptable or 5.00, once in the
-second (text/plain for a single resource, :func:`protocols.lwm2m.requests.negotiate`). A command's ``"accept"`` (:func:`parse_accept`: a name such as ``"senml-cbor"``
-or a number such as ``112``) overrides the choice, without fallback.
+second (text/plain for a single resource: :func:`protocols.lwm2m.requests.negotiate`).
+A command's ``"accept"`` (:func:`parse_accept`: a name such as ``"senml-cbor"`` or a
+number such as ``112``) overrides the choice, without fallback.
 
 Invariants: :func:`candidates` never returns an empty list nor a format twice; for a
 composite operation it returns SenML formats only (FETCH bodies are SenML).
