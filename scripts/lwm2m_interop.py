@@ -70,10 +70,17 @@ class App:
 
 
 def main() -> int:
-    if len(sys.argv) < 2 or not os.access(sys.argv[1], os.X_OK):
-        print("usage: lwm2m_interop.py /path/to/lwm2mclient [1.0|1.1]", file=sys.stderr)
+    usage = "usage: lwm2m_interop.py /path/to/lwm2mclient-or-demo [1.0|1.1]"
+    binary = sys.argv[1] if len(sys.argv) > 1 else ""
+    version = sys.argv[2] if len(sys.argv) > 2 else "1.1"
+    if not binary or not os.access(binary, os.X_OK) or os.path.isdir(binary):
+        print(f"lwm2m_interop.py: {binary or 'no device'!r} is not an executable ({usage})",
+              file=sys.stderr)
         return 2
-    binary, version = sys.argv[1], (sys.argv[2] if len(sys.argv) > 2 else "1.1")
+    if version not in ("1.0", "1.1"):
+        print(f"lwm2m_interop.py: version {version!r} is not 1.0 or 1.1 ({usage})",
+              file=sys.stderr)
+        return 2
     anjay = Path(binary).name == "demo"
     ep = f"{'anjay' if anjay else 'wakaama'}-{version.replace('.', '')}"
     work = Path(tempfile.mkdtemp(prefix="lwm2m-interop-"))
