@@ -472,6 +472,9 @@ class Node:
         return allowed
 
     def _authorize(self, client: ClientInfo, action: str, topic: str) -> bool:
+        hooks = self.hooks
+        if hooks.has("topic.rewrite") or hooks.has("topic.authorize"):
+            topic = self.authorized_topic(client, action, topic)
         checked = parse_shared(topic)[1] if action == "subscribe" else topic
         allowed: bool = self.authorizer.check(
             action,  # type: ignore[arg-type]
@@ -504,13 +507,21 @@ class Node:
             message.retain = False  # QoS 0: delivered live, not retained
             self.metrics.incr("messages.retain_refused.store")
         hooks = self.hooks
+        if hooks.has("topic.rewrite"):
+            topic = hooks.run_fold("topic.rewrite", (client, "publish"), message.topic)
+            if topic != message.topic:
+                message.topic = topic
+                message.wire = None  # the publisher's bytes carry the old topic
         callbacks = hooks.callbacks("message.publish")
         # the retainer alone has nothing to do with a message that is not retained
         if callbacks and (message.retain or callbacks != self._retainer_only):
-            result: Message | None = hooks.run_fold("message.publish", (), message)
+            result: Message | int | None = hooks.run_fold("message.publish", (), message)
             if result is None:
                 self.metrics.dropped("hook")
                 return 0
+            if isinstance(result, int):
+                # taken by a subscriber (Stop(n): delayed publish), or PUBLISH_REFUSED
+                return result
             message = result
         cluster = self.cluster
         # clustered, the cluster picks one node per shared group (this one included)
@@ -541,7 +552,21 @@ class Node:
         self.cluster = cluster
         self.broker.on_no_subscribers = None if cluster is not None else self._no_subscribers
 
-    def subscribe(self, client: ClientInfo, topic_filter: str, options: SubOptions) -> bool:
+    def subscribe(
+        self, client: ClientInfo, topic_filter: str, options: SubOptions
+    ) -> bool | int:
+        """Add or replace a subscription: True when it existed, False when new, or a
+        reason code (an ``int`` >= 0x80, never a ``bool``) when a ``client.subscribe``
+        subscriber refused it (an exclusive subscription another client holds: 0x97).
+        The filter goes through ``topic.rewrite`` and ``client.subscribe`` first."""
+        hooks = self.hooks
+        if hooks.has("topic.rewrite"):
+            topic_filter = hooks.run_fold("topic.rewrite", (client, "subscribe"), topic_filter)
+        if hooks.has("client.subscribe"):
+            folded: str | int = hooks.run_fold("client.subscribe", (client, options), topic_filter)
+            if isinstance(folded, int):
+                return folded
+            topic_filter = folded
         session = self.sessions[client.client_id]
         existed = topic_filter in session.subscriptions
         session.subscribed(topic_filter, options)
@@ -556,6 +581,9 @@ class Node:
     ) -> None:
         if options.retain_handling == 2 or (options.retain_handling == 1 and existed):
             return
+        hooks = self.hooks
+        if hooks.has("topic.rewrite") or hooks.has("topic.authorize"):
+            topic_filter = self.authorized_topic(client, "subscribe", topic_filter)
         group, real = parse_shared(topic_filter)
         if group is not None or not self.settings.retainer_enable:
             return
@@ -567,6 +595,11 @@ class Node:
             session.enqueue(Delivery(msg, min(options.qos, msg.qos), True, sid))
 
     def unsubscribe(self, client: ClientInfo, topic_filter: str) -> bool:
+        hooks = self.hooks
+        if hooks.has("topic.rewrite"):
+            topic_filter = hooks.run_fold("topic.rewrite", (client, "subscribe"), topic_filter)
+        if hooks.has("client.unsubscribe"):
+            topic_filter = hooks.run_fold("client.unsubscribe", (client,), topic_filter)
         session = self.sessions.get(client.client_id)
         if session is None or session.subscriptions.pop(topic_filter, None) is None:
             return False
@@ -575,6 +608,22 @@ class Node:
             self.store.unsubscribed(client.client_id, topic_filter)
         self.hooks.run("session.unsubscribed", client, topic_filter)
         return True
+
+    def authorized_topic(self, client: ClientInfo, action: str, topic: str) -> str:
+        """The topic authorization checks for ``topic`` from ``client``: rewritten
+        (``topic.rewrite``), then with any extension's prefix taken off
+        (``topic.authorize``: ``$delayed/10/a`` -> ``a``), and that rewritten again (the
+        topic a delayed message will be published to)."""
+        hooks = self.hooks
+        rewrite = hooks.has("topic.rewrite")
+        if rewrite:
+            topic = hooks.run_fold("topic.rewrite", (client, action), topic)
+        if hooks.has("topic.authorize"):
+            inner = hooks.run_fold("topic.authorize", (client, action), topic)
+            if inner != topic and rewrite:
+                inner = hooks.run_fold("topic.rewrite", (client, action), inner)
+            topic = inner
+        return topic
 
     # -- hook subscribers and callbacks ----------------------------------------------
 
