@@ -41,7 +41,8 @@ SCHEMAS: dict[str, Any] = {
     "ClientAutoSubscribe": obj({"clientid": {"type": "string"}, "topic": {"type": "string"},
                                 "qos": _OPT, "rh": _OPT, "rap": _INT, "nl": _INT}),
     "ClientAutoSubscribePage": page_of("ClientAutoSubscribe"),
-    "ExclusiveHolder": obj({"topic": {"type": "string"}, "clientid": {"type": "string"}}),
+    "ExclusiveHolder": obj({"topic": {"type": "string"}, "clientid": NULLABLE_STR,
+                            "node": {"type": "string"}}),
     "ExclusiveHolderPage": page_of("ExclusiveHolder"),
 }
 

@@ -124,8 +124,8 @@ def exclusive_list(config_path: Path | None, as_json: bool) -> None:
     if as_json:
         emit_json(items)
         return
-    fmt.console().print(fmt.table(["Topic", "Client"],
-                                  [(h["topic"], h["clientid"]) for h in items]))
+    fmt.console().print(fmt.table(["Topic", "Client", "Node"],
+                                  [(h["topic"], h["clientid"] or "-", h["node"]) for h in items]))
     click.echo(f"{count} exclusive subscription{'s' if count != 1 else ''}")
 
 

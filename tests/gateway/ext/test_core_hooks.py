@@ -255,7 +255,8 @@ def test_fill_placeholders() -> None:
 
 
 def test_detach_leaves_the_core_plain(node: Node) -> None:
-    parts = [DelayedPublisher(node), ExclusiveSubscriptions(node)]
+    parts: list[DelayedPublisher | ExclusiveSubscriptions] = [
+        DelayedPublisher(node), ExclusiveSubscriptions(node)]
     for p in parts:
         p.attach()
     rw = Rewriter(compile_rules([rule("all", "#", "z", ".*")]))
