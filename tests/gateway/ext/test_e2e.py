@@ -294,3 +294,36 @@ def test_paho_sees_0x97_reason_name(gatewayd: Gatewayd) -> None:
         a.close()
         b.disconnect()
         b.loop_stop()
+
+
+def test_responses_match_the_openapi_document(gatewayd: Gatewayd) -> None:
+    from tests.gateway.admin.test_openapi import _check
+
+    c = Client(gatewayd, "oas-ext", version=5)
+    try:
+        c.publish("$delayed/900/oas/d", b"x", qos=1)
+        assert suback_codes(c, "$exclusive/oas/e", 0) == [0]
+        gatewayd.http("POST", f"{API}/auto_subscribe/clients/oas-ext", body={"topic": "o/a"})
+        msgid = gatewayd.get(f"{API}/delayed/messages")["data"][-1]["msgid"]
+        one = f"{API}/delayed/messages/{{node}}/{{msgid}}"
+        for doc_path, url in [
+            (f"{API}/delayed", f"{API}/delayed"),
+            (f"{API}/delayed/messages", f"{API}/delayed/messages"),
+            (one, f"{API}/delayed/messages/{q(gatewayd.node_name)}/{msgid}"),
+            (f"{API}/topic_rewrite", f"{API}/topic_rewrite"),
+            (f"{API}/auto_subscribe", f"{API}/auto_subscribe"),
+            (f"{API}/auto_subscribe/clients", f"{API}/auto_subscribe/clients"),
+            (f"{API}/auto_subscribe/clients/{{clientid}}",
+             f"{API}/auto_subscribe/clients/oas-ext"),
+            (f"{API}/exclusive", f"{API}/exclusive"),
+        ]:
+            _check(gatewayd, "GET", doc_path, url)
+        _check(gatewayd, "DELETE", one, f"{API}/delayed/messages/{q(gatewayd.node_name)}/{msgid}",
+               204)
+        _check(gatewayd, "DELETE", f"{API}/auto_subscribe/clients/{{clientid}}",
+               f"{API}/auto_subscribe/clients/oas-ext", 204)
+        status, _, body = gatewayd.http("POST", f"{API}/auto_subscribe/clients/x",
+                                        body={"topic": "a/#/b", "qos": 1})
+        assert status == 400 and b"topic" in body
+    finally:
+        c.close()
