@@ -117,6 +117,8 @@ class Node:
         if settings.retainer_enable:
             self.hooks.add("message.publish", self._retain_hook, Priority.RETAINER)
         self._retainer_only = (self._retain_hook,)
+        # message.publish subscribers for topics under a $-prefix (add_publish_prefix)
+        self._prefixed: tuple[tuple[str, Callable[[Message], int | None]], ...] = ()
         self._counters = self.metrics.counters  # the hot path increments directly
         self.connections = 0
         # MQTT 5 enhanced authentication methods ("SCRAM-SHA-256" -> exchange factory),
@@ -507,21 +509,31 @@ class Node:
             message.retain = False  # QoS 0: delivered live, not retained
             self.metrics.incr("messages.retain_refused.store")
         hooks = self.hooks
-        if hooks.has("topic.rewrite"):
-            topic = hooks.run_fold("topic.rewrite", (client, "publish"), message.topic)
-            if topic != message.topic:
+        rewriters = hooks.callbacks("topic.rewrite")
+        if rewriters:  # the fold of run_fold, inline: this is the publish path
+            topic = old = message.topic
+            for rewrite in rewriters:
+                try:
+                    new = rewrite(client, "publish", topic)
+                except Exception:
+                    log.exception("hook topic.rewrite: callback %r failed", rewrite)
+                    continue
+                if new is not None:
+                    topic = new
+            if topic != old:
                 message.topic = topic
                 message.wire = None  # the publisher's bytes carry the old topic
+        if self._prefixed and message.topic[:1] == "$":
+            taken = self._run_prefixed(message)
+            if taken is not None:
+                return taken
         callbacks = hooks.callbacks("message.publish")
         # the retainer alone has nothing to do with a message that is not retained
         if callbacks and (message.retain or callbacks != self._retainer_only):
-            result: Message | int | None = hooks.run_fold("message.publish", (), message)
+            result: Message | None = hooks.run_fold("message.publish", (), message)
             if result is None:
                 self.metrics.dropped("hook")
                 return 0
-            if isinstance(result, int):
-                # taken by a subscriber (Stop(n): delayed publish), or PUBLISH_REFUSED
-                return result
             message = result
         cluster = self.cluster
         # clustered, the cluster picks one node per shared group (this one included)
@@ -608,6 +620,34 @@ class Node:
             self.store.unsubscribed(client.client_id, topic_filter)
         self.hooks.run("session.unsubscribed", client, topic_filter)
         return True
+
+    def add_publish_prefix(self, prefix: str, callback: Callable[[Message], int | None]) -> None:
+        """A ``message.publish`` subscriber for topics under ``prefix`` only (which
+        starts with ``$``: ``$delayed/``, ``$exclusive/``), run before the
+        ``message.publish`` hooks: the publish path of every other topic pays one
+        character comparison for all of them. ``callback(message)`` returns None (go on)
+        or what :meth:`publish` returns (the message was taken: a count, or
+        :data:`PUBLISH_REFUSED`)."""
+        if not prefix.startswith("$"):
+            raise ValueError(f"a publish prefix starts with '$': {prefix!r}")
+        self._prefixed = (*self._prefixed, (prefix, callback))
+
+    def remove_publish_prefix(self, prefix: str, callback: Callable[[Message], int | None]
+                              ) -> None:
+        self._prefixed = tuple(p for p in self._prefixed if p != (prefix, callback))
+
+    def _run_prefixed(self, message: Message) -> int | None:
+        topic = message.topic
+        for prefix, callback in self._prefixed:
+            if topic.startswith(prefix):
+                try:
+                    taken = callback(message)
+                except Exception:
+                    log.exception("publish subscriber for %r failed", prefix)
+                    continue
+                if taken is not None:
+                    return taken
+        return None
 
     def authorized_topic(self, client: ClientInfo, action: str, topic: str) -> str:
         """The topic authorization checks for ``topic`` from ``client``: rewritten

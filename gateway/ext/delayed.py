@@ -1,4 +1,5 @@
-"""Delayed publish (EMQX's ``$delayed/{seconds}/{topic}``): a ``message.publish`` subscriber.
+"""Delayed publish (EMQX's ``$delayed/{seconds}/{topic}``): a ``message.publish`` subscriber
+for the ``$delayed/`` prefix (:meth:`gateway.core.node.Node.add_publish_prefix`).
 
 A message published to ``$delayed/N/t`` is taken out of the publish path (nothing is
 routed or retained under the ``$delayed`` topic) and published to ``t`` later:
@@ -34,7 +35,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from gateway.core.clock import TimerHandle
-from gateway.core.hooks import Priority, Stop
+from gateway.core.hooks import Priority
 from gateway.core.node import Node
 from protocols.context import PUBLISH_REFUSED, ClientInfo, Message
 
@@ -98,14 +99,13 @@ class DelayedPublisher:
     # -- hooks --------------------------------------------------------------------------
 
     def attach(self) -> None:
-        hooks = self.node.hooks
-        hooks.add("message.publish", self._on_publish, PRIORITY)
-        hooks.add("topic.authorize", self._authz_topic, PRIORITY)
+        self.node.add_publish_prefix(PREFIX, self._on_publish)
+        self.node.hooks.add("topic.authorize", self._authz_topic, PRIORITY)
         self._attached = True
 
     def detach(self) -> None:
         if self._attached:
-            self.node.hooks.remove("message.publish", self._on_publish)
+            self.node.remove_publish_prefix(PREFIX, self._on_publish)
             self.node.hooks.remove("topic.authorize", self._authz_topic)
             self._attached = False
         if self._timer is not None:
@@ -118,9 +118,8 @@ class DelayedPublisher:
         parsed = parse_delayed(topic, self.node.now())
         return None if parsed is None else parsed[1]
 
-    def _on_publish(self, message: Message) -> Stop[int] | None:
-        if not message.topic.startswith(PREFIX):
-            return None
+    def _on_publish(self, message: Message) -> int:
+        """A publish to ``$delayed/...`` (the core calls this for that prefix only)."""
         metrics = self.node.metrics
         now = self.node.now()
         parsed = parse_delayed(message.topic, now)
@@ -128,16 +127,16 @@ class DelayedPublisher:
             metrics.incr("messages.delayed.invalid")
             log.info("delayed publish to %r discarded: not $delayed/{seconds}/{topic} "
                      "within %d seconds", message.topic, MAX_INTERVAL)
-            return Stop(0)
+            return 0
         if self.max_messages and len(self.pending) >= self.max_messages:
             metrics.incr("messages.delayed.refused")
             log.warning("delayed publish to %r refused: %d delayed messages, the limit "
                         "(delayed.max_delayed_messages)", message.topic, len(self.pending))
-            return Stop(PUBLISH_REFUSED if message.qos else 0)
+            return PUBLISH_REFUSED if message.qos else 0
         due, final = parsed
         self.add(due, self._copy(message, final))
         metrics.incr("messages.delayed")
-        return Stop(0)
+        return 0
 
     @staticmethod
     def _copy(m: Message, topic: str) -> Message:

@@ -58,7 +58,7 @@ class ExclusiveSubscriptions:
         hooks.add("client.unsubscribe", self._unsubscribe, PRIORITY)
         hooks.add("session.unsubscribed", self._unsubscribed)
         hooks.add("session.terminated", self._terminated)
-        hooks.add("message.publish", self._publish, PRIORITY)
+        self.node.add_publish_prefix(PREFIX, self._publish)
         self._attached = True
 
     def detach(self) -> None:
@@ -70,7 +70,7 @@ class ExclusiveSubscriptions:
         hooks.remove("client.unsubscribe", self._unsubscribe)
         hooks.remove("session.unsubscribed", self._unsubscribed)
         hooks.remove("session.terminated", self._terminated)
-        hooks.remove("message.publish", self._publish)
+        self.node.remove_publish_prefix(PREFIX, self._publish)
         self._attached = False
 
     # -- hooks ----------------------------------------------------------------------------
@@ -107,11 +107,10 @@ class ExclusiveSubscriptions:
         nodes = routes.nodes_of.get(marker) if routes is not None else None
         return f"a client on {sorted(nodes)[0]}" if nodes else None
 
-    def _publish(self, message: Message) -> Stop[int] | None:
-        if message.topic.startswith(PREFIX):  # the marker routes carry no messages
-            self.node.metrics.dropped("exclusive_topic")
-            return Stop(0)
-        return None
+    def _publish(self, message: Message) -> int:
+        """A publish to ``$exclusive/...``: dropped (the marker routes carry none)."""
+        self.node.metrics.dropped("exclusive_topic")
+        return 0
 
     def _unsubscribe(self, client: ClientInfo, topic: str) -> str | None:
         return topic[len(PREFIX):] if topic.startswith(PREFIX) else None

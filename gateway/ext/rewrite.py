@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from gateway.core.hooks import Hooks, Priority
 from protocols.context import ClientInfo
@@ -94,6 +94,8 @@ def filter_matches(filter_words: tuple[str, ...], topic: str) -> bool:
 
 
 def _substitute(dest: str, groups: Sequence[str | None], client: ClientInfo) -> str:
+    if "$" not in dest:
+        return dest
     def one(m: re.Match[str]) -> str:
         if m.group(1) is not None:
             k = int(m.group(1))
@@ -116,40 +118,61 @@ def _split_share(topic: str) -> tuple[str, str]:
     return "", topic
 
 
+_CACHE_MAX = 4096
+_MISS: Any = object()
+_Decision = tuple[CompiledRule, tuple[str | None, ...], str]  # rule, groups, share prefix
+
+
 class Rewriter:
-    """The ``topic.rewrite`` hook subscriber over compiled rules (see module docstring)."""
+    """The ``topic.rewrite`` hook subscriber over compiled rules (see module docstring).
+
+    Which rule decides a topic, and the regex groups, depend on (action, topic) only, so
+    they are cached per action and topic (at most 4096 each, then a cache starts over): a
+    topic published again costs one dict lookup, and only the substitution of
+    ``${clientid}``/``${username}`` is done per call."""
 
     def __init__(self, rules: list[CompiledRule]) -> None:
         self.rules = rules
         self._publish = [r for r in rules if r.applies_to("publish")]
         self._subscribe = [r for r in rules if r.applies_to("subscribe")]
         self._hooks: Hooks | None = None
+        # topic -> None (unchanged) or (rule, groups, share prefix), per action
+        self._pub_cache: dict[str, _Decision | None] = {}
+        self._sub_cache: dict[str, _Decision | None] = {}
 
     def rewrite(self, client: ClientInfo, action: str, topic: str) -> str:
+        cache = self._pub_cache if action == "publish" else self._sub_cache
+        hit: _Decision | None = cache.get(topic, _MISS)
+        if hit is None:
+            return topic
+        if hit is _MISS:
+            hit = self._decide(action, topic)
+            if len(cache) >= _CACHE_MAX:
+                cache.clear()
+            cache[topic] = hit
+            if hit is None:
+                return topic
+        rule, groups, prefix = hit
+        return prefix + _substitute(rule.dest, groups, client)
+
+    def _decide(self, action: str, topic: str) -> _Decision | None:
         if action == "publish":
-            return self._apply(self._publish, client, topic)
-        prefix, real = _split_share(topic)
-        new = self._apply(self._subscribe, client, real)
-        return topic if new == real else prefix + new
-
-    def _apply(self, rules: list[CompiledRule], client: ClientInfo, topic: str) -> str:
+            prefix, real, rules = "", topic, self._publish
+        else:
+            prefix, real = _split_share(topic)
+            rules = self._subscribe
         for rule in rules:
-            if filter_matches(rule.source, topic):
-                m = rule.regex.search(topic)
-                if m is None:
-                    return topic
-                return _substitute(rule.dest, m.groups(), client)
-        return topic
-
-    def _hook(self, client: ClientInfo, action: str, topic: str) -> str:
-        return self.rewrite(client, action, topic)
+            if filter_matches(rule.source, real):
+                m = rule.regex.search(real)
+                return None if m is None else (rule, m.groups(), prefix)
+        return None
 
     def attach(self, hooks: Hooks) -> None:
         if self.rules:
-            hooks.add("topic.rewrite", self._hook, Priority.HIGHEST)
+            hooks.add("topic.rewrite", self.rewrite, Priority.HIGHEST)
             self._hooks = hooks
 
     def detach(self) -> None:
         if self._hooks is not None:
-            self._hooks.remove("topic.rewrite", self._hook)
+            self._hooks.remove("topic.rewrite", self.rewrite)
             self._hooks = None
