@@ -106,6 +106,9 @@ def test_per_client_auto_subscribe_through_api_and_gatewayctl(gatewayd: Gatewayd
     assert bad.returncode != 0 and "#" in bad.stderr and "\n" not in bad.stderr.strip()
     listed = ctl(gatewayd, "auto-subscribe", "list", "dev-9", "--json")
     assert listed.returncode == 0, listed.stderr
+    table = ctl(gatewayd, "auto-subscribe", "list")  # every client, and the configured
+    assert table.returncode == 0, table.stderr
+    assert "cmd/${clientid}" in table.stdout and "fw/+/notice" in table.stdout
     own = json.loads(listed.stdout)["clients"]
     assert {(t["topic"], t["qos"], t["nl"]) for t in own} == {
         ("ota/${clientid}", 2, 1), ("fw/+/notice", 1, 0)}
@@ -156,6 +159,8 @@ def test_delayed_list_show_cancel_and_authorization(gatewayd: Gatewayd) -> None:
         listed = ctl(gatewayd, "delayed", "list", "--json")
         assert listed.returncode == 0, listed.stderr
         assert {m["msgid"] for m in json.loads(listed.stdout)} >= {m["msgid"] for m in mine}
+        table = ctl(gatewayd, "delayed", "list")
+        assert table.returncode == 0 and "held/one" in table.stdout, table.stderr
         cancel = ctl(gatewayd, "delayed", "cancel", mine[0]["msgid"])
         assert cancel.returncode == 0, cancel.stderr
         status, _, _ = gatewayd.http(
