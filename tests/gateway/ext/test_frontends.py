@@ -1,7 +1,8 @@
 """The extensions are the core's, so they hold for every front-end that maps to MQTT:
-an MQTT-SN client (our client over UDP) is auto-subscribed, its delayed publish and
-rewritten publish arrive, its exclusive subscription is refused; a CoAP client (aiocoap)
-publishes through ``$delayed/`` and a rewrite rule."""
+a paho client over WebSocket is auto-subscribed and gets a delayed message; an MQTT-SN
+client (our client over UDP) is auto-subscribed, its delayed and rewritten publishes
+arrive, its exclusive subscription is refused; a CoAP client (aiocoap) publishes through
+``$delayed/`` and a rewrite rule."""
 
 from __future__ import annotations
 
@@ -26,9 +27,12 @@ pytestmark = pytest.mark.ext
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ExtGatewayd]:
     coap = free_port(socket.SOCK_DGRAM)
+    ws = free_port()
     g = make(tmp_path_factory.mktemp("ext-fe"),
-             {"GATEWAY_GATEWAY__COAP__LISTENERS__UDP__DEFAULT__BIND": f"127.0.0.1:{coap}"})
+             {"GATEWAY_GATEWAY__COAP__LISTENERS__UDP__DEFAULT__BIND": f"127.0.0.1:{coap}",
+              "GATEWAY_LISTENERS__WS__DEFAULT__BIND": f"127.0.0.1:{ws}"})
     g.coap_port = coap  # type: ignore[attr-defined]
+    g.ws_port = ws  # type: ignore[attr-defined]
     g.start()
     yield g
     g.stop()
@@ -103,3 +107,31 @@ def test_coap_publish_through_delayed_and_rewrite(gw: ExtGatewayd) -> None:
     finally:
         watcher.close()
 
+
+
+def test_websocket_client_is_auto_subscribed_and_gets_a_delayed_message(gw: ExtGatewayd) -> None:
+    import queue
+    import threading
+
+    import paho.mqtt.client as mqtt
+    from paho.mqtt.enums import CallbackAPIVersion
+
+    c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="ws-dev", protocol=mqtt.MQTTv5,
+                    transport="websockets")
+    c.ws_set_options(path="/mqtt")
+    got: queue.Queue[mqtt.MQTTMessage] = queue.Queue()
+    connected = threading.Event()
+    c.on_connect = lambda cl, u, f, rc, p: connected.set()
+    c.on_message = lambda cl, u, m: got.put(m)
+    c.connect("127.0.0.1", gw.ws_port)  # type: ignore[attr-defined]
+    c.loop_start()
+    try:
+        assert connected.wait(WAIT)
+        subs = gw.get(f"/api/v5/clients/{q('ws-dev')}/subscriptions")
+        assert "cmd/ws-dev" in {s["topic"] for s in subs}
+        mosquitto_pub(("127.0.0.1", gw.mqtt_port), "$delayed/1/cmd/ws-dev", "w", qos=1)
+        m = got.get(timeout=WAIT)
+        assert (m.topic, m.payload) == ("cmd/ws-dev", b"w")
+    finally:
+        c.disconnect()
+        c.loop_stop()
