@@ -36,6 +36,7 @@ from gateway.config import ConfigError, GatewayConfig
 from gateway.core.authz import Authorizer, from_config
 from gateway.core.clock import LoopScheduler
 from gateway.core.node import CoreSettings, Node
+from gateway.ext.service import Extensions, start_extensions
 from gateway.fleet.archiver import Archiver, settings_from_config
 from gateway.frontends import FRONTENDS, Assembly
 from gateway.frontends.listen import open_listener
@@ -123,6 +124,7 @@ class Gateway:
         self.cluster: Cluster | None = None  # gateway.cluster, when [cluster] is enabled
         self.bridges: Bridges | None = None  # gateway.bridge, when [bridges.mqtt.*] exist
         self.rules: RulesService | None = None  # gateway.rules: rule engine and webhooks
+        self.ext: Extensions | None = None  # gateway.ext: auto-subscribe, delayed, rewrite...
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -159,6 +161,7 @@ class Gateway:
             self.bridges = Bridges(node, bridging, store)
             self.bridges.start()
         self.rules = await start_rules(self)  # before the listeners: rules see every event
+        self.ext = start_extensions(self)  # MQTT extensions, before the listeners too
         await self._start_frontends(node, store)
         await self.admin.start()  # API, $SYS, trace: once the core and listeners exist
 
@@ -307,6 +310,9 @@ class Gateway:
         if self.rules is not None:  # queued events reach the webhook queues
             await self.rules.stop()
             self.rules = None
+        if self.ext is not None:  # before the last commit (delayed rows already queued)
+            self.ext.stop()
+            self.ext = None
         if self.bridges is not None:  # DISCONNECT upstream; outbox deletes get committed
             await self.bridges.stop()
             self.bridges = None

@@ -139,6 +139,7 @@ class MqttConfig(_Section):
     upgrade_qos: bool = False
     response_information: str = ""
     strict_mode: bool = False
+    exclusive_subscription: bool = False  # $exclusive/... (docs/mqtt-extensions.md)
     # protection, per client (0 = no limit): PUBLISH packets and bytes per second read;
     # beyond them reading pauses until the client is back under the rate. packet_timeout:
     # how long one packet may take to arrive once its first byte is in (slowloris).
@@ -633,6 +634,11 @@ class BridgesConfig(_Section):
         return mqtt
 
 
+from gateway.config.extensions import (  # noqa: E402
+    AutoSubscribeConfig,
+    DelayedConfig,
+    RewriteRule,
+)
 from gateway.config.rules import RuleEngineConfig, RuleEngineField, WebhookConfig  # noqa: E402
 
 
@@ -654,6 +660,10 @@ class GatewayConfig(_Section):
     bridges: BridgesConfig = Field(default_factory=BridgesConfig)
     webhooks: dict[str, WebhookConfig] = Field(default_factory=dict)  # gateway.rules
     rule_engine: RuleEngineField = Field(default_factory=RuleEngineConfig)
+    # EMQX's MQTT extensions (gateway.ext; docs/mqtt-extensions.md)
+    auto_subscribe: AutoSubscribeConfig = Field(default_factory=AutoSubscribeConfig)
+    delayed: DelayedConfig = Field(default_factory=DelayedConfig)
+    rewrite: list[RewriteRule] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _workers_alone(self) -> GatewayConfig:
