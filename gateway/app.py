@@ -280,6 +280,8 @@ class Gateway:
         sessions and commit everything to disk."""
         if self.admin is not None:
             await self.admin.stop()
+        for tls in self.tls.values():  # revocation and stapling timers
+            tls.close()
         for server in self.servers:
             server.close()
         node = self.node
