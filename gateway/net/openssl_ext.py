@@ -31,7 +31,7 @@ __all__ = ["Stapler", "available", "set_verify_depth"]
 log = logging.getLogger("gateway.net.tls")
 
 _SSL_CTRL_SET_TLSEXT_STATUS_REQ_CB = 63
-_SSL_CTRL_SET_TLSEXT_STATUS_REQ_OCSP_RESP = 65
+_SSL_CTRL_SET_TLSEXT_STATUS_REQ_OCSP_RESP = 71  # (65 is ..._STATUS_REQ_TYPE)
 _SSL_TLSEXT_ERR_OK = 0
 _SSL_TLSEXT_ERR_NOACK = 3
 

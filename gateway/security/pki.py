@@ -40,7 +40,7 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from cryptography.x509.oid import AuthorityInformationAccessOID, ExtendedKeyUsageOID, NameOID
 
 CA_CERT = "ca.crt"
 CA_KEY = "ca.key"
@@ -132,8 +132,14 @@ def issue(
     sans: Sequence[str] = (),
     days: int = LEAF_DAYS,
     force: bool = False,
+    crl_urls: Sequence[str] = (),
+    ocsp_url: str | None = None,
 ) -> Issued:
     """Issue ``directory/NAME.crt`` and ``NAME.key`` (subject CN=NAME) from the CA there.
+
+    ``crl_urls`` become the certificate's CRL distribution points, ``ocsp_url`` its
+    OCSP responder (authorityInfoAccess). The certificate is recorded in
+    ``DIR/index.txt`` (:mod:`gateway.security.ca_revoke`).
 
     ``server`` and ``client`` choose the extended key usages (both may be set: a cluster
     node is both). ``sans`` are ``"DNS:name"``, ``"IP:addr"``, ``"URI:uri"`` or a bare
@@ -183,9 +189,27 @@ def issue(
         builder = builder.add_extension(
             x509.SubjectAlternativeName(_unique(general_names)), critical=False
         )
+    if crl_urls:
+        builder = builder.add_extension(
+            x509.CRLDistributionPoints([
+                x509.DistributionPoint([x509.UniformResourceIdentifier(u)], None, None, None)
+                for u in crl_urls
+            ]),
+            critical=False,
+        )
+    if ocsp_url:
+        builder = builder.add_extension(
+            x509.AuthorityInformationAccess([x509.AccessDescription(
+                AuthorityInformationAccessOID.OCSP, x509.UniformResourceIdentifier(ocsp_url)
+            )]),
+            critical=False,
+        )
     cert = builder.sign(ca_key, hashes.SHA256())
     _write(key_path, _key_pem(key), KEY_MODE, force=force)
     _write(cert_path, cert.public_bytes(serialization.Encoding.PEM), CERT_MODE, force=force)
+    from gateway.security.ca_revoke import record_issued
+
+    record_issued(directory, cert)
     return Issued(cert_path, key_path, cert)
 
 
