@@ -182,6 +182,15 @@ class Gateway:
             tls.reload()
         for dtls in self.dtls.values():
             dtls.reload()
+        if self.cluster is not None:  # new links get the files (key, CA, CRLs) as they are now
+            from gateway.cluster.tls import from_config as cluster_tls
+
+            try:
+                self.cluster.tls = cluster_tls(self.config.cluster.tls)
+                log.info("cluster TLS reloaded (%d CRL files)",
+                         len(self.config.cluster.tls.crlfile))
+            except TlsError as exc:
+                log.error("cluster TLS not reloaded, keeping the previous files: %s", exc)
         if self.node is None:
             return
         rules_file = self.config.authorization.rules_file
