@@ -189,3 +189,53 @@ def test_ocsp_answers_are_verified(ca):
     n2 = x509.load_pem_x509_certificate((ca / "n2.crt").read_bytes())
     with pytest.raises(ValueError, match="another certificate"):
         ocsp_answer(_ocsp(ca, "n1", ocsp.OCSPCertStatus.GOOD), n2, ca_cert)
+
+
+@pytest.mark.parametrize(
+    ("section", "error"),
+    [
+        ({"listeners": {"ssl": {"x": {"certfile": "a", "keyfile": "b", "crlfile": "c.pem"}}}},
+         'need verify = "verify_peer"'),
+        ({"listeners": {"ssl": {"x": {"certfile": "a", "keyfile": "b", "password": "p",
+                                      "password_file": "f"}}}},
+         "give password or password_file, not both"),
+        ({"listeners": {"ssl": {"x": {"certfile": "a", "keyfile": "b",
+                                      "ocsp": {"enable_ocsp_stapling": True}}}}},
+         "enable_ocsp_stapling needs responder_url and issuer_pem"),
+        ({"authentication": {"jwt": {"enable": True, "use_jwks": True}}},
+         "use_jwks needs endpoint"),
+        ({"authentication": {"jwt": {"enable": True}}}, 'algorithm = "hmac-based" needs secret'),
+        ({"authorization": {"sources": [{"type": "http", "url": "ftp://x"}]}},
+         "expected an http:// or https:// URL"),
+        ({"crl_cache": {"fail_mode": "ajar"}}, "fail_mode"),
+    ],
+)
+def test_schema_refuses_inconsistent_settings(section, error):
+    from pydantic import ValidationError
+
+    from gateway.config.schema import GatewayConfig
+
+    with pytest.raises(ValidationError, match=error):
+        GatewayConfig.model_validate(section)
+
+
+def test_schema_accepts_the_documented_shapes():
+    from gateway.config.schema import GatewayConfig
+
+    cfg = GatewayConfig.model_validate({
+        "listeners": {"ssl": {"x": {
+            "certfile": "a", "keyfile": "b", "cacertfile": "c", "verify": "verify_peer",
+            "crlfile": "one.pem,two.pem", "enable_crl_check": True, "depth": 3,
+            "peer_cert_as_clientid": "md5",
+            "ocsp_check": {"enable": True, "fail_mode": "open"},
+        }}},
+        "authentication": {"jwt": {"enable": True, "from": "username", "secret": "s",
+                                   "verify_claims": {"sub": "${clientid}"}}},
+        "authorization": {"sources": [{"type": "http", "url": "http://127.0.0.1:1/a",
+                                       "method": "get"}]},
+        "crl_cache": {"refresh_interval": "1m"},
+    })
+    ssl_x = cfg.listeners.ssl["x"]
+    assert [str(p) for p in ssl_x.crlfile] == ["one.pem", "two.pem"]
+    assert cfg.authentication.jwt.from_ == "username"
+    assert cfg.crl_cache.refresh_interval == 60.0
