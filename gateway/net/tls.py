@@ -31,7 +31,7 @@ import ssl
 import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
@@ -102,6 +102,21 @@ def check_crl(key: str, path: Path | str, crl: x509.CertificateRevocationList,
             return ca
     raise TlsError(key, f'the CRL in "{path}" ({crl.issuer.rfc4514_string()}) is not signed '
                         "by a certificate of cacertfile")
+
+
+def crl_status(
+    cert: x509.Certificate, crls: list[x509.CertificateRevocationList]
+) -> Literal["good", "revoked", "unknown"]:
+    """``revoked`` if a CRL of the certificate's issuer lists its serial, ``good`` if one
+    such CRL exists and does not, ``unknown`` when no CRL of its issuer is at hand."""
+    seen = False
+    for crl in crls:
+        if crl.issuer != cert.issuer:
+            continue
+        seen = True
+        if crl.get_revoked_certificate_by_serial_number(cert.serial_number) is not None:
+            return "revoked"
+    return "good" if seen else "unknown"
 
 
 def add_crls(

@@ -50,7 +50,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 from cryptography.x509 import ocsp
 from cryptography.x509.oid import AuthorityInformationAccessOID, ExtendedKeyUsageOID
 
-from gateway.net.tls import TlsError, check_crl, load_certificates, load_crls
+from gateway.net.tls import TlsError, check_crl, crl_status, load_certificates, load_crls
 
 __all__ = [
     "RevocationGuard",
@@ -67,19 +67,6 @@ MAX_BODY = 16 << 20  # a CRL or OCSP response read at most
 
 
 # ------------------------------------------------------------------ pure checks
-
-
-def crl_status(cert: x509.Certificate, crls: list[x509.CertificateRevocationList]) -> Status:
-    """``revoked`` if a CRL of the certificate's issuer lists its serial, ``good`` if one
-    such CRL exists and does not, ``unknown`` when no CRL of its issuer is at hand."""
-    seen = False
-    for crl in crls:
-        if crl.issuer != cert.issuer:
-            continue
-        seen = True
-        if crl.get_revoked_certificate_by_serial_number(cert.serial_number) is not None:
-            return "revoked"
-    return "good" if seen else "unknown"
 
 
 def distribution_points(cert: x509.Certificate) -> list[str]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import http.server
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -329,3 +330,59 @@ def test_encrypted_server_key_with_password_file(tmp_path, gatewayd: GatewayFact
     assert check().returncode == 0
     missing = check(password_file=str(tmp_path / "nothing"))
     assert missing.returncode == 2 and "password_file: no such file" in missing.stderr
+
+
+# ------------------------------------------------------------------ DTLS (CoAP)
+
+
+def test_dtls_crlfile_refuses_a_revoked_device(tmp_path, gatewayd: GatewayFactory):
+    tls = pytest.importorskip("mbedtls.tls")
+    from mbedtls import pk
+    from mbedtls import x509 as mx509
+    from mbedtls.exceptions import TLSError
+
+    from protocols.coap.codec import CON, Code, decode, encode, make
+
+    ca = Ca(tmp_path)
+    ca.revoke("dev2")
+    port = free_port(socket.SOCK_DGRAM)
+    prefix = "GATEWAY_GATEWAY__COAP__LISTENERS__DTLS__SEC__"
+    gw = gatewayd({"enable": "false"}, env={
+        "GATEWAY_GATEWAY__COAP__LISTENERS__UDP__DEFAULT__ENABLE": "false",
+        prefix + "BIND": f"127.0.0.1:{port}",
+        prefix + "CERTFILE": str(ca.crt("server")), prefix + "KEYFILE": str(ca.key("server")),
+        prefix + "CACERTFILE": str(ca.ca), prefix + "VERIFY": "verify_peer",
+        prefix + "FAIL_IF_NO_PEER_CERT": "true", prefix + "CRLFILE": str(ca.crl),
+    })
+    gw._wait(lambda: "listener coap:dtls:sec" in gw.log(), "opening coap:dtls:sec")
+
+    def post(name: str) -> Code | None:
+        key = serialization.load_pem_private_key(ca.key(name).read_bytes(), None)
+        der = key.private_bytes(serialization.Encoding.DER, serialization.PrivateFormat.PKCS8,
+                                serialization.NoEncryption())
+        conf = tls.DTLSConfiguration(
+            validate_certificates=True,
+            trust_store=tls.TrustStore([mx509.CRT.from_file(ca.ca)]),
+            certificate_chain=((mx509.CRT.from_file(ca.crt(name)),), pk.ECC.from_DER(der)),
+        )
+        raw = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        raw.settimeout(3)
+        sock = tls.ClientContext(conf).wrap_socket(raw, server_hostname="localhost")
+        try:
+            sock.connect(("127.0.0.1", port))
+            sock.do_handshake()
+            m = make(CON, Code.POST, 1, b"t", b"x")
+            m.opt.uri_path = ("ps", "t")
+            sock.send(encode(m))
+            return Code(decode(sock.recv(2048)).code)
+        except (OSError, TLSError):
+            return None  # closed or no answer: refused
+        finally:
+            sock.close()
+
+    assert post("dev1") == Code.CHANGED
+    assert post("dev2") is None
+    gw._wait(lambda: "refused CN=dev2" in gw.log(), "logging the refusal")
+    ca.revoke("dev1")  # SIGHUP re-reads the CRL for new handshakes
+    gw.hup("DTLS reloaded")
+    assert post("dev1") is None
