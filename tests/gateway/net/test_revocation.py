@@ -386,3 +386,47 @@ def test_dtls_crlfile_refuses_a_revoked_device(tmp_path, gatewayd: GatewayFactor
     ca.revoke("dev1")  # SIGHUP re-reads the CRL for new handshakes
     gw.hup("DTLS reloaded")
     assert post("dev1") is None
+
+
+# ------------------------------------------------------------------ wss
+
+
+def test_wss_listener_refuses_and_cuts_revoked_clients(tmp_path, gatewayd: GatewayFactory):
+    import paho.mqtt.client as mqtt
+    from paho.mqtt.enums import CallbackAPIVersion
+
+    ca = Ca(tmp_path)
+    ca.revoke("dev2")
+    port = free_port()
+    env = {"GATEWAY_LISTENERS__WSS__DEFAULT__BIND": f"127.0.0.1:{port}",
+           "GATEWAY_CRL_CACHE__FILE_CHECK_INTERVAL": "0.2"}
+    env.update({f"GATEWAY_LISTENERS__WSS__DEFAULT__{k.upper()}": v
+                for k, v in ca.listener(crlfile=str(ca.crl)).items()})
+    gw = gatewayd(ssl={"enable": "false"}, env=env)
+    gw._wait(lambda: "listener wss:default" in gw.log(), "opening wss:default")
+
+    def connect(name: str) -> tuple[mqtt.Client, threading.Event, list[int]]:
+        c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=name, transport="websockets",
+                        reconnect_on_failure=False)
+        c.ws_set_options(path="/mqtt")
+        c.tls_set(ca_certs=str(ca.ca), certfile=str(ca.crt(name)), keyfile=str(ca.key(name)))
+        done, gone, codes = threading.Event(), threading.Event(), []
+        c.on_connect = lambda *a: (codes.append(a[3].value), done.set())
+        c.on_disconnect = lambda *a: (gone.set(), done.set())
+        try:
+            c.connect("127.0.0.1", port)
+        except OSError:
+            gone.set()
+            return c, gone, codes
+        c.loop_start()
+        done.wait(10)
+        return c, gone, codes
+
+    c1, gone1, codes1 = connect("dev1")
+    assert codes1 == [0] and not gone1.is_set()
+    c2, gone2, codes2 = connect("dev2")
+    assert codes2 != [0] or gone2.is_set()
+    c2.loop_stop()
+    ca.revoke("dev1")
+    assert gone1.wait(10), "dev1 (wss) still connected after its revocation"
+    c1.loop_stop()
