@@ -32,6 +32,8 @@ from protocols.mqtt.packets import (
 from tests.gateway.auth.live import TIMEOUT, Gatewayd, RawClient, http_service
 from tests.harness.gatewayd import GatewaydProcess, gatewayd_command
 
+pytestmark = [pytest.mark.slow, pytest.mark.security]
+
 SECRET = "a-long-enough-hmac-secret-for-tests"
 
 

@@ -27,6 +27,8 @@ from .conftest import GatewayFactory, free_port
 needs_mosquitto = pytest.mark.skipif(
     not HAVE_MOSQUITTO_CLIENTS, reason="mosquitto_pub/mosquitto_sub not installed"
 )
+
+pytestmark = [pytest.mark.slow, pytest.mark.security]
 needs_openssl = pytest.mark.skipif(shutil.which("openssl") is None, reason="no openssl CLI")
 
 

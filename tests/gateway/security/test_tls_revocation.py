@@ -24,6 +24,8 @@ from gateway.security.ca_revoke import make_crl, revoke, revoked
 from gateway.security.pki import PkiError, init_ca, issue, load_ca
 from gateway.security.revocation import crl_status, ocsp_answer
 
+pytestmark = pytest.mark.security
+
 
 @pytest.fixture
 def ca(tmp_path: Path) -> Path:
