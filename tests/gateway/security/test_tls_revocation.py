@@ -241,3 +241,23 @@ def test_schema_accepts_the_documented_shapes():
     assert [str(p) for p in ssl_x.crlfile] == ["one.pem", "two.pem"]
     assert cfg.authentication.jwt.from_ == "username"
     assert cfg.crl_cache.refresh_interval == 60.0
+
+
+def test_gatewayctl_certs_revoke_and_crl(ca):
+    import subprocess
+    import sys
+
+    def ctl(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "gateway.cli.gatewayctl", "certs", *args],
+                              capture_output=True, text=True, timeout=60, check=False)
+
+    r = ctl("revoke", str(ca), "n2", "--reason", "superseded")
+    assert r.returncode == 0 and "revoked /CN=n2" in r.stdout, r.stderr
+    r = ctl("crl", str(ca), "--days", "1")
+    assert r.returncode == 0 and "(1 revoked)" in r.stdout
+    bad = ctl("revoke", str(ca), "nobody")
+    assert bad.returncode == 1
+    assert bad.stderr.strip().splitlines() == [
+        f"Error: no certificate 'nobody' (neither a file nor {ca}/nobody.crt)"]
+    usage = ctl("revoke", str(ca), "n1", "--reason", "bored")
+    assert usage.returncode == 2  # click's usage error: not one of the reasons
