@@ -185,6 +185,15 @@ class Gateway:
             tls.reload()
         for dtls in self.dtls.values():
             dtls.reload()
+        if self.cluster is not None:  # new links get the files (key, CA, CRLs) as they are now
+            from gateway.cluster.tls import from_config as cluster_tls
+
+            try:
+                self.cluster.tls = cluster_tls(self.config.cluster.tls)
+                log.info("cluster TLS reloaded (%d CRL files)",
+                         len(self.config.cluster.tls.crlfile))
+            except TlsError as exc:
+                log.error("cluster TLS not reloaded, keeping the previous files: %s", exc)
         if self.node is None:
             return
         rules_file = self.config.authorization.rules_file
@@ -283,6 +292,8 @@ class Gateway:
         sessions and commit everything to disk."""
         if self.admin is not None:
             await self.admin.stop()
+        for tls in self.tls.values():  # revocation and stapling timers
+            tls.close()
         for server in self.servers:
             server.close()
         node = self.node
