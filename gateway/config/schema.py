@@ -633,6 +633,7 @@ class BridgesConfig(_Section):
         return mqtt
 
 
+from gateway.config.connectors import ConnectorsConfig  # noqa: E402
 from gateway.config.rules import RuleEngineConfig, RuleEngineField, WebhookConfig  # noqa: E402
 
 
@@ -653,6 +654,7 @@ class GatewayConfig(_Section):
     sys_topics: SysTopicsConfig = Field(default_factory=SysTopicsConfig)
     bridges: BridgesConfig = Field(default_factory=BridgesConfig)
     webhooks: dict[str, WebhookConfig] = Field(default_factory=dict)  # gateway.rules
+    connectors: ConnectorsConfig = Field(default_factory=ConnectorsConfig)  # rules' sinks
     rule_engine: RuleEngineField = Field(default_factory=RuleEngineConfig)
 
     @model_validator(mode="after")
