@@ -89,7 +89,7 @@ class SqlTemplate:
             before = text[pos:m.start()]
             out.append(before.replace("%", "%%"))
             # an odd number of quotes so far: this placeholder sits inside a literal
-            if (text[:m.start()].count("'") - (1 if quoted_l else 0)) % 2:
+            if text[:m.start()].count("'") % 2:
                 raise ValueError(f"postgresql: placeholder {m.group(0)} inside a string "
                                  "literal; write it as a whole value: '${x}' or ${x}")
             name = m.group(1).strip()
@@ -191,10 +191,21 @@ def _split(text: str, sep: str) -> list[str]:
 
 
 def _esc(s: str, chars: str) -> str:
-    s = s.replace("\\", "\\\\")
-    for c in chars:
-        s = s.replace(c, "\\" + c)
-    return s.replace("\n", "\\n").replace("\r", "\\r")
+    """A measurement, tag key/value or field key. InfluxDB 1.x unescapes only ``\\,``,
+    ``\\=`` and ``\\ `` there: a backslash is written as is, except before one of those
+    or at the end, where it must be doubled to stay a backslash (and is then stored
+    doubled: 1.x cannot express it). Newlines (not allowed in line protocol) are
+    written as the two characters ``\\n``."""
+    out: list[str] = []
+    s = s.replace("\n", "\\n").replace("\r", "\\r")
+    for i, c in enumerate(s):
+        if c == "\\" and (i + 1 == len(s) or s[i + 1] in chars):
+            out.append("\\\\")
+        elif c in chars:
+            out.append("\\" + c)
+        else:
+            out.append(c)
+    return "".join(out)
 
 
 def _quote(s: str) -> str:
