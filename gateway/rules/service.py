@@ -31,9 +31,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from gateway.config import GatewayConfig
 from gateway.core.node import Node
 from gateway.rules.engine import Rule, RuleEngine, RuleMetrics
-from gateway.rules.sinks import make_sink
 from gateway.rules.sinks.base import Sink
 from gateway.rules.sinks.metrics import SinksCollector
+from gateway.rules.sinks.registry import make_sink
 from gateway.rules.store import RuleStore
 from gateway.rules.webhook import Webhook
 from gateway.store.db import open_db

@@ -25,13 +25,19 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from gateway.rules.functions import to_json, to_str
 from gateway.rules.template import Template, lookup
 
-__all__ = ["AmqpTemplate", "LineTemplate", "RedisTemplate", "SqlTemplate", "TEMPLATES"]
+__all__ = [
+    "SINK_KINDS", "TEMPLATES", "AmqpTemplate", "LineTemplate", "RedisTemplate", "SqlTemplate",
+    "check_args", "make_action",
+]
+
+# = gateway.config.connectors.CONNECTOR_KINDS (not imported: see the package docstring)
+SINK_KINDS = ("postgresql", "redis", "rabbitmq", "influxdb")
 
 _PLACEHOLDER = re.compile(r"'?\$\{([^}]*)\}'?")
 
@@ -327,3 +333,26 @@ TEMPLATES: dict[str, type[SqlTemplate | RedisTemplate | AmqpTemplate | LineTempl
     "rabbitmq": AmqpTemplate,
     "influxdb": LineTemplate,
 }
+
+
+def check_args(kind: str, args: Mapping[str, Any]) -> None:
+    """ValueError (one line) when ``args`` cannot make a ``kind`` action."""
+    TEMPLATES[kind](args)
+
+
+def make_action(function: str, args: Mapping[str, Any], sinks: Callable[[], Mapping[str, Any]]
+                ) -> Callable[[dict[str, Any], Mapping[str, Any]], None]:
+    """The rule action ``KIND:NAME``: render the item now, buffer it in the running sink
+    (``sinks()`` maps ``"KIND:NAME"`` to it); ValueError when no such connector runs."""
+    kind, _, name = function.partition(":")
+    template = TEMPLATES[kind](args)
+    if function not in sinks():
+        raise ValueError(f"no [connectors.{kind}.{name}] configured")
+
+    def sink_action(output: dict[str, Any], columns: Mapping[str, Any]) -> None:
+        sink = sinks().get(function)
+        if sink is None:
+            raise ValueError(f"{function} is not running")
+        sink.put(template.render(output, columns))
+
+    return sink_action
