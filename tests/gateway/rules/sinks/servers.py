@@ -107,8 +107,18 @@ class Server:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+def make_pki(directory: Path) -> Path:
+    """A CA (``ca.crt``) and a server certificate ``server.crt``/``.key`` for 127.0.0.1."""
+    from gateway.security.pki import init_ca, issue
+
+    init_ca(directory)
+    issue(directory, "server", sans=["IP:127.0.0.1", "DNS:localhost"])
+    return directory
+
+
 class PgServer(Server):
-    """PostgreSQL (``postgres -D``): user ``gateway`` with a password over TCP."""
+    """PostgreSQL (``postgres -D``): user ``gateway`` with a password over TCP, with or
+    without TLS (``ssl = on``; the CA is ``pki/ca.crt``)."""
 
     name = "postgresql"
     password = "pg-secret"
@@ -124,6 +134,11 @@ class PgServer(Server):
             self.user = "postgres"
             pw = pwd.getpwnam("postgres")
             os.chown(self.dir, pw.pw_uid, pw.pw_gid)
+        self.pki = make_pki(self.dir / "pki")
+        if self.user is not None:
+            pw = pwd.getpwnam(self.user)
+            for f in (self.pki, *self.pki.iterdir()):
+                os.chown(f, pw.pw_uid, pw.pw_gid)
         pwfile = self.dir / "pw"
         pwfile.write_text(self.password + "\n")
         if self.user is not None:
@@ -138,7 +153,9 @@ class PgServer(Server):
     def command(self) -> list[str]:
         return [str(self.bin / "postgres"), "-D", str(self.data), "-p", str(self.port),
                 "-k", str(self.dir), "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off",
-                "-c", "max_connections=20", "-c", "shared_buffers=16MB"]
+                "-c", "max_connections=20", "-c", "shared_buffers=16MB", "-c", "ssl=on",
+                "-c", f"ssl_cert_file={self.pki}/server.crt",
+                "-c", f"ssl_key_file={self.pki}/server.key"]
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -171,11 +188,22 @@ class PgServer(Server):
 
 
 class RedisServer(Server):
+    """redis-server with a password, plain on ``port`` and TLS on ``tls_port``."""
+
     name = "redis"
     password = "redis-secret"
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.tls_port = free_port()
+        self.pki = make_pki(self.dir / "pki")
+
     def command(self) -> list[str]:
+        p = self.pki
         return ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
+                "--tls-port", str(self.tls_port), "--tls-cert-file", f"{p}/server.crt",
+                "--tls-key-file", f"{p}/server.key", "--tls-ca-cert-file", f"{p}/ca.crt",
+                "--tls-auth-clients", "no",
                 "--dir", str(self.dir), "--save", "", "--appendonly", "yes",
                 "--appendfsync", "always", "--requirepass", self.password,
                 "--daemonize", "no", "--logfile", ""]

@@ -77,3 +77,14 @@ def test_the_password_can_come_from_the_environment(tmp_path: Path) -> None:
     r = check(tmp_path, GOOD, GATEWAY_CONNECTORS__POSTGRESQL__PG__PASSWORD="s3cret")
     assert r.returncode == 0, r.stderr
     assert "s3cret" not in r.stdout + r.stderr
+
+
+def test_the_worked_examples_of_the_doc_pass_check(tmp_path: Path) -> None:
+    import re
+
+    doc = (Path(__file__).resolve().parents[4] / "docs" / "data-integration.md").read_text()
+    examples = doc[doc.index("## Worked examples"):doc.index("## Kafka and Pulsar")]
+    blocks = re.findall(r"```toml\n(.*?)```", examples, re.S)
+    assert len(blocks) == 4
+    r = check(tmp_path, "\n".join(blocks))
+    assert r.returncode == 0, r.stderr
