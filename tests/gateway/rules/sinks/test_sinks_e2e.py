@@ -70,6 +70,9 @@ def env_for(pg: PgServer, rd: RedisServer, mq: RabbitServer, ix: InfluxServer,
         f"{r}TO_MQ__SQL": 'SELECT payload.n AS n, clientid, payload.note AS note FROM "mq/#"',
         f"{r}TO_MQ__ACTIONS": '[{function = "rabbitmq:mq", args = {exchange = "sinks", '
                               'routing_key = "dev.${clientid}"}}]',
+        f"{r}MQ_BAD__SQL": 'SELECT clientid FROM "mqbad/#"',
+        f"{r}MQ_BAD__ACTIONS": '[{function = "rabbitmq:mq", args = {exchange = "", '
+                               'routing_key = "no-such-queue", mandatory = true}}]',
         f"{r}TO_IX__SQL": 'SELECT payload.t AS t, payload.n AS n, clientid, '
                           'payload.note AS note, payload.ts AS ts FROM "ix/#"',
         f"{r}TO_IX__ACTIONS": '[{function = "influxdb:ix", args = {write_syntax = '
@@ -207,20 +210,26 @@ def test_rows_keys_messages_and_points_arrive_with_their_values(gw: Gatewayd,
 
 
 def test_a_refused_row_is_counted_and_does_not_block(gw: Gatewayd, servers: Any) -> None:
-    pg, r, _, _ = servers
+    pg, r, mq, _ = servers
     before = connectors(gw)
     publish(gw, "dev-b", "pg/b", [{"n": 1}, {"n": -1}, {"n": 2}])  # CHECK (n >= 0)
     publish(gw, "dev-b", "rd/b", [{"n": 6, "note": "before"}])  # makes the hash
     publish(gw, "dev-b", "rdbad/b", [{}])  # INCR on a hash: WRONGTYPE
     publish(gw, "dev-b", "rd/b", [{"n": 7, "note": "after"}])
+    mq_messages(mq)
+    publish(gw, "dev-b", "mqbad/b", [{}])  # mandatory, unroutable: returned by the broker
+    publish(gw, "dev-b", "mq/b", [{"n": 8}])
     c = wait_until(gw, lambda c: c["postgresql:pg"]["failed"] > before["postgresql:pg"]["failed"]
-                   and c["redis:rd"]["failed"] > before["redis:rd"]["failed"] and drained(c),
-                   "refused rows counted")
+                   and c["redis:rd"]["failed"] > before["redis:rd"]["failed"]
+                   and c["rabbitmq:mq"]["failed"] > before["rabbitmq:mq"]["failed"]
+                   and drained(c), "refused rows counted")
     assert [row[0] for row in pg_rows(pg, "dev-b")] == [1, 2]
     assert "23514" in c["postgresql:pg"]["last_error"]  # check_violation
     assert "WRONGTYPE" in c["redis:rd"]["last_error"]
     assert rd(r).hget("dev:dev-b", "n") == "7"
     assert rd(r).lrange("log:dev-b", 0, -1) == ["6", "7"]
+    assert "unroutable" in c["rabbitmq:mq"]["last_error"]
+    assert [json.loads(m[2])["n"] for m in mq_messages(mq)] == [8]
 
 
 @pytest.mark.timeout(600)
