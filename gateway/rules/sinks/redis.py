@@ -2,9 +2,11 @@
 
 An item is ``{"c": [command, arg, ...]}``; a batch is one pipeline (not a MULTI
 transaction) whose replies are read one per command: an error reply (``WRONGTYPE``...) is
-that item ``Refused``; a lost connection or a timeout retries the batch. redis-py's own
-retries are off, so a pipeline is never sent twice behind our back: delivery is at least
-once (a pipeline the server ran whose replies were lost is sent again).
+that item ``Refused``, except the replies that mean "not now" (``LOADING``, ``BUSY``,
+``OOM``, ``READONLY``, ``MASTERDOWN``, ``TRYAGAIN``, ``NOPERM``...), which retry like a lost
+connection or a timeout. redis-py's own retries are off, so a pipeline is never sent
+twice behind our back: delivery is at least once (a pipeline the server ran whose replies
+were lost is sent again).
 """
 
 from __future__ import annotations
@@ -16,12 +18,29 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry as RedisRetry
 from redis.backoff import NoBackoff
-from redis.exceptions import ResponseError
+from redis.exceptions import (
+    ClusterDownError,
+    NoPermissionError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    ResponseError,
+    TryAgainError,
+)
 
 from gateway.config.connectors import RedisConnector, host_port
 from gateway.rules.sinks.base import Outcome, Refused, Retry, Sink, client_ssl_context
 
 __all__ = ["RedisSink"]
+
+# error replies that say "not now" rather than "never": the item waits and is sent again
+# (redis-py strips the code of the ones it has a class for; LOADING is a ConnectionError)
+_TRANSIENT = ("BUSY", "NOREPLICAS", "MASTERDOWN")
+_TRANSIENT_TYPES = (OutOfMemoryError, ReadOnlyError, TryAgainError, ClusterDownError,
+                    NoPermissionError)
+
+
+def _refused(reply: ResponseError) -> bool:
+    return not isinstance(reply, _TRANSIENT_TYPES) and not str(reply).startswith(_TRANSIENT)
 
 
 class RedisSink(Sink[RedisConnector]):
@@ -64,7 +83,7 @@ class RedisSink(Sink[RedisConnector]):
         replies = await pipe.execute(raise_on_error=False)
         outcomes: list[Outcome] = []
         for reply in replies:
-            if isinstance(reply, ResponseError):
+            if isinstance(reply, ResponseError) and _refused(reply):
                 outcomes.append(Refused(f"{type(reply).__name__}: {reply}"))
             elif isinstance(reply, Exception):
                 outcomes.append(Retry(f"{type(reply).__name__}: {reply}"))

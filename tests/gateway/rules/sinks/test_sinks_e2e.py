@@ -236,6 +236,22 @@ def test_a_refused_row_is_counted_and_does_not_block(gw: Gatewayd, servers: Any)
 
 
 @pytest.mark.timeout(600)
+def test_a_full_redis_is_waited_for_not_refused(gw: Gatewayd, servers: Any) -> None:
+    r = servers[1]
+    r.cli("CONFIG", "SET", "maxmemory", "1")  # every write: OOM command not allowed
+    try:
+        publish(gw, "dev-m", "rd/m", [{"n": n, "note": "m"} for n in range(3)])
+        c = wait_until(gw, lambda c: "OutOfMemory" in (c["redis:rd"]["last_error"] or "")
+                       and c["redis:rd"]["buffer"]["depth"] == 6, "OOM: items kept")
+        failed = c["redis:rd"]["failed"]
+    finally:
+        r.cli("CONFIG", "SET", "maxmemory", "0")
+    c = wait_until(gw, lambda c: c["redis:rd"]["buffer"]["depth"] == 0, "drained")
+    assert c["redis:rd"]["failed"] == failed
+    assert rd(r).lrange("log:dev-m", 0, -1) == ["0", "1", "2"]
+
+
+@pytest.mark.timeout(600)
 def test_servers_down_then_kill_9_lose_nothing(gw: Gatewayd, servers: Any) -> None:
     pg, r, mq, ix = servers
     mq_messages(mq)
