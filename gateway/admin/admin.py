@@ -282,6 +282,11 @@ class Admin:
             return view
         return {"enabled": False, "status": NOT_CONFIGURED, "bridges": []}
 
+    def connectors_view(self) -> list[dict[str, Any]]:
+        """The data-integration sinks' health and buffers (gateway.rules.sinks)."""
+        rules = getattr(self.gateway, "rules", None)
+        return rules.connectors_view() if rules is not None else []
+
     def status(self) -> dict[str, Any]:
         node = self.node
         stats = self.stats()
@@ -306,6 +311,7 @@ class Admin:
             "stats": stats,
             "rates": rates,
             "bridges": self.bridges_view(),
+            "connectors": self.connectors_view(),
             "alarms": [a.as_dict() for a in self.alarms.active()],
             "limits": {"max_connections": self.max_connections, "nofile": self.nofile.as_dict()},
             "durability": {

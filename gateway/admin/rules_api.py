@@ -7,6 +7,7 @@
 - ``POST /api/v5/rule_test`` ``{"sql": ..., "context": {...}}``: the output for one
   sample event (a list for FOREACH); 412 ``SQL_NOT_MATCH`` when nothing comes out
 - ``GET /api/v5/webhooks``: each webhook's counters and queue
+- ``GET /api/v5/connectors``: each sink's health (``status``), counters and buffer
 
 Bad SQL, an unknown function or bad action args answer 400 with the same one-line
 message ``gatewayd --check`` prints; the running rules are unchanged.
@@ -39,6 +40,7 @@ ROUTES: list[tuple[str, str, str]] = [
     ("PUT", f"{API}/rules/{{id}}/metrics/reset", "reset_metrics"),
     ("POST", f"{API}/rule_test", "rule_test"),
     ("GET", f"{API}/webhooks", "webhooks"),
+    ("GET", f"{API}/connectors", "connectors"),
 ]
 
 
@@ -130,6 +132,9 @@ class _Handlers:
 
     async def webhooks(self, request: web.Request) -> web.Response:
         return web.json_response({"data": self._service().webhooks_view()})
+
+    async def connectors(self, request: web.Request) -> web.Response:
+        return web.json_response({"data": self._service().connectors_view()})
 
 
 def _dumps(data: Any) -> str:

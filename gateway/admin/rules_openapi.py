@@ -70,6 +70,17 @@ SCHEMAS: dict[str, Any] = {
         "dropped": {"type": "integer"}, "last_error": NULLABLE_STR,
         "queue": _COUNTS,
     })}}),
+    "Connectors": obj({"data": {"type": "array", "items": obj({
+        "id": {"type": "string", "examples": ["postgresql:pg1"]},
+        "type": {"enum": ["postgresql", "redis", "rabbitmq", "influxdb"]},
+        "name": {"type": "string"}, "server": {"type": "string"},
+        "status": {"enum": ["connected", "connecting", "disconnected"]},
+        "success": {"type": "integer"}, "failed": {"type": "integer"},
+        "dropped": {"type": "integer"}, "batches": {"type": "integer"},
+        "connects": {"type": "integer"}, "last_error": NULLABLE_STR,
+        "last_health_check": {"type": ["number", "null"]},
+        "buffer": _COUNTS,
+    })}}),
 }
 
 PATHS: dict[str, Any] = {
@@ -104,4 +115,7 @@ PATHS: dict[str, Any] = {
         body="RuleTest", op_id="rule_test")},
     f"{A}/webhooks": {"get": _op("Webhooks: counters and queues", "rules",
                                  {"200": _ok(ref("Webhooks"))}, op_id="webhooks")},
+    f"{A}/connectors": {"get": _op("Data-integration sinks: health, counters, buffers",
+                                   "rules", {"200": _ok(ref("Connectors"))},
+                                   op_id="connectors")},
 }

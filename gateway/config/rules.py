@@ -159,6 +159,7 @@ class WebhookConfig(_Section):
 def _refs_ok(value: RuleEngineConfig, info: ValidationInfo) -> RuleEngineConfig:
     webhooks = info.data.get("webhooks")
     bridges = getattr(info.data.get("bridges"), "mqtt", None)
+    connectors = info.data.get("connectors")
     for rname, rule in value.rules.items():
         for i, action in enumerate(rule.actions):
             kind, _, name = action.function.partition(":")
@@ -167,6 +168,11 @@ def _refs_ok(value: RuleEngineConfig, info: ValidationInfo) -> RuleEngineConfig:
             if kind == "bridge" and isinstance(bridges, dict) and name not in bridges:
                 raise ValueError(
                     f"rules.{rname}.actions[{i}]: no [bridges.mqtt.{name}] configured"
+                )
+            if kind in ("postgresql", "redis", "rabbitmq", "influxdb") and connectors is not None \
+                    and name not in getattr(connectors, kind):
+                raise ValueError(
+                    f"rules.{rname}.actions[{i}]: no [connectors.{kind}.{name}] configured"
                 )
     return value
 

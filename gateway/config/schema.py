@@ -732,6 +732,7 @@ from gateway.config.extensions import (  # noqa: E402
     DelayedConfig,
     RewriteRule,
 )
+from gateway.config.connectors import ConnectorsConfig  # noqa: E402
 from gateway.config.rules import RuleEngineConfig, RuleEngineField, WebhookConfig  # noqa: E402
 
 
@@ -753,6 +754,7 @@ class GatewayConfig(_Section):
     sys_topics: SysTopicsConfig = Field(default_factory=SysTopicsConfig)
     bridges: BridgesConfig = Field(default_factory=BridgesConfig)
     webhooks: dict[str, WebhookConfig] = Field(default_factory=dict)  # gateway.rules
+    connectors: ConnectorsConfig = Field(default_factory=ConnectorsConfig)  # rules' sinks
     rule_engine: RuleEngineField = Field(default_factory=RuleEngineConfig)
     # EMQX's MQTT extensions (gateway.ext; docs/mqtt-extensions.md)
     auto_subscribe: AutoSubscribeConfig = Field(default_factory=AutoSubscribeConfig)

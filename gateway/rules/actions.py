@@ -11,6 +11,10 @@
 - ``webhook:NAME``: a request built from ``[webhooks.NAME]`` (``args.body``/``args.path``
   may override its body template and append to its URL path) put on that webhook's
   durable queue; refused by a full queue = the action failed (counted, alarmed).
+- ``postgresql:NAME``, ``redis:NAME``, ``rabbitmq:NAME``, ``influxdb:NAME``: an item rendered
+  from the action's template (``sql``, ``command``, ``routing_key``/``payload``,
+  ``write_syntax``) put on the durable buffer of ``[connectors.KIND.NAME]``
+  (:mod:`gateway.rules.sinks`); refused by a full buffer = the action failed.
 
 :func:`check_action` validates a function name and its args at load time (ValueError
 with a one-line reason); :func:`build_action` makes the callable. An action raises on a
@@ -25,6 +29,9 @@ from typing import Any, Protocol
 
 from gateway.core.topic_index import is_valid_topic_name
 from gateway.rules.functions import to_json
+from gateway.rules.sinks import SINK_KINDS
+from gateway.rules.sinks import check_args as check_sink_args
+from gateway.rules.sinks import make_action as make_sink_action
 from gateway.rules.template import Template
 from protocols.context import Message
 from protocols.mqtt.packets import Properties
@@ -52,6 +59,9 @@ class ActionContext(Protocol):
     def webhook(self, name: str) -> Any: ...  # a gateway.rules.webhook.Webhook
     def bridge(self, name: str) -> Any: ...  # a gateway.bridge.bridge.Bridge
     def now(self) -> float: ...
+
+    # running sinks by "KIND:NAME" (gateway.rules.sinks.base.Sink)
+    sinks: Mapping[str, Any]
 
 
 def _tpl(value: Any, what: str) -> Template | None:
@@ -121,9 +131,15 @@ def check_action(function: str, args: Mapping[str, Any]) -> None:
         _tpl(args.get("body"), "webhook: args.body")
         _tpl(args.get("path"), "webhook: args.path")
         return
+    kind, _, name = function.partition(":")
+    if kind in SINK_KINDS:
+        if not name:
+            raise ValueError(f"{kind}: expected {kind}:NAME")
+        check_sink_args(kind, args)
+        return
     raise ValueError(
-        f"unknown action function {function!r} (republish, console, bridge:NAME or "
-        "webhook:NAME)"
+        f"unknown action function {function!r} (republish, console, bridge:NAME, "
+        "webhook:NAME, postgresql:NAME, redis:NAME, rabbitmq:NAME or influxdb:NAME)"
     )
 
 
@@ -221,6 +237,8 @@ def _bridge(name: str, args: Mapping[str, Any], ctx: ActionContext) -> Action:
         def now(self) -> float:
             return ctx.now()
 
+        sinks: Mapping[str, Any] = {}
+
     return _republish(f"bridge:{name}", args, _Ctx())
 
 
@@ -254,6 +272,8 @@ def build_action(
         return _console(rule_id)
     if function.startswith("bridge:"):
         return _bridge(function[7:], args, ctx)
+    if function.partition(":")[0] in SINK_KINDS:
+        return make_sink_action(function, args, lambda: ctx.sinks)
     return _webhook(function.split(":", 1)[1], args, ctx)
 
 

@@ -137,6 +137,7 @@ class RuleEngine:
         self._lookup = lookup
         self._session_expiry = session_expiry
         self.webhooks: Mapping[str, Any] = webhooks or {}
+        self.sinks: Mapping[str, Any] = {}  # "KIND:NAME" -> gateway.rules.sinks Sink (service)
         self._bridges = bridges
         self.metrics = metrics if metrics is not None else Metrics()
         self.max_pending = max_pending

@@ -31,6 +31,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from gateway.config import GatewayConfig
 from gateway.core.node import Node
 from gateway.rules.engine import Rule, RuleEngine, RuleMetrics
+from gateway.rules.sinks.base import Sink
+from gateway.rules.sinks.metrics import SinksCollector
+from gateway.rules.sinks.registry import make_sink
 from gateway.rules.store import RuleStore
 from gateway.rules.webhook import Webhook
 from gateway.store.db import open_db
@@ -131,7 +134,9 @@ class RulesService:
         # or the first rule saved through the API (a node without rules makes no file)
         self.path = Path(config.node.data_dir) / DB_NAME
         enabled = {name: cfg for name, cfg in config.webhooks.items() if cfg.enable}
-        self.db: QueueDb | None = QueueDb.open(self.path, self.loop) if enabled else None
+        connectors = config.connectors.enabled()
+        self.db: QueueDb | None = (QueueDb.open(self.path, self.loop)
+                                   if enabled or connectors else None)
         self._store: RuleStore | None = (
             RuleStore(open_db(self.path)) if self.path.exists() else None
         )
@@ -141,6 +146,12 @@ class RulesService:
                 name: Webhook(name, cfg, self.db, alarm=self._alarm)
                 for name, cfg in enabled.items()
             }
+        # the data-integration sinks, by "KIND:NAME" (gateway.rules.sinks)
+        self.sinks: dict[str, Sink[Any]] = {}
+        if self.db is not None:
+            for sid, ccfg in connectors.items():
+                kind, _, cname = sid.partition(":")
+                self.sinks[sid] = make_sink(kind, cname, ccfg, self.db, alarm=self._alarm)
 
         def lookup(cid: str) -> ClientInfo | None:
             s = node.sessions.get(cid)
@@ -161,6 +172,7 @@ class RulesService:
             max_pending=config.rule_engine.max_pending,
             call_soon=self.loop.call_soon,
         )
+        self.engine.sinks = self.sinks
 
     @property
     def store(self) -> RuleStore:
@@ -193,10 +205,13 @@ class RulesService:
                     log.error("stored rule %s not loaded: %s", rid, exc)
         for hook in self.webhooks.values():
             await hook.start()
+        for sink in self.sinks.values():
+            await sink.start()
         engine.attach(self.node.hooks)
         admin = self.gateway.admin
         if admin is not None:
             admin.prometheus_registry.register(RulesCollector(self))
+            admin.prometheus_registry.register(SinksCollector(lambda: self.sinks.values()))
         if engine.rules or self.webhooks:
             log.info("rule engine: %d rule(s), %d webhook(s)", len(engine.rules),
                      len(self.webhooks))
@@ -212,6 +227,8 @@ class RulesService:
                      engine.events_run, left, engine.dropped)
         for hook in self.webhooks.values():
             await hook.stop()
+        for sink in self.sinks.values():
+            await sink.stop()
         if self.db is not None:
             self.db.close()  # commits the queues' last writes (joins the writer thread)
         if self._store is not None:
@@ -272,6 +289,10 @@ class RulesService:
 
     def webhooks_view(self) -> list[dict[str, Any]]:
         return [w.stats() for w in self.webhooks.values()]
+
+    def connectors_view(self) -> list[dict[str, Any]]:
+        """Each sink's health, counters and buffer (``GET /api/v5/connectors``)."""
+        return [s.stats() for s in self.sinks.values()]
 
 
 async def start_rules(gateway: Gateway) -> RulesService:

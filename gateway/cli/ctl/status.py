@@ -106,6 +106,16 @@ def render(s: dict[str, Any]) -> None:
              for b in bridges["bridges"]],
             title="Bridges",
         ))
+    connectors = s.get("connectors") or []
+    if connectors:
+        out.print()
+        out.print(fmt.table(
+            ["Connector", "Server", "Status", "Buffered", "Bytes", "Stored", "Failed",
+             "Dropped", "Last error"],
+            [(c["id"], c["server"], c["status"], c["buffer"]["depth"], c["buffer"]["bytes"],
+              c["success"], c["failed"], c["dropped"], c["last_error"]) for c in connectors],
+            title="Connectors",
+        ))
     if alarms:
         out.print()
         out.print(fmt.table(
