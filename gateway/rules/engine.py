@@ -46,7 +46,7 @@ from gateway.core.metrics import Metrics
 from gateway.core.topic_index import TopicIndex, topic_matches
 from gateway.rules.actions import Action, build_action
 from gateway.rules.compiler import Columns, Program, compile_sql
-from gateway.rules.events import EVENT_HOOKS, GETTERS, Event
+from gateway.rules.events import EVENT_HOOKS, GETTERS, Event, props_map
 from gateway.rules.plan import Plan, make_plan
 from protocols.context import ClientInfo, Message, SubOptions
 
@@ -132,6 +132,7 @@ class RuleEngine:
         publish: Callable[[ClientInfo, Message], Any],
         lookup: Callable[[str], ClientInfo | None] = lambda cid: None,
         session_expiry: Callable[[str], int] = lambda cid: 0,
+        sockname: Callable[[str], str | None] = lambda cid: None,
         webhooks: Mapping[str, Any] | None = None,
         bridges: Callable[[], Mapping[str, Any]] = dict,
         metrics: Metrics | None = None,
@@ -143,6 +144,7 @@ class RuleEngine:
         self._publish = publish
         self._lookup = lookup
         self._session_expiry = session_expiry
+        self._sockname = sockname
         self.webhooks: Mapping[str, Any] = webhooks or {}
         self._bridges = bridges
         self.metrics = metrics if metrics is not None else Metrics()
@@ -358,21 +360,32 @@ class RuleEngine:
             self._queue(plan, self._event(kind, **kw))
 
     def on_connected(self, client: ClientInfo) -> None:
-        self._on("client.connected", client=client,
-                 extra={"expiry_interval": self._session_expiry(client.client_id)})
+        if "client.connected" in self._hook_plans:
+            cid = client.client_id
+            self._on("client.connected", client=client, extra={
+                "expiry_interval": self._session_expiry(cid), "sockname": self._sockname(cid)})
 
     def on_disconnected(self, client: ClientInfo) -> None:
-        reason = client.attrs.get("disconnect_reason", "normal")
-        self._on("client.disconnected", client=client, extra={"reason": reason})
+        attrs = client.attrs
+        self._on("client.disconnected", client=client, extra={
+            "reason": attrs.get("disconnect_reason", "normal"),
+            "sockname": attrs.get("sockname")})
 
     def on_connack(self, client: ClientInfo, reason_code: int) -> None:
         self._on("client.connack", client=client, extra={"reason_code": reason_code})
 
     def on_subscribed(self, client: ClientInfo, topic: str, options: SubOptions) -> None:
-        self._on("session.subscribed", client=client, extra={"topic": topic, "qos": options.qos})
+        if "session.subscribed" in self._hook_plans:
+            props = props_map(client.attrs.get("sub_props"))
+            if options.subscription_id is not None:
+                props["Subscription-Identifier"] = options.subscription_id
+            self._on("session.subscribed", client=client,
+                     extra={"topic": topic, "qos": options.qos, "sub_props": props})
 
     def on_unsubscribed(self, client: ClientInfo, topic: str) -> None:
-        self._on("session.unsubscribed", client=client, extra={"topic": topic})
+        if "session.unsubscribed" in self._hook_plans:
+            self._on("session.unsubscribed", client=client, extra={
+                "topic": topic, "unsub_props": props_map(client.attrs.get("unsub_props"))})
 
     def on_delivered(self, client: ClientInfo, message: Message) -> None:
         if not message.topic.startswith("$SYS/"):

@@ -150,11 +150,17 @@ class RulesService:
             s = node.sessions.get(cid)
             return int(s.expiry_interval) if s is not None else 0
 
+        def sockname(cid: str) -> str | None:
+            s = node.sessions.get(cid)
+            get = getattr(s.handle, "sockname", None) if s is not None else None
+            return get() if get is not None else None
+
         self.engine = RuleEngine(
             node_name=self.node_name,
             publish=node.publish,
             lookup=lookup,
             session_expiry=session_expiry,
+            sockname=sockname,
             webhooks=self.webhooks,
             bridges=lambda: gateway.bridges.bridges if gateway.bridges is not None else {},
             metrics=node.metrics,
