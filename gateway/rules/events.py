@@ -31,7 +31,8 @@ from protocols.context import ClientInfo, Message
 from protocols.mqtt.packets import Properties
 from protocols.mqtt.reason_codes import ReasonCode
 
-__all__ = ["EVENT_HOOKS", "EVENTS", "GETTERS", "Event", "message_id", "props_map"]
+__all__ = ["EVENT_HOOKS", "EVENTS", "GETTERS", "Event", "message_id", "props_map",
+           "publish_getters"]
 
 # $events/<name> -> the core hook that feeds it
 EVENT_HOOKS: dict[str, str] = {
@@ -221,6 +222,39 @@ _SUB: dict[str, _M] = {
     "peerhost": _cli(lambda c: c.peer_host),
     "topic": lambda e: e.extra.get("topic"),
 }
+
+def publish_getters(node: str, lookup: Callable[[str], ClientInfo | None],
+                    now: Callable[[], float]) -> dict[str, Callable[[Message], Any]]:
+    """The fields of ``message.publish`` read straight from the :class:`Message` (no
+    :class:`Event` per message): the same names, order and values as
+    ``GETTERS["message.publish"]`` over ``Event("message.publish", m, node=node,
+    lookup=lookup, at=m.timestamp or now())``."""
+
+    def at_ms(m: Message) -> int:
+        return _ms(m.timestamp or now())
+
+    def peerhost(m: Message) -> str | None:
+        return _peer(lookup(m.publisher)) if m.publisher else None
+
+    own: dict[str, Callable[[Message], Any]] = {
+        "timestamp": at_ms,
+        "node": lambda m: node,
+        "id": message_id,
+        "payload": _payload,
+        "topic": lambda m: m.topic,
+        "qos": lambda m: m.qos,
+        "flags": lambda m: {"retain": m.retain, "dup": False},
+        "pub_props": lambda m: props_map(m.properties),
+        "publish_received_at": at_ms,
+        "$payload_json": lambda m: decode_json_container(m.payload),
+        "event": lambda m: "message.publish",
+        "clientid": lambda m: m.publisher,
+        "username": lambda m: m.username,
+        "peerhost": peerhost,
+    }
+    assert list(own) == list(_PUBLISH), "publish_getters out of step with _PUBLISH"
+    return own
+
 
 GETTERS: dict[str, dict[str, _M]] = {
     "message.publish": _PUBLISH,

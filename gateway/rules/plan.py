@@ -54,7 +54,7 @@ from gateway.rules.ast import (
     Statement,
     Var,
 )
-from gateway.rules.columns import Columns
+from gateway.rules.columns import _UNSET, Columns
 from gateway.rules.compiler import (
     _BINARY,
     _names,
@@ -64,7 +64,7 @@ from gateway.rules.compiler import (
     _walk,
     compile_expr,
 )
-from gateway.rules.events import GETTERS, Event
+from gateway.rules.events import GETTERS, publish_getters
 from gateway.rules.functions import FUNCTIONS
 
 if TYPE_CHECKING:
@@ -117,7 +117,10 @@ def _act_copy(rule: Rule, outputs: list[dict[str, Any]], columns: Columns) -> No
 
 
 def _pk(c: Columns, key: str) -> Any:
-    doc = c.payload_json()
+    """``payload.key`` over the columns (the payload's JSON decoded once per event)."""
+    doc = c._json
+    if doc is _UNSET:
+        doc = c.payload_json()
     return doc.get(key) if type(doc) is dict else None
 
 
@@ -231,15 +234,15 @@ def make_plan(rules: tuple[Rule, ...], kind: str, node: str,
     ns: dict[str, Any] = {
         "_EMPTY": [], "_fail": _fail, "_act": _act, "_act_copy": _act_copy, "_pk": _pk,
         "_walk": _walk, "_num": _num, "bool": bool, "type": type, "int": int,
-        "float": float, "list": list, "_Columns": Columns, "_Event": Event,
-        "_G": GETTERS[kind], "_node": node, "_lookup": lookup, "_now": now,
+        "float": float, "list": list, "_Columns": Columns,
+        "_G": publish_getters(node, lookup, now) if kind == "message.publish"
+        else GETTERS[kind],
     }
     w = _Writer(ns)
     if kind == "message.publish":
         lines = [
             "def run(m):",
-            "    c = _Columns(_G, _Event('message.publish', m, None, None, _node, _lookup, "
-            "m.timestamp or _now()))",
+            "    c = _Columns(_G, m)",
             "    c['topic'] = m.topic",
             "    c['qos'] = m.qos",
             "    c['clientid'] = m.publisher",
