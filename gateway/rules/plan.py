@@ -29,13 +29,16 @@ Invariants:
 - The inlined expressions read the scope exactly where the closures do (the columns: an
   inlinable statement has no selected field in between), and evaluate operands in the
   same order, so a failure raises in the same place and is counted once per rule.
-- A rule's metrics object is read when the event runs (``reset_metrics`` replaces it).
+- A rule's metrics object is read when the event runs (``reset_metrics`` replaces it);
+  its action list is read when the plan is made (a rule change makes a new rule object,
+  and new plans).
 - Actions must not modify the outputs they are given.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -148,9 +151,15 @@ _NUMERIC_ORDER = {"<", "<=", ">", ">="}
 class _Writer:
     """Python source for expressions over the columns ``c``; constants go to ``ns``."""
 
-    def __init__(self, ns: dict[str, Any]) -> None:
+    def __init__(self, ns: dict[str, Any], columns: dict[str, str] | None = None) -> None:
         self.ns = ns
         self.n = 0
+        self.columns = columns or {}  # column -> the local holding it (read up front)
+        self.shared: dict[tuple[str, ...], str] = {}  # payload key path -> its local
+
+    def prelude(self) -> list[str]:
+        """Lines that start the shared locals (before the first rule)."""
+        return [f"    {name} = _U" for name in self.shared.values()]
 
     def name(self, value: Any, prefix: str = "_k") -> str:
         self.n += 1
@@ -160,9 +169,14 @@ class _Writer:
 
     def expr(self, e: Expr) -> str:
         if isinstance(e, Lit):
-            return self.name(e.value)
+            v = e.value
+            if v is None or type(v) in (bool, int, str) or (
+                    type(v) is float and math.isfinite(v)):
+                return f"({v!r})"  # a constant of the code (repr round-trips these)
+            return self.name(v)
         if isinstance(e, Var):
-            return f"c[{e.name!r}]"
+            local = self.columns.get(e.name)
+            return local if local is not None else f"c[{e.name!r}]"
         if isinstance(e, Path):
             return self._path(e)
         if isinstance(e, Call):
@@ -187,7 +201,16 @@ class _Writer:
             if e.root.name == "payload" and first_key:
                 head = f"_pk(c, {self.name(first_arg)})"
                 rest = steps[1:]
-                return f"_walk({head}, {self.name(rest)}, c)" if rest else head
+                value = f"_walk({head}, {self.name(rest)}, c)" if rest else head
+                if all(is_key for is_key, _ in steps):
+                    # keys only: pure and never raises, so computed once per event and
+                    # shared by every rule of the plan that reads it
+                    keys = tuple(str(arg) for _, arg in steps)
+                    local = self.shared.get(keys)
+                    if local is None:
+                        local = self.shared[keys] = f"_s{len(self.shared)}"
+                    return f"({local} if {local} is not _U else ({local} := {value}))"
+                return value
             return f"_walk(c[{e.root.name!r}], {self.name(steps)}, c)"
         return f"_walk({self.expr(e.root)}, {self.name(steps)}, c)"
 
@@ -220,8 +243,10 @@ def _statement_code(w: _Writer, st: Statement, program_run: Any, out: str) -> li
         if st.where is None:
             lines.append(f"        {out} = [{{{fields}}}]")
         else:
-            lines.append(f"        {out} = [{{{fields}}}] if ({w.expr(st.where)}) is True "
-                         "else _EMPTY")
+            # (a literal WHERE by name: ``(1) is True`` would be a SyntaxWarning)
+            cond = (w.name(st.where.value) if isinstance(st.where, Lit)
+                    else w.expr(st.where))
+            lines.append(f"        {out} = [{{{fields}}}] if ({cond}) is True else _EMPTY")
     else:
         lines.append(f"        {out} = {w.name(program_run, '_p')}(c)")
     lines += ["    except Exception as exc:", f"        {out} = exc"]
@@ -232,8 +257,8 @@ def make_plan(rules: tuple[Rule, ...], kind: str, node: str,
               lookup: Callable[[str], Any], now: Callable[[], float]) -> Plan:
     """The plan running ``rules`` (enabled, in this order) for events of hook ``kind``."""
     ns: dict[str, Any] = {
-        "_EMPTY": [], "_fail": _fail, "_act": _act, "_act_copy": _act_copy, "_pk": _pk,
-        "_walk": _walk, "_num": _num, "bool": bool, "type": type, "int": int,
+        "_EMPTY": [], "_U": _UNSET, "_fail": _fail, "_act": _act, "_act_copy": _act_copy,
+        "_pk": _pk, "_walk": _walk, "_num": _num, "bool": bool, "type": type, "int": int,
         "float": float, "list": list, "_Columns": Columns,
         "_G": publish_getters(node, lookup, now) if kind == "message.publish"
         else GETTERS[kind],
@@ -241,14 +266,16 @@ def make_plan(rules: tuple[Rule, ...], kind: str, node: str,
     w = _Writer(ns)
     if kind == "message.publish":
         lines = [
-            "def run(m):",
-            "    c = _Columns(_G, m)",
-            "    c['topic'] = m.topic",
-            "    c['qos'] = m.qos",
-            "    c['clientid'] = m.publisher",
+            "def run(msg):",
+            "    c = _Columns(_G, msg)",
+            "    c['topic'] = v_topic = msg.topic",
+            "    c['qos'] = v_qos = msg.qos",
+            "    c['clientid'] = v_clientid = msg.publisher",
         ]
+        w.columns = {"topic": "v_topic", "qos": "v_qos", "clientid": "v_clientid"}
     else:
         lines = ["def run(ev):", "    c = _Columns(_G, ev)"]
+    head = len(lines)
     groups: dict[str, str] = {}  # SQL text -> the local holding its outputs
     for rule in rules:
         r = w.name(rule, "_r")
@@ -260,18 +287,18 @@ def make_plan(rules: tuple[Rule, ...], kind: str, node: str,
             lines += _statement_code(w, rule.program.statement, rule.program.run, out)
         act = "_act_copy" if again else "_act"
         lines += [
-            f"    m = {r}.metrics",
-            "    m.matched += 1",
+            f"    mt = {r}.metrics",
+            "    mt.matched += 1",
             f"    if type({out}) is list:",
             f"        if {out}:",
-            "            m.passed += 1",
-            f"            if {r}.actions:",
-            f"                {act}({r}, {out}, c)",
+            "            mt.passed += 1",
+            *([f"            {act}({r}, {out}, c)"] if rule.actions else []),
             "        else:",
-            "            m.no_result += 1",
+            "            mt.no_result += 1",
             "    else:",
             f"        _fail({r}, {out})",
         ]
+    lines[head:head] = w.prelude()
     source = "\n".join(lines) + "\n"
     exec(compile(source, f"<rule plan {kind}>", "exec"), ns)
     return Plan(rules, kind, ns["run"], source)
