@@ -97,7 +97,8 @@ _INTS: dict[int, int] = {}
 
 
 # reason codes whose EMQX disconnect reason is not the code's own name
-_CLOSE_REASONS: dict[int, str] = {RC.KEEP_ALIVE_TIMEOUT: "keepalive_timeout"}
+_CLOSE_REASONS: dict[int, str] = {RC.KEEP_ALIVE_TIMEOUT: "keepalive_timeout",
+                                  RC.DISCONNECT_WITH_WILL: "disconnect_with_will_message"}
 
 
 def _rc_name(code: int) -> str:
@@ -1166,8 +1167,10 @@ class MqttChannel:
                     raise _Disconnect(RC.PROTOCOL_ERROR, "session expiry set at DISCONNECT")
                 cap = self.settings.max_session_expiry_interval
                 expiry = min(new, cap) if cap else new
-        self._close_reason("normal" if p.reason_code == 0 else _rc_name(p.reason_code),
-                           p.properties)
+        code = p.reason_code
+        self._close_reason(
+            "normal" if code == 0 else _CLOSE_REASONS.get(code) or _rc_name(code), p.properties
+        )
         self._notify_core_closed(
             send_will=p.reason_code == RC.DISCONNECT_WITH_WILL, expiry=expiry
         )
