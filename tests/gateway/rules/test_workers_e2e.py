@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.gateway.cluster.harness import WAIT, wait_until
+from tests.gateway.cluster.harness import WAIT, Client, wait_until
 from tests.gateway.workers.harness import WorkerNode
 
 pytestmark = [pytest.mark.slow, pytest.mark.rules]
@@ -84,7 +84,9 @@ def test_a_rule_runs_once_per_message_and_event(node: WorkerNode) -> None:
     assert got == sorted(f"m{i}-{k}" for i in (0, 1) for k in range(10))
     assert drained(sub) == []  # no copies: each message ran through the rule once
     assert sum(matched(node, "copy")) == 20  # counted on the publisher's worker
-    hello = node.client_on(1, "hello")
+    # one connection (on whichever worker), one event
+    hello = Client(node, "hello")  # type: ignore[arg-type]
+    wait_until(lambda: node.where("hello") is not None, what="hello listed")
     m = sub.next_message()
     assert (m.topic, m.payload) == ("ev/hello", b"up")
     assert drained(sub) == []
