@@ -532,7 +532,7 @@ class Node:
         if cluster is not None:
             count += cluster.forward(message)
             if count == 0:
-                self.metrics.dropped("no_subscribers")
+                self._no_subscribers(message)
         return count
 
     def inject(self, message: Message, share: tuple[str, str] | None = None) -> int:

@@ -27,6 +27,11 @@ RULES = {
         "qos = 1}}]",
     "GATEWAY_RULE_ENGINE__RULES__HELLO__SQL":
         "SELECT clientid FROM \"$events/client_connected\" WHERE clientid = 'hello'",
+    "GATEWAY_RULE_ENGINE__RULES__LOST__SQL":
+        "SELECT topic, reason FROM \"$events/message_dropped\" WHERE topic = 'nobody/x'",
+    "GATEWAY_RULE_ENGINE__RULES__LOST__ACTIONS":
+        '[{function = "republish", args = {topic = "ev/lost", payload = "${reason}", '
+        "qos = 1}}]",
     "GATEWAY_RULE_ENGINE__RULES__HELLO__ACTIONS":
         '[{function = "republish", args = {topic = "ev/${clientid}", payload = "up", '
         "qos = 1}}]",
@@ -89,6 +94,11 @@ def test_a_rule_runs_once_per_message_and_event(node: WorkerNode) -> None:
     wait_until(lambda: node.where("hello") is not None, what="hello listed")
     m = sub.next_message()
     assert (m.topic, m.payload) == ("ev/hello", b"up")
+    assert drained(sub) == []
+    # a message nobody (on any worker) subscribes to: one message_dropped event
+    hello.publish("nobody/x", "void", qos=1)
+    m = sub.next_message()
+    assert (m.topic, m.payload) == ("ev/lost", b"no_subscribers")
     assert drained(sub) == []
     for c in (*pubs, hello, sub):
         c.close()
