@@ -39,7 +39,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from gateway.core.hooks import Hooks, Priority
 from gateway.core.metrics import Metrics
@@ -338,17 +338,24 @@ class RuleEngine:
         if plan is _MISS:
             plan = self._topic_plan(message.topic)
         if plan is not None:
-            assert isinstance(plan, Plan)
             headers = message.headers
             if headers is not None and REPUBLISH_BY in headers:
                 # a rule does not see what it republished itself (EMQX's loop guard)
                 by = headers[REPUBLISH_BY]
-                rules = tuple(r for r in plan.rules if r.id != by)
+                rules = tuple(r for r in cast(Plan, plan).rules if r.id != by)
                 if not rules:
                     return message
-                if len(rules) != len(plan.rules):
+                if len(rules) != len(cast(Plan, plan).rules):
                     plan = self.plan("message.publish", rules)
-            self._queue(plan, message)
+            pending = self.pending  # _queue, inlined: this runs for every message
+            if len(pending) < self.max_pending:
+                pending.append((cast(Plan, plan), message))
+                if not self._scheduled:
+                    self._scheduled = True
+                    if self._call_soon is not None:
+                        self._call_soon(self.drain)
+            else:
+                self._queue(cast(Plan, plan), message)  # counts the drop
         return message
 
     def _event(self, kind: str, **kw: Any) -> Event:

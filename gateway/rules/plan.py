@@ -259,7 +259,7 @@ def make_plan(rules: tuple[Rule, ...], kind: str, node: str,
     ns: dict[str, Any] = {
         "_EMPTY": [], "_U": _UNSET, "_fail": _fail, "_act": _act, "_act_copy": _act_copy,
         "_pk": _pk, "_walk": _walk, "_num": _num, "bool": bool, "type": type, "int": int,
-        "float": float, "list": list, "_Columns": Columns,
+        "float": float, "list": list, "_Columns": Columns, "_new": dict.__new__,
         "_G": publish_getters(node, lookup, now) if kind == "message.publish"
         else GETTERS[kind],
     }
@@ -267,7 +267,10 @@ def make_plan(rules: tuple[Rule, ...], kind: str, node: str,
     if kind == "message.publish":
         lines = [
             "def run(msg):",
-            "    c = _Columns(_G, msg)",
+            "    c = _new(_Columns)",  # Columns(_G, msg) without the __init__ call
+            "    c.getters = _G",
+            "    c.source = msg",
+            "    c._json = _U",
             "    c['topic'] = v_topic = msg.topic",
             "    c['qos'] = v_qos = msg.qos",
             "    c['clientid'] = v_clientid = msg.publisher",
