@@ -2,6 +2,15 @@
 
     .venv/bin/python -m bench.rules_bench                  # fanin-qos0 and fanin-qos1, quick
     .venv/bin/python -m bench.rules_bench --full --nice -20 --json out.json
+    .venv/bin/python -m bench.rules_bench --pin --repeat 5 --nice -20   # medians and ratios
+    .venv/bin/python -m bench.rules_bench --distinct ...   # 10 different rules
+
+``--distinct`` gives each rule its own SQL (``... AS n<i> ... WHERE qos < <3+i>``, every
+message still matches every rule), so no two rules share an evaluation. ``--pin`` runs each
+broker on core 0 (``taskset -c 0``) and the harness with its load-generator workers on
+core 1. ``--repeat N`` runs the whole set N times (the brokers interleaved within each
+round, so contention hits them alike) and prints, per scenario, the median figure of each
+broker and the median of the per-round ratios with rules / without.
 
 Each rule is ``SELECT clientid, topic, qos, payload.n AS n FROM "#" WHERE qos < 3``
 (every message matches it, the payload is decoded, and it has no action, so the figure is
@@ -13,7 +22,13 @@ else (load generator, scenarios, tables, ``--nice``) is bench.run's.
 
 from __future__ import annotations
 
+import json
+import os
+import statistics
 import sys
+import tempfile
+from pathlib import Path
+from typing import Any
 
 from bench import run
 from bench.brokers import BROKERS, Gatewayd
@@ -21,10 +36,16 @@ from bench.brokers import BROKERS, Gatewayd
 SQL = 'SELECT clientid, topic, qos, payload.n AS n FROM "#" WHERE qos < 3'
 
 
-def rules_section(n: int, action: str) -> str:
+def sql(i: int, distinct: bool) -> str:
+    if not distinct:
+        return SQL
+    return f'SELECT clientid, topic, qos, payload.n AS n{i} FROM "#" WHERE qos < {3 + i}'
+
+
+def rules_section(n: int, action: str, distinct: bool = False) -> str:
     out = []
     for i in range(n):
-        out.append(f"[rule_engine.rules.bench{i}]\nsql = '{SQL}'\n")
+        out.append(f"[rule_engine.rules.bench{i}]\nsql = '{sql(i, distinct)}'\n")
         if action == "republish":
             out.append(f'[[rule_engine.rules.bench{i}.actions]]\nfunction = "republish"\n'
                        f'args = {{ topic = "bench/out/{i}", payload = "${{n}}" }}\n')
@@ -40,25 +61,83 @@ def _stop_and_report(self: Gatewayd) -> None:
             print(f"    [{self.name}] {line.split('gateway.rules ', 1)[-1]}", flush=True)
 
 
-def with_rules(n: int, action: str) -> type[Gatewayd]:
+def with_rules(n: int, action: str, distinct: bool = False) -> type[Gatewayd]:
     return type(f"GatewaydRules{n}", (Gatewayd,), {
         "name": f"gatewayd-rules{n}",
-        "OPTIONAL_CONFIG": (*Gatewayd.OPTIONAL_CONFIG, rules_section(n, action)),
+        "OPTIONAL_CONFIG": (*Gatewayd.OPTIONAL_CONFIG, rules_section(n, action, distinct)),
         "stop": _stop_and_report,
     })
 
 
-def main(argv: list[str]) -> int:
-    action = "none"
-    if "--action" in argv:
-        i = argv.index("--action")
-        action = argv[i + 1]
+def _pin() -> None:
+    """Brokers on core 0, this harness and its (forked) load generator on core 1."""
+    command = Gatewayd.command
+
+    def pinned(self: Gatewayd) -> list[str]:
+        return ["taskset", "-c", "0", *command(self)]
+
+    Gatewayd.command = pinned  # type: ignore[method-assign]
+    os.sched_setaffinity(0, {1})
+
+
+def _flag(argv: list[str], name: str) -> bool:
+    if name in argv:
+        argv.remove(name)
+        return True
+    return False
+
+
+def _option(argv: list[str], name: str, default: str) -> str:
+    if name in argv:
+        i = argv.index(name)
+        value = argv[i + 1]
         del argv[i : i + 2]
-    full = "--full" in argv
-    if full:
-        argv.remove("--full")
+        return value
+    return default
+
+
+def summary(rounds: list[dict[str, Any]], brokers: list[str]) -> str:
+    """Per scenario: each broker's median figure, and the median of the per-round ratios
+    of each rules broker to the rule-less one."""
+    figures: dict[tuple[str, str], list[float]] = {}
+    ratios: dict[tuple[str, str], list[float]] = {}
+    for doc in rounds:
+        by = {(r["scenario"], r["broker"]): r["value"] for r in doc["results"]}
+        for (scenario, broker), value in by.items():
+            if value is None:
+                continue
+            figures.setdefault((scenario, broker), []).append(value)
+            base = by.get((scenario, brokers[0]))
+            if broker != brokers[0] and base:
+                ratios.setdefault((scenario, broker), []).append(value / base)
+    scenarios = sorted({s for s, _ in figures})
+    head = ["scenario", *(f"{b} (median)" for b in brokers),
+            *(f"{b} / {brokers[0]}" for b in brokers[1:])]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for s in scenarios:
+        row = [s]
+        for b in brokers:
+            v = figures.get((s, b), [])
+            row.append(f"{statistics.median(v):,.0f} (n={len(v)})" if v else "-")
+        for b in brokers[1:]:
+            v = ratios.get((s, b), [])
+            row.append(
+                f"{statistics.median(v):.2f}x ({min(v):.2f}-{max(v):.2f})" if v else "-"
+            )
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    action = _option(argv, "--action", "none")
+    repeat = int(_option(argv, "--repeat", "1"))
+    out_json = _option(argv, "--json", "")
+    full = _flag(argv, "--full")
+    distinct = _flag(argv, "--distinct")
+    if _flag(argv, "--pin"):
+        _pin()
     for n in (1, 10):
-        cls = with_rules(n, action)
+        cls = with_rules(n, action, distinct)
         probe = cls()
         try:  # bench.brokers leaves out a section gatewayd refuses: here that is an error
             if not probe._accepts(cls.OPTIONAL_CONFIG[-1]):
@@ -66,9 +145,26 @@ def main(argv: list[str]) -> int:
         finally:
             probe.cleanup()
         BROKERS[cls.name] = cls
-    args = ["--brokers", "gatewayd,gatewayd-rules1,gatewayd-rules10",
+    brokers = ["gatewayd", "gatewayd-rules1", "gatewayd-rules10"]
+    args = ["--brokers", ",".join(brokers),
             "--scenarios", "fanin-qos0,fanin-qos1", *([] if full else ["--quick"]), *argv]
-    return run.main(args)
+    rounds: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for k in range(repeat):
+            if repeat > 1:
+                print(f"== round {k + 1} of {repeat}", flush=True)
+            path = Path(tmp) / f"round{k}.json"
+            rc = run.main([*args, "--json", str(path)])
+            if rc:
+                return rc
+            rounds.append(json.loads(path.read_text()))
+    if repeat > 1:
+        print()
+        print(summary(rounds, brokers))
+    if out_json:
+        Path(out_json).write_text(json.dumps({"rounds": rounds, "distinct": distinct,
+                                              "action": action}, indent=1))
+    return 0
 
 
 if __name__ == "__main__":

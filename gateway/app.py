@@ -301,6 +301,7 @@ class Gateway:
             for session in list(node.sessions.values()):
                 handle, info = session.handle, session.info
                 if handle is not None and info is not None:
+                    info.set_attr("disconnect_reason", "server_shutting_down")
                     node.close(info, handle, send_will=False)
                     handle.kick(0x8B)  # SERVER_SHUTTING_DOWN
         for server in self.servers:

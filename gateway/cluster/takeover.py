@@ -85,6 +85,10 @@ def export_session(node: Node, cid: str, *, clean_start: bool) -> dict[str, Any]
         if will is not None and (clean_start or session.will_delay == 0):
             node._publish_will(will, session.info)
         session.will = None
+        info = session.info
+        if info is not None:  # the connection here ends (the rules' client_disconnected)
+            info.set_attr("disconnect_reason", "discarded" if clean_start else "takenover")
+            node._ended(info, handle)
         node.hooks.run("session.takenover", session.info, session.info)
         node.metrics.incr("session.takenover")
         handle.kick(ReasonCode.SESSION_TAKEN_OVER)

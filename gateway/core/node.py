@@ -243,6 +243,11 @@ class Node:
                 if old_will is not None and (clean_start or existing.will_delay == 0):
                     self._publish_will(old_will, existing.info)
                 existing.will = None
+                old_info = existing.info
+                if old_info is not None:  # the old connection ends here (EMQX's reasons)
+                    old_info.set_attr("disconnect_reason",
+                                      "discarded" if clean_start else "takenover")
+                    self._ended(old_info, old_handle)
                 self.hooks.run("session.takenover", existing.info, client)
                 self.metrics.incr("session.takenover")
                 old_handle.kick(ReasonCode.SESSION_TAKEN_OVER)
@@ -341,6 +346,16 @@ class Node:
                 len(retained),
             )
 
+    def _ended(self, client: ClientInfo, handle: ConnectionHandle) -> None:
+        """A connection ended: count it and run ``client.disconnected`` (the hook sees
+        the connection's local address as ``attrs["sockname"]``)."""
+        self.metrics.incr("client.disconnected")
+        if self.hooks.has("client.disconnected"):
+            sockname = getattr(handle, "sockname", None)
+            if sockname is not None and "sockname" not in client.attrs:
+                client.set_attr("sockname", sockname())
+            self.hooks.run("client.disconnected", client)
+
     def close(
         self,
         client: ClientInfo,
@@ -354,8 +369,7 @@ class Node:
             return  # taken over (its will was settled then) or never opened
         session.handle = None
         self.connections -= 1
-        self.metrics.incr("client.disconnected")
-        self.hooks.run("client.disconnected", client)
+        self._ended(client, handle)
         if expiry_interval is not None:
             session.expiry_interval = expiry_interval
         expiry = session.expiry_interval
@@ -541,7 +555,7 @@ class Node:
         if cluster is not None:
             count += cluster.forward(message)
             if count == 0:
-                self.metrics.dropped("no_subscribers")
+                self._no_subscribers(message)
         return count
 
     def inject(self, message: Message, share: tuple[str, str] | None = None) -> int:

@@ -195,6 +195,15 @@ class StreamShell(EffectLoop, asyncio.Protocol):
         self.channel = channel = site.factory(self, peer_t)
         self._run(channel.connection_made())
 
+    def sockname(self) -> str | None:
+        """The local address of the connection, ``host:port`` (None once closed)."""
+        transport = self.transport
+        try:
+            addr = transport.get_extra_info("sockname") if transport is not None else None
+        except Exception:  # a closed socket, on some event loops
+            return None
+        return f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) and len(addr) >= 2 else None
+
     def _pause_reading(self, seconds: float) -> None:
         """A Pause effect (a rate limit): stop reading for ``seconds``; the kernel's
         buffers fill and TCP flow control slows the client down. A second Pause only

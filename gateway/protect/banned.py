@@ -312,6 +312,7 @@ class BanGuard:
                 ban.value,
                 f" ({ban.reason})" if ban.reason else "",
             )
+            info.set_attr("disconnect_reason", "kicked")
             node.close(info, handle, send_will=False)
             handle.kick(ReasonCode.ADMINISTRATIVE_ACTION)
             node.metrics.incr("client.kicked.banned")

@@ -28,7 +28,7 @@ class Columns(dict[str, Any]):
     __slots__ = ("getters", "source", "_json")
 
     def __init__(self, getters: dict[str, Callable[[Any], Any]], source: Any) -> None:
-        super().__init__()
+        # (no dict.__init__: the dict is empty already; this runs once per event)
         self.getters = getters
         self.source = source
         self._json: Any = _UNSET
@@ -50,7 +50,7 @@ class Columns(dict[str, Any]):
         ``$payload_json`` (the event's raw bytes) is used when there is one."""
         if self._json is _UNSET:
             raw = self.getters.get("$payload_json")
-            if raw is not None and "payload" not in self.keys():
+            if raw is not None and not dict.__contains__(self, "payload"):
                 self._json = raw(self.source)
             else:
                 self._json = _decode(self["payload"])

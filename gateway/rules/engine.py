@@ -1,18 +1,22 @@
 """The rule engine: a hook subscriber that runs rules off the publish path.
 
-Hook callbacks only classify and queue: ``message.publish`` looks the topic up in a
-topic index of every rule's FROM filters (a trie, never a scan of the rules) and, when
-some rule wants it, appends the event to ``pending``; the ``$events/...`` hooks do the
-same for the rules naming them. The callback always returns the message unchanged, so a
-rule can never change, delay or drop a delivery. ``pending`` is drained by a callback
+Hook callbacks only classify and queue: ``message.publish`` finds the rules whose FROM
+filters match the topic (a topic index of every rule's filters, a trie, never a scan of
+the rules; the answer is cached per topic until the rules change) and, when there are
+some, appends ``(plan, message)`` to ``pending``; the ``$events/...`` hooks do the same
+for the rules naming them. A *plan* (:mod:`gateway.rules.plan`) is one generated function
+running exactly that tuple of rules, made once per tuple. The callback always returns the
+message unchanged, so a rule can never change, delay or drop a delivery; a message no
+rule wants costs a dict lookup. ``pending`` is drained by a callback
 scheduled once per event-loop turn (``call_soon``), so the publisher's own routing and
 acknowledgement are done before any rule runs; it runs everything queued, so the next
 turn's socket reads wait for the rules of this one: a broker whose rules cannot keep up
 slows its readers (as EMQX, whose rules run in the publisher's process) instead of
 building an unbounded backlog.
 
-Per event the columns are computed lazily and shared by the rules it matches; each rule
-runs its compiled statement and then its actions for each output. Everything that goes
+Per event the columns are computed lazily and shared by the rules it matches (and the
+statement of rules with the same SQL runs once); each rule then runs its actions for
+each output. Everything that goes
 wrong in a rule (the SQL on this message, an action) is counted in that rule's metrics
 and logged at DEBUG (a rule's failures are the operator's data, not our bug); nothing
 escapes to the core.
@@ -23,8 +27,8 @@ Invariants:
   costs nothing while no rule reads ``$events/message_delivered``).
 - ``pending`` holds at most ``max_pending`` events; past that an event is counted in
   ``rules.dropped`` (node metrics) and a warning logged once per overload.
-- Rule changes (``put``/``delete``) replace the rule object: an event queued before the
-  change runs against the rules it matched when it was queued.
+- Rule changes (``put``/``delete``) replace the rule object and drop the cached plans:
+  an event queued before the change runs against the rules it matched when it was queued.
 - A message a rule republished (``headers["republish_by"]``) is not seen by that rule.
 """
 
@@ -35,14 +39,15 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from gateway.core.hooks import Hooks, Priority
 from gateway.core.metrics import Metrics
 from gateway.core.topic_index import TopicIndex, topic_matches
 from gateway.rules.actions import Action, build_action
 from gateway.rules.compiler import Columns, Program, compile_sql
-from gateway.rules.events import EVENT_HOOKS, GETTERS, Event
+from gateway.rules.events import EVENT_HOOKS, GETTERS, Event, props_map
+from gateway.rules.plan import Plan, make_plan
 from protocols.context import ClientInfo, Message, SubOptions
 
 __all__ = ["BATCH", "Rule", "RuleEngine", "RuleMetrics"]
@@ -51,6 +56,8 @@ log = logging.getLogger("gateway.rules")
 
 REPUBLISH_BY = "republish_by"  # Message.headers key: the rule that republished it
 BATCH = 100_000  # events run per call; more (queued by the rules' own actions) go next turn
+TOPIC_CACHE = 10_000  # topics whose plan is remembered (all forgotten when full)
+_MISS = object()
 
 
 @dataclass(slots=True)
@@ -125,6 +132,7 @@ class RuleEngine:
         publish: Callable[[ClientInfo, Message], Any],
         lookup: Callable[[str], ClientInfo | None] = lambda cid: None,
         session_expiry: Callable[[str], int] = lambda cid: 0,
+        sockname: Callable[[str], str | None] = lambda cid: None,
         webhooks: Mapping[str, Any] | None = None,
         bridges: Callable[[], Mapping[str, Any]] = dict,
         metrics: Metrics | None = None,
@@ -136,6 +144,7 @@ class RuleEngine:
         self._publish = publish
         self._lookup = lookup
         self._session_expiry = session_expiry
+        self._sockname = sockname
         self.webhooks: Mapping[str, Any] = webhooks or {}
         self.sinks: Mapping[str, Any] = {}  # "KIND:NAME" -> gateway.rules.sinks Sink (service)
         self._bridges = bridges
@@ -147,9 +156,12 @@ class RuleEngine:
         self._index = TopicIndex()
         self._by_filter: dict[str, tuple[Rule, ...]] = {}
         self._by_hook: dict[str, tuple[Rule, ...]] = {}
+        self._plans: dict[tuple[str, tuple[int, ...]], Plan] = {}
+        self._topic_plans: dict[str, Plan | None] = {}
+        self._hook_plans: dict[str, Plan] = {}
         self._hooks: Hooks | None = None
         self._registered: dict[str, Callable[..., Any]] = {}
-        self.pending: deque[tuple[Event, tuple[Rule, ...]]] = deque()
+        self.pending: deque[tuple[Plan, Any]] = deque()
         self._scheduled = False
         self._overloaded = False
         self.dropped = 0
@@ -234,6 +246,9 @@ class RuleEngine:
         self._index = index
         self._by_filter = {f: tuple(rs) for f, rs in by_filter.items()}
         self._by_hook = {h: tuple(rs) for h, rs in by_hook.items()}
+        self._plans = {}
+        self._topic_plans = {}
+        self._hook_plans = {h: self.plan(h, rs) for h, rs in self._by_hook.items()}
         if self._hooks is not None:
             self._register(self._hooks)
 
@@ -275,23 +290,18 @@ class RuleEngine:
                 hooks.add(name, cb, Priority.LOWEST)
                 self._registered[name] = cb
 
-    def _queue(self, event: Event, rules: tuple[Rule, ...]) -> None:
-        if len(self.pending) >= self.max_pending:
-            self.dropped += 1
-            self.metrics.incr("rules.dropped")
-            if not self._overloaded:
-                self._overloaded = True
-                log.warning("rule engine overloaded: %d events waiting; new events are "
-                            "dropped (counted in rules.dropped)", len(self.pending))
-            return
-        self.pending.append((event, rules))
-        if not self._scheduled:
-            self._scheduled = True
-            if self._call_soon is not None:
-                self._call_soon(self.drain)
+    def plan(self, kind: str, rules: tuple[Rule, ...]) -> Plan:
+        """The (cached) plan running ``rules`` for events of hook ``kind``."""
+        key = (kind, tuple(map(id, rules)))
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = make_plan(rules, kind, self.node_name, self._lookup,
+                                                self._now)
+        return plan
 
-    def on_publish(self, message: Message) -> Message:
-        filters = self._index.lookup(message.topic)
+    def _topic_plan(self, topic: str) -> Plan | None:
+        filters = self._index.lookup(topic)
+        plan: Plan | None = None
         if filters:
             by_filter = self._by_filter
             if len(filters) == 1:
@@ -302,41 +312,88 @@ class RuleEngine:
                     for r in by_filter[f]:
                         seen.setdefault(r.id, r)
                 rules = tuple(seen.values())
+            plan = self.plan("message.publish", rules)
+        cache = self._topic_plans
+        if len(cache) >= TOPIC_CACHE:
+            cache.clear()
+        cache[topic] = plan
+        return plan
+
+    def _queue(self, plan: Plan, x: Any) -> None:
+        if len(self.pending) >= self.max_pending:
+            self.dropped += 1
+            self.metrics.incr("rules.dropped")
+            if not self._overloaded:
+                self._overloaded = True
+                log.warning("rule engine overloaded: %d events waiting; new events are "
+                            "dropped (counted in rules.dropped)", len(self.pending))
+            return
+        self.pending.append((plan, x))
+        if not self._scheduled:
+            self._scheduled = True
+            if self._call_soon is not None:
+                self._call_soon(self.drain)
+
+    def on_publish(self, message: Message) -> Message:
+        plan = self._topic_plans.get(message.topic, _MISS)
+        if plan is _MISS:
+            plan = self._topic_plan(message.topic)
+        if plan is not None:
             headers = message.headers
             if headers is not None and REPUBLISH_BY in headers:
                 # a rule does not see what it republished itself (EMQX's loop guard)
-                rules = tuple(r for r in rules if r.id != headers[REPUBLISH_BY])
+                by = headers[REPUBLISH_BY]
+                rules = tuple(r for r in cast(Plan, plan).rules if r.id != by)
                 if not rules:
                     return message
-            ev = Event("message.publish", message, None, None, self.node_name, self._lookup,
-                       message.timestamp or self._now())
-            self._queue(ev, rules)
+                if len(rules) != len(cast(Plan, plan).rules):
+                    plan = self.plan("message.publish", rules)
+            pending = self.pending  # _queue, inlined: this runs for every message
+            if len(pending) < self.max_pending:
+                pending.append((cast(Plan, plan), message))
+                if not self._scheduled:
+                    self._scheduled = True
+                    if self._call_soon is not None:
+                        self._call_soon(self.drain)
+            else:
+                self._queue(cast(Plan, plan), message)  # counts the drop
         return message
 
     def _event(self, kind: str, **kw: Any) -> Event:
         return Event(kind, node=self.node_name, lookup=self._lookup, at=self._now(), **kw)
 
     def _on(self, kind: str, **kw: Any) -> None:
-        rules = self._by_hook.get(kind)
-        if rules:
-            self._queue(self._event(kind, **kw), rules)
+        plan = self._hook_plans.get(kind)
+        if plan is not None:
+            self._queue(plan, self._event(kind, **kw))
 
     def on_connected(self, client: ClientInfo) -> None:
-        self._on("client.connected", client=client,
-                 extra={"expiry_interval": self._session_expiry(client.client_id)})
+        if "client.connected" in self._hook_plans:
+            cid = client.client_id
+            self._on("client.connected", client=client, extra={
+                "expiry_interval": self._session_expiry(cid), "sockname": self._sockname(cid)})
 
     def on_disconnected(self, client: ClientInfo) -> None:
-        reason = client.attrs.get("disconnect_reason", "normal")
-        self._on("client.disconnected", client=client, extra={"reason": reason})
+        attrs = client.attrs
+        self._on("client.disconnected", client=client, extra={
+            "reason": attrs.get("disconnect_reason", "normal"),
+            "sockname": attrs.get("sockname")})
 
     def on_connack(self, client: ClientInfo, reason_code: int) -> None:
         self._on("client.connack", client=client, extra={"reason_code": reason_code})
 
     def on_subscribed(self, client: ClientInfo, topic: str, options: SubOptions) -> None:
-        self._on("session.subscribed", client=client, extra={"topic": topic, "qos": options.qos})
+        if "session.subscribed" in self._hook_plans:
+            props = props_map(client.attrs.get("sub_props"))
+            if options.subscription_id is not None:
+                props["Subscription-Identifier"] = options.subscription_id
+            self._on("session.subscribed", client=client,
+                     extra={"topic": topic, "qos": options.qos, "sub_props": props})
 
     def on_unsubscribed(self, client: ClientInfo, topic: str) -> None:
-        self._on("session.unsubscribed", client=client, extra={"topic": topic})
+        if "session.unsubscribed" in self._hook_plans:
+            self._on("session.unsubscribed", client=client, extra={
+                "topic": topic, "unsub_props": props_map(client.attrs.get("unsub_props"))})
 
     def on_delivered(self, client: ClientInfo, message: Message) -> None:
         if not message.topic.startswith("$SYS/"):
@@ -356,9 +413,10 @@ class RuleEngine:
         """Run up to :data:`BATCH` pending events; reschedule if more wait."""
         pending = self.pending
         n = min(len(pending), BATCH)
+        popleft = pending.popleft
         for _ in range(n):
-            event, rules = pending.popleft()
-            self.run_event(event, rules)
+            plan, x = popleft()
+            plan.run(x)
         self.events_run += n
         if pending:
             if self._call_soon is not None:
@@ -368,40 +426,11 @@ class RuleEngine:
             self._overloaded = False
 
     def run_event(self, event: Event, rules: tuple[Rule, ...]) -> None:
-        columns = Columns(GETTERS[event.kind], event)
-        if event.kind == "message.publish":  # the cheap fields nearly every rule reads
-            m = event.message
-            columns.update(topic=m.topic, qos=m.qos, clientid=m.publisher)
-        for rule in rules:
-            if rule.enable:
-                self.run_rule(rule, columns)
-
-    def run_rule(self, rule: Rule, columns: Columns) -> None:
-        m = rule.metrics
-        m.matched += 1
-        try:
-            outputs = rule.program.run(columns)
-        except Exception as exc:
-            m.failed += 1
-            m.last_error = f"{type(exc).__name__}: {exc}"
-            log.debug("rule %s failed: %s", rule.id, m.last_error)
-            return
-        if not outputs:
-            m.no_result += 1
-            return
-        m.passed += 1
-        for output in outputs:
-            for slot in rule.actions:
-                try:
-                    slot.run(output, columns)
-                except Exception as exc:
-                    slot.failed += 1
-                    m.actions_failed += 1
-                    m.last_error = f"{slot.function}: {type(exc).__name__}: {exc}"
-                    log.debug("rule %s action %s failed: %s", rule.id, slot.function, exc)
-                else:
-                    slot.success += 1
-                    m.actions_success += 1
+        """Run ``rules`` over ``event`` now (what :meth:`drain` does for a queued one)."""
+        enabled = tuple(r for r in rules if r.enable)
+        if enabled:
+            plan = self.plan(event.kind, enabled)
+            plan.run(event.message if event.kind == "message.publish" else event)
 
     # -- rule_test ----------------------------------------------------------------------
 

@@ -7,9 +7,17 @@ matching message) and ``$events/...`` sources. Each event becomes a
 
 Timestamps are integer milliseconds since the epoch, as in EMQX. ``peerhost`` of a message
 is its publisher's address (looked up when first read; absent once the publisher left).
-Fields EMQX has and this broker does not know are absent (``None``): ``sockname``,
-``conn_props``/``disconn_props`` contents, and ``reason`` of ``client_disconnected``
-beyond what the channel records (``normal`` otherwise).
+``sockname`` is the local address of the client's connection (stream listeners; None for
+the datagram front-ends). ``reason`` of ``client_disconnected`` is EMQX's: ``normal`` (the
+client sent DISCONNECT 0x00; another code gives its name, e.g.
+``disconnect_with_will_message``), ``tcp_closed``/``ssl_closed`` (the peer closed the
+socket without DISCONNECT), ``keepalive_timeout``, ``kicked`` (the management API),
+``takenover`` / ``discarded`` (a new connection with the same client id took the session
+over / started clean), or the name of the reason code the broker closed with
+(``protocol_error``, ``malformed_packet``, ``packet_too_large``, ...). The ``*_props``
+fields are the MQTT 5 properties of the packet behind the event (CONNECT, DISCONNECT,
+PUBLISH, SUBSCRIBE, UNSUBSCRIBE) with EMQX's hyphenated names; ``puback_props`` is always
+empty (a PUBACK's properties are not kept).
 """
 
 from __future__ import annotations
@@ -23,7 +31,8 @@ from protocols.context import ClientInfo, Message
 from protocols.mqtt.packets import Properties
 from protocols.mqtt.reason_codes import ReasonCode
 
-__all__ = ["EVENT_HOOKS", "EVENTS", "GETTERS", "Event", "message_id"]
+__all__ = ["EVENT_HOOKS", "EVENTS", "GETTERS", "Event", "message_id", "props_map",
+           "publish_getters"]
 
 # $events/<name> -> the core hook that feeds it
 EVENT_HOOKS: dict[str, str] = {
@@ -91,22 +100,32 @@ def _payload(m: Message) -> str | bytes:
         return m.payload
 
 
-def props_map(p: Properties) -> dict[str, Any]:
-    """MQTT 5 properties as EMQX shows them (``User-Property`` a map, names hyphenated)."""
+_PROP_NAMES = {
+    f: "-".join(w.capitalize() for w in f.split("_")) for f in Properties.__slots__
+}
+_PROP_NAMES.update({"subscription_identifiers": "Subscription-Identifier",
+                    "server_keep_alive": "Server-Keep-Alive"})
+
+
+def props_map(p: Properties | None) -> dict[str, Any]:
+    """MQTT 5 properties as EMQX shows them: hyphenated names (``Session-Expiry-Interval``),
+    ``User-Property`` a map (and ``User-Property-Pairs`` the list), binary data as text."""
     out: dict[str, Any] = {}
-    if p.payload_format_indicator is not None:
-        out["Payload-Format-Indicator"] = p.payload_format_indicator
-    if p.message_expiry_interval is not None:
-        out["Message-Expiry-Interval"] = p.message_expiry_interval
-    if p.content_type is not None:
-        out["Content-Type"] = p.content_type
-    if p.response_topic is not None:
-        out["Response-Topic"] = p.response_topic
-    if p.correlation_data is not None:
-        out["Correlation-Data"] = p.correlation_data.decode("utf-8", "replace")
-    if p.user_properties:
-        out["User-Property"] = dict(p.user_properties)
-        out["User-Property-Pairs"] = [{"key": k, "value": v} for k, v in p.user_properties]
+    if p is None:
+        return out
+    for f, name in _PROP_NAMES.items():
+        v = getattr(p, f)
+        if v is None or v == ():
+            continue
+        if f == "user_properties":
+            out["User-Property"] = dict(v)
+            out["User-Property-Pairs"] = [{"key": k, "value": x} for k, x in v]
+        elif f == "subscription_identifiers":
+            out[name] = v[0] if len(v) == 1 else list(v)
+        elif isinstance(v, bytes):
+            out[name] = v.decode("utf-8", "replace")
+        else:
+            out[name] = v
     return out
 
 
@@ -186,14 +205,14 @@ _CONN: dict[str, _M] = {
     "mountpoint": _cli(lambda c: c.mountpoint or None),
     "peername": _cli(_peername),
     "peerhost": _cli(lambda c: c.peer_host),
-    "sockname": lambda e: None,
+    "sockname": lambda e: e.extra.get("sockname"),
     "proto_name": _cli(_proto_name),
     "proto_ver": _cli(lambda c: c.proto_ver),
     "keepalive": _cli(lambda c: c.keepalive),
     "clean_start": _cli(lambda c: c.clean_start),
     "expiry_interval": lambda e: e.extra.get("expiry_interval", 0),
     "is_bridge": lambda e: False,
-    "conn_props": lambda e: {},
+    "conn_props": _cli(lambda c: props_map(c.attrs.get("conn_props"))),
 }
 
 _SUB: dict[str, _M] = {
@@ -203,6 +222,39 @@ _SUB: dict[str, _M] = {
     "peerhost": _cli(lambda c: c.peer_host),
     "topic": lambda e: e.extra.get("topic"),
 }
+
+def publish_getters(node: str, lookup: Callable[[str], ClientInfo | None],
+                    now: Callable[[], float]) -> dict[str, Callable[[Message], Any]]:
+    """The fields of ``message.publish`` read straight from the :class:`Message` (no
+    :class:`Event` per message): the same names, order and values as
+    ``GETTERS["message.publish"]`` over ``Event("message.publish", m, node=node,
+    lookup=lookup, at=m.timestamp or now())``."""
+
+    def at_ms(m: Message) -> int:
+        return _ms(m.timestamp or now())
+
+    def peerhost(m: Message) -> str | None:
+        return _peer(lookup(m.publisher)) if m.publisher else None
+
+    own: dict[str, Callable[[Message], Any]] = {
+        "timestamp": at_ms,
+        "node": lambda m: node,
+        "id": message_id,
+        "payload": _payload,
+        "topic": lambda m: m.topic,
+        "qos": lambda m: m.qos,
+        "flags": lambda m: {"retain": m.retain, "dup": False},
+        "pub_props": lambda m: props_map(m.properties),
+        "publish_received_at": at_ms,
+        "$payload_json": lambda m: decode_json_container(m.payload),
+        "event": lambda m: "message.publish",
+        "clientid": lambda m: m.publisher,
+        "username": lambda m: m.username,
+        "peerhost": peerhost,
+    }
+    assert list(own) == list(_PUBLISH), "publish_getters out of step with _PUBLISH"
+    return own
+
 
 GETTERS: dict[str, dict[str, _M]] = {
     "message.publish": _PUBLISH,
@@ -216,7 +268,7 @@ GETTERS: dict[str, dict[str, _M]] = {
         "event": lambda e: "client.disconnected",
         "reason": lambda e: e.extra.get("reason", "normal"),
         "disconnected_at": lambda e: _ms(e.at),
-        "disconn_props": lambda e: {},
+        "disconn_props": _cli(lambda c: props_map(c.attrs.get("disconn_props"))),
     },
     "client.connack": {
         **_CONN,
@@ -232,7 +284,7 @@ GETTERS: dict[str, dict[str, _M]] = {
     "session.unsubscribed": {
         **_SUB,
         "event": lambda e: "session.unsubscribed",
-        "unsub_props": lambda e: {},
+        "unsub_props": lambda e: e.extra.get("unsub_props", {}),
     },
     "message.delivered": {
         **_MESSAGE,

@@ -289,7 +289,14 @@ FUNCTIONS["ltrim"] = Func(lambda s: _text(s).lstrip(), 1, 1)
 FUNCTIONS["rtrim"] = Func(lambda s: _text(s).rstrip(), 1, 1)
 FUNCTIONS["reverse"] = Func(lambda s: _text(s)[::-1], 1, 1)
 FUNCTIONS["strlen"] = Func(lambda s: len(_text(s)), 1, 1)
-FUNCTIONS["ascii"] = Func(lambda s: ord(_text(s)[0]), 1, 1)
+
+
+@_reg("ascii", 1, 1)
+def _ascii(s: Any) -> int:
+    text = _text(s)
+    if not text:
+        raise RuleEvalError("ascii: empty string")
+    return ord(text[0])
 
 
 @_reg("concat", 2, -1)

@@ -15,6 +15,12 @@ Invariants:
 - A change is saved (committed) before it is answered, so it survives a restart.
 - :meth:`RulesService.stop` runs the events already queued, so what the rules accepted
   reaches the webhook queues, then commits those queues.
+- The rules made at run time are kept in the node's ``{data_dir}/rules.db``
+  (``gateway.shared_dir``), shared by the workers of a multi-worker node. Each worker
+  polls it (``PRAGMA data_version``, every :data:`POLL` seconds) and before every API
+  operation, and applies what another worker committed: a rule made, changed or deleted
+  through one worker's API runs in every worker within :data:`POLL` seconds. Metrics
+  (and webhook queues) are per worker.
 """
 
 from __future__ import annotations
@@ -79,12 +85,16 @@ class Gateway(Protocol):
     @property
     def admin(self) -> AdminPart | None: ...
 
+    @property
+    def shared_dir(self) -> Path: ...
+
 __all__ = ["RulesService", "rule_view", "start_rules"]
 
 log = logging.getLogger("gateway.rules")
 
 _ID_RE = re.compile(r"[A-Za-z0-9_\-]{1,64}")
 DB_NAME = QUEUE_DB_NAME
+POLL = 1.0  # seconds between looks at the shared rule store
 
 
 def _rfc3339(t: float) -> str:
@@ -137,9 +147,13 @@ class RulesService:
         connectors = config.connectors.enabled()
         self.db: QueueDb | None = (QueueDb.open(self.path, self.loop)
                                    if enabled or connectors else None)
+        # run-time rules: in the node's data_dir (shared by the workers of a node)
+        self.store_path = Path(gateway.shared_dir) / DB_NAME
         self._store: RuleStore | None = (
-            RuleStore(open_db(self.path)) if self.path.exists() else None
+            RuleStore(open_db(self.store_path)) if self.store_path.exists() else None
         )
+        self._store_version = -1
+        self._poll_timer: asyncio.TimerHandle | None = None
         self.webhooks: dict[str, Webhook] = {}
         if self.db is not None:
             self.webhooks = {
@@ -161,11 +175,17 @@ class RulesService:
             s = node.sessions.get(cid)
             return int(s.expiry_interval) if s is not None else 0
 
+        def sockname(cid: str) -> str | None:
+            s = node.sessions.get(cid)
+            get = getattr(s.handle, "sockname", None) if s is not None else None
+            return get() if get is not None else None
+
         self.engine = RuleEngine(
             node_name=self.node_name,
             publish=node.publish,
             lookup=lookup,
             session_expiry=session_expiry,
+            sockname=sockname,
             webhooks=self.webhooks,
             bridges=lambda: gateway.bridges.bridges if gateway.bridges is not None else {},
             metrics=node.metrics,
@@ -177,8 +197,44 @@ class RulesService:
     @property
     def store(self) -> RuleStore:
         if self._store is None:
-            self._store = RuleStore(open_db(self.path))
+            self._store = RuleStore(open_db(self.store_path))
+            self._store_version = self._store.data_version()
         return self._store
+
+    def refresh(self) -> bool:
+        """Apply what another process (a sibling worker) committed to the rule store
+        since the last look; True when something was applied."""
+        store = self._store
+        if store is None:
+            if not self.store_path.exists():
+                return False
+            store = self._store = RuleStore(open_db(self.store_path))
+        version = store.data_version()
+        if version == self._store_version:
+            return False
+        self._store_version = version
+        engine = self.engine
+        changed = False
+        for rid, spec in store.load():
+            current = engine.rules.get(rid)
+            if spec is None:
+                changed = engine.delete(rid) or changed
+            elif current is None or current.spec() != spec:
+                try:
+                    engine.put(engine.build(rid, spec, "api"))
+                except ValueError as exc:
+                    log.error("stored rule %s not loaded: %s", rid, exc)
+                    continue
+                changed = True
+                log.info("rule %s changed by another worker", rid)
+        return changed
+
+    def _poll(self) -> None:
+        try:
+            self.refresh()
+        except Exception:
+            log.exception("reading the shared rule store failed")
+        self._poll_timer = self.loop.call_later(POLL, self._poll)
 
     def _alarm(self, name: str, message: str | None) -> None:
         admin = self.gateway.admin
@@ -195,6 +251,8 @@ class RulesService:
         if config.rule_engine.enable:
             for name, rc in config.rule_engine.rules.items():
                 engine.put(engine.build(name, rc.model_dump(), "config"))
+            if self._store is not None:
+                self._store_version = self._store.data_version()
             for rid, spec in (self._store.load() if self._store is not None else []):
                 if spec is None:
                     engine.delete(rid)
@@ -208,6 +266,8 @@ class RulesService:
         for sink in self.sinks.values():
             await sink.start()
         engine.attach(self.node.hooks)
+        if config.rule_engine.enable:
+            self._poll_timer = self.loop.call_later(POLL, self._poll)
         admin = self.gateway.admin
         if admin is not None:
             admin.prometheus_registry.register(RulesCollector(self))
@@ -217,6 +277,9 @@ class RulesService:
                      len(self.webhooks))
 
     async def stop(self) -> None:
+        if self._poll_timer is not None:
+            self._poll_timer.cancel()
+            self._poll_timer = None
         engine = self.engine
         engine.detach()
         left = len(engine.pending)
@@ -236,14 +299,24 @@ class RulesService:
 
     # -- operations (API, gatewayctl) ----------------------------------------------------
 
+    def _refresh_quietly(self) -> None:
+        if self.gateway.config.rule_engine.enable:
+            try:
+                self.refresh()
+            except Exception:
+                log.exception("reading the shared rule store failed")
+
     def views(self) -> list[dict[str, Any]]:
+        self._refresh_quietly()
         return [rule_view(r, self.node_name, self.webhooks) for r in self.engine.rules.values()]
 
     def get(self, rule_id: str) -> dict[str, Any] | None:
+        self._refresh_quietly()
         r = self.engine.rules.get(rule_id)
         return None if r is None else rule_view(r, self.node_name, self.webhooks)
 
     def create(self, spec: dict[str, Any]) -> dict[str, Any]:
+        self._refresh_quietly()
         rid = spec.get("id") or spec.get("name")
         if rid is None:
             n = len(self.engine.rules) + 1
@@ -257,6 +330,7 @@ class RulesService:
         return self._save(rid, spec)
 
     def update(self, rule_id: str, changes: dict[str, Any]) -> dict[str, Any] | None:
+        self._refresh_quietly()
         old = self.engine.rules.get(rule_id)
         if old is None:
             return None
@@ -271,6 +345,7 @@ class RulesService:
         return rule_view(rule, self.node_name, self.webhooks)
 
     def delete(self, rule_id: str) -> bool:
+        self._refresh_quietly()
         if rule_id not in self.engine.rules:
             return False
         self.store.save(rule_id, None)

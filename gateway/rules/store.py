@@ -4,6 +4,11 @@ One row per rule id: its spec as JSON (``sql``, ``actions``, ``enable``, ``descr
 ``created_at``), or a tombstone (``spec`` NULL) for a rule of the configuration file that
 was deleted through the API. At start-up the configuration's rules are applied first, then
 these rows over them. Writes are rare (an operator's action): each commits at once.
+
+With ``node.workers > 1`` every worker uses the node's own ``{data_dir}/rules.db`` for
+this table (the webhook queues stay in each worker's file): a change made through any
+worker's API is committed there, and the others notice it through
+:meth:`RuleStore.data_version` (SQLite's counter of other connections' commits).
 """
 
 from __future__ import annotations
@@ -24,6 +29,10 @@ class RuleStore:
     def __init__(self, conn: sqlite3.Connection) -> None:
         conn.executescript(SCHEMA)
         self.conn = conn
+
+    def data_version(self) -> int:
+        """Changes when another connection commits (not for this one's own writes)."""
+        return int(self.conn.execute("PRAGMA data_version").fetchone()[0])
 
     def load(self) -> list[tuple[str, dict[str, Any] | None]]:
         rows = self.conn.execute("SELECT id, spec FROM rules ORDER BY rowid").fetchall()

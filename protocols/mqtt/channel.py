@@ -97,6 +97,19 @@ _NOT_BUSY: Any = None
 _INTS: dict[int, int] = {}
 
 
+# reason codes whose EMQX disconnect reason is not the code's own name
+_CLOSE_REASONS: dict[int, str] = {RC.KEEP_ALIVE_TIMEOUT: "keepalive_timeout",
+                                  RC.DISCONNECT_WITH_WILL: "disconnect_with_will_message"}
+
+
+def _rc_name(code: int) -> str:
+    """A reason code's name as EMQX spells disconnect reasons (``protocol_error``)."""
+    try:
+        return RC(code).name.lower()
+    except ValueError:
+        return f"reason_0x{code:02x}"
+
+
 def _shared_int(n: int) -> int:
     return _INTS.setdefault(n, n)
 
@@ -386,6 +399,9 @@ class MqttChannel:
         """The socket is gone (any reason). Tell the core once; the will goes unless
         the client said a normal DISCONNECT."""
         self.state = State.CLOSED
+        if self.info is not None:  # the peer closed the socket (or it broke)
+            tls = self.info.listener.startswith(("ssl:", "wss:"))
+            self._close_reason("ssl_closed" if tls else "tcp_closed")
         self._notify_core_closed(send_will=True)
 
     # -- entry points from the core (via the shell's ConnectionHandle) ---------------------
@@ -463,6 +479,15 @@ class MqttChannel:
         self._core_closed = True
         self.context.close(self.info, self.handle, send_will=send_will, expiry_interval=expiry)
 
+    def _close_reason(self, reason: str, props: Properties | None = None) -> None:
+        """Why this connection ends, for the ``client.disconnected`` hook (EMQX's reason
+        names); the first reason given wins (a DISCONNECT we sent, then the socket)."""
+        info = self.info
+        if info is not None and "disconnect_reason" not in info.attrs:
+            info.set_attr("disconnect_reason", reason)
+            if props is not None and props != NO_PROPERTIES:
+                info.set_attr("disconn_props", props)
+
     def _protocol_error(self, exc: RemoteProtocolError) -> None:
         self.context.incr("packets.malformed")
         log.warning("%s: %s", self._who(), exc)
@@ -474,6 +499,7 @@ class MqttChannel:
         self._server_disconnect(exc.reason_code, str(exc))
 
     def _server_disconnect(self, code: int, why: str) -> None:
+        self._close_reason(_CLOSE_REASONS.get(code) or _rc_name(code))
         if self.state is State.CONNECTED and self.version == MQTT_5:
             self._send(Disconnect(code, Properties(reason_string=why)))
         self._notify_core_closed(send_will=True)
@@ -754,6 +780,8 @@ class MqttChannel:
         if props.maximum_packet_size is not None:
             self.conn.max_outgoing_packet_size = props.maximum_packet_size
         self.client_alias_max = props.topic_alias_maximum or 0
+        if v == MQTT_5 and props != NO_PROPERTIES:
+            info.set_attr("conn_props", props)  # the rules' conn_props
         result = self.context.open_session(
             info,
             self.handle,
@@ -1084,6 +1112,8 @@ class MqttChannel:
         v5 = self.version == MQTT_5
         ids = p.properties.subscription_identifiers
         sid = ids[0] if ids else None
+        if v5 and (p.properties.user_properties or "sub_props" in info.attrs):
+            info.set_attr("sub_props", p.properties)  # the rules' sub_props
         codes: list[int] = []
         accepted: list[tuple[str, SubOptions, bool]] = []
         for sub in p.subscriptions:
@@ -1120,6 +1150,9 @@ class MqttChannel:
     def _on_unsubscribe(self, p: Unsubscribe) -> None:
         info = self.info
         assert info is not None
+        if self.version == MQTT_5 and (p.properties.user_properties
+                                       or "unsub_props" in info.attrs):
+            info.set_attr("unsub_props", p.properties)  # the rules' unsub_props
         codes = []
         for f in p.topic_filters:
             found = self.context.unsubscribe(info, self._full_filter(f))
@@ -1137,6 +1170,10 @@ class MqttChannel:
                     raise _Disconnect(RC.PROTOCOL_ERROR, "session expiry set at DISCONNECT")
                 cap = self.settings.max_session_expiry_interval
                 expiry = min(new, cap) if cap else new
+        code = p.reason_code
+        self._close_reason(
+            "normal" if code == 0 else _CLOSE_REASONS.get(code) or _rc_name(code), p.properties
+        )
         self._notify_core_closed(
             send_will=p.reason_code == RC.DISCONNECT_WITH_WILL, expiry=expiry
         )

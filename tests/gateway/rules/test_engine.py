@@ -120,8 +120,8 @@ def test_event_sources() -> None:
     from gateway.rules.compiler import Columns
     from gateway.rules.events import GETTERS
 
-    for event, rules in list(eng.pending):
-        outputs.append(rules[0].program.run(Columns(GETTERS[event.kind], event))[0])
+    for plan, event in list(eng.pending):
+        outputs.append(plan.rules[0].program.run(Columns(GETTERS[event.kind], event))[0])
     assert len(outputs) == 3
     c, s, d = outputs
     assert (c["event"], c["clientid"], c["peername"], c["keepalive"]) == (

@@ -129,7 +129,7 @@ def test_nondeterministic_functions() -> None:
 @pytest.mark.parametrize("expr", [
     "nth(5, [1])", "int('x')", "json_decode('{')", "base64_decode('!!')", "substr('a', -1)",
     "first([])", "regex_match('a', '(')", "bool('maybe')", "hexstr2bin('zz')",
-    "unix_ts_to_rfc3339(1, 'fortnight')", "lower(null)",
+    "unix_ts_to_rfc3339(1, 'fortnight')", "lower(null)", "ascii('')",
 ])
 def test_bad_input_fails_the_message(expr: str) -> None:
     with pytest.raises(Exception):  # noqa: B017 - any error: the rule counts a failure

@@ -1,0 +1,307 @@
+"""Run a set of rules over one event as one generated Python function (a *plan*).
+
+The engine looks up which enabled rules an event concerns (the rules whose FROM matches a
+message's topic, or those naming an ``$events/...`` source) and runs them through the plan
+made for exactly that tuple of rules. :func:`make_plan` writes the plan's source once,
+compiles it with :func:`compile`, and the engine caches it until the rules change. Per
+event the plan builds the event's :class:`~gateway.rules.columns.Columns` (lazy, shared
+by all its rules) and then, rule by rule:
+
+- evaluates the statement. A SELECT whose fields read no earlier field's output and are
+  all flat (``AS a`` or a column, no ``*``, no nested ``AS a.b``) and whose WHERE reads no
+  selected alias is *inlined*: the WHERE test and the output dict are Python expressions
+  in the plan's body (column reads are dict lookups, a numeric comparison with a number
+  is a native comparison, ``payload.x`` is one call on the payload's JSON decoded once
+  per event); every other statement runs through its compiled closures
+  (:class:`~gateway.rules.compiler.Program`);
+- rules with the same SQL text (the usual shape of one rule per destination) share one
+  evaluation: the statement runs once per event, each rule counts it and runs its own
+  actions (a second rule's actions get shallow copies of the outputs);
+- updates the rule's metrics and runs its actions, exactly as the closures would
+  (``matched``; then ``failed`` with ``last_error``, ``no_result`` or ``passed``; each
+  action's success or failure).
+
+Invariants:
+
+- A plan gives the same outputs, metrics and action calls, in the same order, as running
+  each rule's ``Program.run`` over the event's columns (the property test
+  ``tests/gateway/rules/test_plan.py`` checks it over random statements and payloads).
+- The inlined expressions read the scope exactly where the closures do (the columns: an
+  inlinable statement has no selected field in between), and evaluate operands in the
+  same order, so a failure raises in the same place and is counted once per rule.
+- A rule's metrics object is read when the event runs (``reset_metrics`` replaces it);
+  its action list is read when the plan is made (a rule change makes a new rule object,
+  and new plans).
+- Actions must not modify the outputs they are given.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from gateway.rules.ast import (
+    BinOp,
+    Call,
+    Expr,
+    Field,
+    Index,
+    Key,
+    Lit,
+    Neg,
+    Not,
+    Path,
+    Star,
+    Statement,
+    Var,
+)
+from gateway.rules.columns import _UNSET, Columns
+from gateway.rules.compiler import (
+    _BINARY,
+    _names,
+    _num,
+    _output_keys,
+    _shadowing,
+    _walk,
+    compile_expr,
+)
+from gateway.rules.events import GETTERS, publish_getters
+from gateway.rules.functions import FUNCTIONS
+
+if TYPE_CHECKING:
+    from gateway.rules.engine import Rule
+
+__all__ = ["Plan", "inlinable", "make_plan"]
+
+log = logging.getLogger("gateway.rules")
+
+
+class Plan:
+    """The rules of one event kind and the function that runs them (``run(x)``: ``x`` is
+    the message for ``message.publish``, the :class:`Event` otherwise)."""
+
+    __slots__ = ("rules", "kind", "run", "source")
+
+    def __init__(self, rules: tuple[Rule, ...], kind: str, run: Callable[[Any], None],
+                 source: str) -> None:
+        self.rules = rules
+        self.kind = kind
+        self.run = run
+        self.source = source
+
+
+def _fail(rule: Rule, exc: BaseException) -> None:
+    m = rule.metrics
+    m.failed += 1
+    m.last_error = f"{type(exc).__name__}: {exc}"
+    log.debug("rule %s failed: %s", rule.id, m.last_error)
+
+
+def _act(rule: Rule, outputs: list[dict[str, Any]], columns: Columns) -> None:
+    m = rule.metrics
+    for output in outputs:
+        for slot in rule.actions:
+            try:
+                slot.run(output, columns)
+            except Exception as exc:
+                slot.failed += 1
+                m.actions_failed += 1
+                m.last_error = f"{slot.function}: {type(exc).__name__}: {exc}"
+                log.debug("rule %s action %s failed: %s", rule.id, slot.function, exc)
+            else:
+                slot.success += 1
+                m.actions_success += 1
+
+
+def _act_copy(rule: Rule, outputs: list[dict[str, Any]], columns: Columns) -> None:
+    _act(rule, [dict(o) for o in outputs], columns)
+
+
+def _pk(c: Columns, key: str) -> Any:
+    """``payload.key`` over the columns (the payload's JSON decoded once per event)."""
+    doc = c._json
+    if doc is _UNSET:
+        doc = c.payload_json()
+    return doc.get(key) if type(doc) is dict else None
+
+
+def inlinable(st: Statement) -> bool:
+    """Whether a SELECT can be written into a plan as expressions over the columns (see
+    the module docstring); mirrors the fast paths of ``compiler._compile_fields`` and
+    ``Program._select``."""
+    if st.kind != "select":
+        return False
+    hidden: set[str] = set()
+    for f in st.fields:
+        if isinstance(f, Star):
+            return False
+        if hidden & set(_names(f.expr)) or len(_output_keys(f)) != 1:
+            return False
+        name = _shadowing(f)
+        if name is not None:
+            hidden.add(name)
+    return st.where is None or not hidden & set(_names(st.where))
+
+
+_NUMERIC_ORDER = {"<", "<=", ">", ">="}
+
+
+class _Writer:
+    """Python source for expressions over the columns ``c``; constants go to ``ns``."""
+
+    def __init__(self, ns: dict[str, Any], columns: dict[str, str] | None = None) -> None:
+        self.ns = ns
+        self.n = 0
+        self.columns = columns or {}  # column -> the local holding it (read up front)
+        self.shared: dict[tuple[str, ...], str] = {}  # payload key path -> its local
+
+    def prelude(self) -> list[str]:
+        """Lines that start the shared locals (before the first rule)."""
+        return [f"    {name} = _U" for name in self.shared.values()]
+
+    def name(self, value: Any, prefix: str = "_k") -> str:
+        self.n += 1
+        name = f"{prefix}{self.n}"
+        self.ns[name] = value
+        return name
+
+    def expr(self, e: Expr) -> str:
+        if isinstance(e, Lit):
+            v = e.value
+            if v is None or type(v) in (bool, int, str) or (
+                    type(v) is float and math.isfinite(v)):
+                return f"({v!r})"  # a constant of the code (repr round-trips these)
+            return self.name(v)
+        if isinstance(e, Var):
+            local = self.columns.get(e.name)
+            return local if local is not None else f"c[{e.name!r}]"
+        if isinstance(e, Path):
+            return self._path(e)
+        if isinstance(e, Call):
+            fn = self.name(FUNCTIONS[e.name].fn, "_f")
+            return f"{fn}({', '.join(self.expr(a) for a in e.args)})"
+        if isinstance(e, BinOp):
+            return self._binop(e)
+        if isinstance(e, Not):
+            return f"(not {self.expr(e.expr)})"
+        if isinstance(e, Neg):
+            return f"(-_num({self.expr(e.expr)}, '-'))"
+        # IN, CASE, arrays: their closure, over the same scope
+        return f"{self.name(compile_expr(e), '_e')}(c)"
+
+    def _path(self, e: Path) -> str:
+        steps: list[tuple[bool, Any]] = [
+            (True, st.name) if isinstance(st, Key) else (False, compile_expr(st.expr))
+            for st in e.steps if isinstance(st, Key | Index)
+        ]
+        if isinstance(e.root, Var):
+            first_key, first_arg = steps[0]
+            if e.root.name == "payload" and first_key:
+                head = f"_pk(c, {self.name(first_arg)})"
+                rest = steps[1:]
+                value = f"_walk({head}, {self.name(rest)}, c)" if rest else head
+                if all(is_key for is_key, _ in steps):
+                    # keys only: pure and never raises, so computed once per event and
+                    # shared by every rule of the plan that reads it
+                    keys = tuple(str(arg) for _, arg in steps)
+                    local = self.shared.get(keys)
+                    if local is None:
+                        local = self.shared[keys] = f"_s{len(self.shared)}"
+                    return f"({local} if {local} is not _U else ({local} := {value}))"
+                return value
+            return f"_walk(c[{e.root.name!r}], {self.name(steps)}, c)"
+        return f"_walk({self.expr(e.root)}, {self.name(steps)}, c)"
+
+    def _binop(self, e: BinOp) -> str:
+        left = self.expr(e.left)
+        right = self.expr(e.right)
+        if e.op == "and":
+            return f"(bool({left}) and bool({right}))"
+        if e.op == "or":
+            return f"(bool({left}) or bool({right}))"
+        op = self.name(_BINARY[e.op], "_b")
+        if (e.op in _NUMERIC_ORDER and isinstance(e.right, Lit)
+                and type(e.right.value) in (int, float)):
+            # number on the right: the native comparison when the left is a number too
+            self.n += 1
+            t = f"_t{self.n}"
+            return (f"({t} {e.op} {right} if (type({t} := {left}) is int or type({t}) is "
+                    f"float) else {op}({t}, {right}))")
+        return f"{op}({left}, {right})"
+
+
+def _statement_code(w: _Writer, st: Statement, program_run: Any, out: str) -> list[str]:
+    """Lines setting ``out`` to the statement's outputs (a list), or the exception."""
+    lines = ["    try:"]
+    if inlinable(st):
+        fields = ", ".join(
+            f"{_output_keys(f)[0]!r}: {w.expr(f.expr)}" for f in st.fields
+            if isinstance(f, Field)
+        )
+        if st.where is None:
+            lines.append(f"        {out} = [{{{fields}}}]")
+        else:
+            # (a literal WHERE by name: ``(1) is True`` would be a SyntaxWarning)
+            cond = (w.name(st.where.value) if isinstance(st.where, Lit)
+                    else w.expr(st.where))
+            lines.append(f"        {out} = [{{{fields}}}] if ({cond}) is True else _EMPTY")
+    else:
+        lines.append(f"        {out} = {w.name(program_run, '_p')}(c)")
+    lines += ["    except Exception as exc:", f"        {out} = exc"]
+    return lines
+
+
+def make_plan(rules: tuple[Rule, ...], kind: str, node: str,
+              lookup: Callable[[str], Any], now: Callable[[], float]) -> Plan:
+    """The plan running ``rules`` (enabled, in this order) for events of hook ``kind``."""
+    ns: dict[str, Any] = {
+        "_EMPTY": [], "_U": _UNSET, "_fail": _fail, "_act": _act, "_act_copy": _act_copy,
+        "_pk": _pk, "_walk": _walk, "_num": _num, "bool": bool, "type": type, "int": int,
+        "float": float, "list": list, "_Columns": Columns, "_new": dict.__new__,
+        "_G": publish_getters(node, lookup, now) if kind == "message.publish"
+        else GETTERS[kind],
+    }
+    w = _Writer(ns)
+    if kind == "message.publish":
+        lines = [
+            "def run(msg):",
+            "    c = _new(_Columns)",  # Columns(_G, msg) without the __init__ call
+            "    c.getters = _G",
+            "    c.source = msg",
+            "    c._json = _U",
+            "    c['topic'] = v_topic = msg.topic",
+            "    c['qos'] = v_qos = msg.qos",
+            "    c['clientid'] = v_clientid = msg.publisher",
+        ]
+        w.columns = {"topic": "v_topic", "qos": "v_qos", "clientid": "v_clientid"}
+    else:
+        lines = ["def run(ev):", "    c = _Columns(_G, ev)"]
+    head = len(lines)
+    groups: dict[str, str] = {}  # SQL text -> the local holding its outputs
+    for rule in rules:
+        r = w.name(rule, "_r")
+        key = rule.sql.strip()
+        out = groups.get(key)
+        again = out is not None
+        if out is None:
+            out = groups[key] = f"o{len(groups)}"
+            lines += _statement_code(w, rule.program.statement, rule.program.run, out)
+        act = "_act_copy" if again else "_act"
+        lines += [
+            f"    mt = {r}.metrics",
+            "    mt.matched += 1",
+            f"    if type({out}) is list:",
+            f"        if {out}:",
+            "            mt.passed += 1",
+            *([f"            {act}({r}, {out}, c)"] if rule.actions else []),
+            "        else:",
+            "            mt.no_result += 1",
+            "    else:",
+            f"        _fail({r}, {out})",
+        ]
+    lines[head:head] = w.prelude()
+    source = "\n".join(lines) + "\n"
+    exec(compile(source, f"<rule plan {kind}>", "exec"), ns)
+    return Plan(rules, kind, ns["run"], source)
