@@ -22,6 +22,8 @@ empty (a PUBACK's properties are not kept).
 
 from __future__ import annotations
 
+import itertools
+import secrets
 import time
 from collections.abc import Callable
 from typing import Any
@@ -88,9 +90,23 @@ def _ms(t: float) -> int:
     return int(t * 1000)
 
 
+_SALT = secrets.randbits(32)  # this process: ids of workers and restarts differ
+_seq = itertools.count(1)
+
+
 def message_id(m: Message) -> str:
-    """A stable id for a message object while it lives (EMQX's 128-bit GUID in hex)."""
-    return f"{_ms(m.timestamp or 0):012x}{id(m) & 0xFFFFFFFFFFFFFFFF:016x}{m.qos:04x}"
+    """A message's id (EMQX's 128-bit GUID in hex): its millisecond, this process's salt
+    and a sequence number, made when first asked for and kept in the message's headers,
+    so every event of one message (publish, delivered, acked, dropped) shows the same id.
+    Two messages never share one (an object's address would not do: Python reuses it)."""
+    h = m.headers
+    if h is None:
+        h = m.headers = {}
+    mid: str | None = h.get("id")
+    if mid is None:
+        mid = h["id"] = (f"{_ms(m.timestamp or 0):012x}{_SALT:08x}"
+                         f"{next(_seq) & 0xFFFFFFFF:08x}{m.qos:04x}")
+    return mid
 
 
 def _payload(m: Message) -> str | bytes:
