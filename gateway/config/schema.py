@@ -727,12 +727,12 @@ class BridgesConfig(_Section):
         return mqtt
 
 
+from gateway.config.connectors import ConnectorsConfig  # noqa: E402
 from gateway.config.extensions import (  # noqa: E402
     AutoSubscribeConfig,
     DelayedConfig,
     RewriteRule,
 )
-from gateway.config.connectors import ConnectorsConfig  # noqa: E402
 from gateway.config.rules import RuleEngineConfig, RuleEngineField, WebhookConfig  # noqa: E402
 
 
