@@ -1,5 +1,5 @@
 """Data-integration sinks: rule actions that write to PostgreSQL, Redis, RabbitMQ and
-InfluxDB through one durable buffer each (docs/data-integration.md).
+InfluxDB through one durable buffer each (docs/integrations.md).
 
 - :mod:`.templates`: the per-action templates (checked when a rule loads, rendered when it
   fires; values are bound or escaped, never spliced).

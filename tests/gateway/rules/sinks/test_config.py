@@ -82,7 +82,7 @@ def test_the_password_can_come_from_the_environment(tmp_path: Path) -> None:
 def test_the_worked_examples_of_the_doc_pass_check(tmp_path: Path) -> None:
     import re
 
-    doc = (Path(__file__).resolve().parents[4] / "docs" / "data-integration.md").read_text()
+    doc = (Path(__file__).resolve().parents[4] / "docs" / "integrations.md").read_text()
     examples = doc[doc.index("## Worked examples"):doc.index("## Kafka and Pulsar")]
     blocks = re.findall(r"```toml\n(.*?)```", examples, re.S)
     assert len(blocks) == 4
