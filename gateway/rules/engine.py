@@ -38,16 +38,16 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any, cast
 
 from gateway.core.hooks import Hooks, Priority
 from gateway.core.metrics import Metrics
 from gateway.core.topic_index import TopicIndex, topic_matches
-from gateway.rules.actions import Action, build_action
-from gateway.rules.compiler import Columns, Program, compile_sql
+from gateway.rules.actions import build_action
+from gateway.rules.compiler import Columns, compile_sql
 from gateway.rules.events import EVENT_HOOKS, GETTERS, Event, props_map
 from gateway.rules.plan import Plan, make_plan
+from gateway.rules.rule import ActionSlot, Rule, RuleMetrics
 from protocols.context import ClientInfo, Message, SubOptions
 
 __all__ = ["BATCH", "Rule", "RuleEngine", "RuleMetrics"]
@@ -58,68 +58,6 @@ REPUBLISH_BY = "republish_by"  # Message.headers key: the rule that republished 
 BATCH = 100_000  # events run per call; more (queued by the rules' own actions) go next turn
 TOPIC_CACHE = 10_000  # topics whose plan is remembered (all forgotten when full)
 _MISS = object()
-
-
-@dataclass(slots=True)
-class RuleMetrics:
-    matched: int = 0
-    passed: int = 0
-    failed: int = 0
-    no_result: int = 0
-    actions_success: int = 0
-    actions_failed: int = 0
-    last_error: str | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "matched": self.matched,
-            "passed": self.passed,
-            "failed": self.failed + self.no_result,
-            "failed.exception": self.failed,
-            "failed.no_result": self.no_result,
-            "actions.total": self.actions_success + self.actions_failed,
-            "actions.success": self.actions_success,
-            "actions.failed": self.actions_failed,
-        }
-
-
-@dataclass(slots=True)
-class ActionSlot:
-    function: str
-    args: dict[str, Any]
-    run: Action
-    success: int = 0
-    failed: int = 0
-
-
-@dataclass(slots=True)
-class Rule:
-    id: str
-    sql: str
-    program: Program
-    actions: list[ActionSlot]
-    enable: bool = True
-    description: str = ""
-    created_at: float = field(default_factory=time.time)
-    origin: str = "config"  # config | api
-    metrics: RuleMetrics = field(default_factory=RuleMetrics)
-
-    @property
-    def topics(self) -> list[str]:
-        return [s for s in self.program.sources if not s.startswith("$events/")]
-
-    @property
-    def events(self) -> list[str]:
-        return [s[len("$events/"):] for s in self.program.sources if s.startswith("$events/")]
-
-    def spec(self) -> dict[str, Any]:
-        return {
-            "sql": self.sql,
-            "actions": [{"function": a.function, "args": a.args} for a in self.actions],
-            "enable": self.enable,
-            "description": self.description,
-            "created_at": self.created_at,
-        }
 
 
 class RuleEngine:

@@ -71,7 +71,7 @@ from gateway.rules.events import GETTERS, publish_getters
 from gateway.rules.functions import FUNCTIONS
 
 if TYPE_CHECKING:
-    from gateway.rules.engine import Rule
+    from gateway.rules.rule import Rule
 
 __all__ = ["Plan", "inlinable", "make_plan"]
 
