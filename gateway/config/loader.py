@@ -17,6 +17,7 @@ message is a single line naming each dotted key and its problem.
 
 from __future__ import annotations
 
+import copy
 import datetime
 import json
 import os
@@ -45,15 +46,25 @@ class ConfigError(Exception):
 
 
 def load_config(
-    path: str | Path | None = None, environ: Mapping[str, str] = os.environ
+    path: str | Path | None = None,
+    environ: Mapping[str, str] = os.environ,
+    *,
+    first_run: bool = False,
 ) -> GatewayConfig:
     """The validated configuration from defaults, the file at ``path`` and ``environ``.
+
+    ``first_run`` puts :data:`gateway.config.first_run.FIRST_RUN` (every front-end on its
+    standard port) between the embedded defaults and the file.
 
     ``authorization.rules_file`` comes back resolved (a relative path is taken relative to
     the configuration file) and already validated; ``authorization.rules`` holds only the
     inline rules, so the authorizer evaluates ``rules`` then ``load_rules_file(rules_file)``.
     """
     tree: Tree = {"listeners": {"tcp": {"default": {}}}}
+    if first_run:
+        from gateway.config.first_run import FIRST_RUN
+
+        _merge(tree, copy.deepcopy(FIRST_RUN))
     if path is not None:
         _merge(tree, _read_toml(Path(path)))
     env_keys = _apply_environment(tree, environ)

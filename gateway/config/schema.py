@@ -105,6 +105,9 @@ class NodeConfig(_Section):
     # worker processes behind SO_REUSEPORT listeners, meshed as a private cluster over
     # loopback (docs/workers.md); 1 = one process, as before
     workers: int = Field(default=1, ge=1, le=64)
+    # a listener whose port is taken is reported on one line (and an alarm) and skipped,
+    # the others still open; off: gatewayd stops (the first run turns it on: first_run.py)
+    skip_busy_ports: bool = False
 
 
 class LogConfig(_Section):
