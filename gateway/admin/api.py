@@ -29,6 +29,7 @@ from typing import Any
 from aiohttp import web
 
 from gateway.admin import introspect, rules_api
+from gateway.admin.dashboard import Dashboard
 from gateway.admin.errors import ApiError, bad_request, conflict, not_found
 from gateway.admin.host import AdminView
 from gateway.admin.openapi_doc import openapi_document
@@ -69,6 +70,11 @@ class ManagementApi:
         for method, path, name in ROUTES:
             self.app.router.add_route(method, path, getattr(self, name))
         rules_api.register(self.app, admin)  # /api/v5/rules, rule_test, webhooks
+        # /dashboard/ and its logins; sessions may then use /api/v5 (dashboard.guard)
+        self.dashboard: Dashboard | None = None
+        if admin.config.dashboard.enable:
+            self.dashboard = Dashboard(admin)
+            self.dashboard.register(self.app)
         self.runner: web.AppRunner | None = None
         self.addresses: list[str] = []
 
@@ -114,9 +120,14 @@ class ManagementApi:
 
     @web.middleware
     async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path not in self.public and not check_bearer(
-            request.headers.get("Authorization"), self.token
-        ):
+        if request.path in self.public:
+            return await handler(request)
+        bearer = check_bearer(request.headers.get("Authorization"), self.token)
+        if self.dashboard is not None:
+            if self.dashboard.own(request.path):  # the page and its logins guard themselves
+                return await handler(request)
+            return await self.dashboard.guard(request, handler, bearer)  # token or session
+        if not bearer:
             return error_response(401, "UNAUTHORIZED", "missing or wrong API token",
                                   **{"WWW-Authenticate": 'Bearer realm="gatewayd"'})
         return await handler(request)

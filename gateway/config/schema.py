@@ -636,6 +636,7 @@ class BridgesConfig(_Section):
         return mqtt
 
 
+from gateway.config.dashboard import DashboardConfig  # noqa: E402
 from gateway.config.rules import RuleEngineConfig, RuleEngineField, WebhookConfig  # noqa: E402
 
 
@@ -653,6 +654,7 @@ class GatewayConfig(_Section):
     gateway: GatewaysConfig = Field(default_factory=GatewaysConfig)
     flapping_detect: FlappingDetectConfig = Field(default_factory=FlappingDetectConfig)
     api: ApiConfig = Field(default_factory=ApiConfig)
+    dashboard: DashboardConfig = Field(default_factory=DashboardConfig)  # gateway.admin.dashboard
     sys_topics: SysTopicsConfig = Field(default_factory=SysTopicsConfig)
     bridges: BridgesConfig = Field(default_factory=BridgesConfig)
     webhooks: dict[str, WebhookConfig] = Field(default_factory=dict)  # gateway.rules
