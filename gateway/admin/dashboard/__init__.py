@@ -199,7 +199,9 @@ class Dashboard:
 
     def _start_session(self, username: str, role: Any) -> web.Response:
         session = self.sessions.create(username, role)
-        response = _json({"username": username, "role": role, "csrf": session.csrf})
+        response = _json({"authenticated": True, "username": username, "role": role,
+                          "csrf": session.csrf, "node": self.admin.node_name,
+                          "version": self.admin.version})
         response.set_cookie(COOKIE, session.id, httponly=True, samesite="Strict",
                             secure=self.secure, path="/")
         return response
@@ -217,7 +219,7 @@ class Dashboard:
         self._require_json_post(request)
         body = await read_json(request)
         peer = request.remote or "?"
-        wait = self.limiter.retry_after(f"ip:{peer}")
+        wait = self.limiter.retry_after(f"setup:{peer}")
         if wait > 0:
             return _too_many(wait)
         if self.accounts.has_administrator():
@@ -227,7 +229,7 @@ class Dashboard:
         except AccountError as exc:
             raise bad_request(str(exc)) from None
         if not self.setup_token.consume(body.get("token")):
-            self.limiter.failed(f"ip:{peer}")
+            self.limiter.failed(f"setup:{peer}")
             request["actor"] = ("-", "-")
             self.audit(request, 403, "bad setup token")
             raise ApiError(403, "FORBIDDEN", "the setup token is wrong, used or expired")

@@ -138,12 +138,17 @@ function drawChart(canvas, samples) {
     series.out.push([b.t, Math.max(0, (b.sent - a.sent) / dt)]);
     series.drop.push([b.t, Math.max(0, (b.dropped - a.dropped) / dt)]);
   }
-  const now = samples.length ? samples[samples.length - 1].t : Date.now() / 1000, t0 = now - 3600;
-  const max = Math.max(1, ...series.in.map((p) => p[1]), ...series.out.map((p) => p[1]));
-  const x = (t) => pad.l + (w - pad.l - pad.r) * (t - t0) / 3600, y = (v) => hgt - pad.b - (hgt - pad.t - pad.b) * v / max;
+  // the last hour, or less while the node has been up for less (a minute at least)
+  const now = samples.length ? samples[samples.length - 1].t : Date.now() / 1000;
+  const span = Math.min(3600, Math.max(60, samples.length ? now - samples[0].t : 60)), t0 = now - span;
+  const max = Math.max(1, ...series.in.map((p) => p[1]), ...series.out.map((p) => p[1]), ...series.drop.map((p) => p[1]));
+  const x = (t) => pad.l + (w - pad.l - pad.r) * (t - t0) / span, y = (v) => hgt - pad.b - (hgt - pad.t - pad.b) * v / max;
   g.strokeStyle = "#e3e6eb"; g.fillStyle = "#6b7280"; g.font = "11px system-ui"; g.lineWidth = 1;
   for (let i = 0; i <= 4; i++) { const v = max * i / 4; g.beginPath(); g.moveTo(pad.l, y(v)); g.lineTo(w - pad.r, y(v)); g.stroke(); g.fillText(fmt.rate(v), 4, y(v) + 4); }
-  for (let m = 0; m <= 60; m += 15) { g.fillText(m === 60 ? "now" : `-${60 - m} min`, x(t0 + m * 60) - 16, hgt - 6); }
+  for (let i = 0; i <= 4; i++) {
+    const ago = span * (4 - i) / 4, label = i === 4 ? "now" : ago >= 120 ? `-${Math.round(ago / 60)} min` : `-${Math.round(ago)} s`;
+    g.fillText(label, Math.min(w - pad.r - 28, x(now - ago) - 14), hgt - 6);
+  }
   const colors = { in: "#0b6bcb", out: "#15803d", drop: "#b91c1c" };
   for (const [name, pts] of Object.entries(series)) {
     g.strokeStyle = colors[name]; g.lineWidth = 2; g.beginPath();
@@ -162,12 +167,12 @@ function overviewPage(main) {
   const canvas = h("canvas", { id: "chart" });
   const protocols = h("div", {}), health = h("div", {}), alarms = h("div", {});
   main.replaceChildren(h("h1", {}, "Overview"), cards,
-    h("div", { class: "panel" }, h("h2", { style: "margin-top:0" }, "Messages per second, last hour"),
-      h("div", { class: "legend" }, h("span", {}, h("i", { style: "background:#0b6bcb" }), "in"),
-        h("span", {}, h("i", { style: "background:#15803d" }), "out"), h("span", {}, h("i", { style: "background:#b91c1c" }), "dropped")), canvas),
-    h("div", { class: "row" }, h("div", { class: "panel" }, h("h2", { style: "margin-top:0" }, "Connections by protocol"), protocols),
-      h("div", { class: "panel" }, h("h2", { style: "margin-top:0" }, "Node health"), health),
-      h("div", { class: "panel" }, h("h2", { style: "margin-top:0" }, "Active alarms"), alarms)));
+    h("div", { class: "panel" }, h("h2", { class: "first" }, "Messages per second (up to the last hour)"),
+      h("div", { class: "legend" }, h("span", {}, h("i", { class: "sw-in" }), "in"),
+        h("span", {}, h("i", { class: "sw-out" }), "out"), h("span", {}, h("i", { class: "sw-drop" }), "dropped")), canvas),
+    h("div", { class: "row" }, h("div", { class: "panel" }, h("h2", { class: "first" }, "Connections by protocol"), protocols),
+      h("div", { class: "panel" }, h("h2", { class: "first" }, "Node health"), health),
+      h("div", { class: "panel" }, h("h2", { class: "first" }, "Active alarms"), alarms)));
   let last = null;
   every(2000, async () => {
     const [s, m, hist] = await Promise.all([api("GET", "/api/v5/status"), api("GET", "/api/v5/metrics"), api("GET", "/dashboard/api/history")]);
@@ -175,8 +180,12 @@ function overviewPage(main) {
     const set = (id, v) => { const el = document.getElementById(`v-${id}`); if (el) el.textContent = v; };
     set("connections", fmt.n(s.connections.count));
     set("received", fmt.n(cur.in)); set("sent", fmt.n(cur.out)); set("dropped", fmt.n(cur.drop));
+    const hs = hist.samples || [];
     if (last) { const dt = now - last.t || 1;
       set("rate-in", fmt.rate((cur.in - last.in) / dt)); set("rate-out", fmt.rate((cur.out - last.out) / dt)); set("rate-drop", fmt.rate((cur.drop - last.drop) / dt)); }
+    else if (hs.length >= 2) { // the first look: the rate over the last sampling interval
+      const a = hs[hs.length - 2], b = hs[hs.length - 1], dt = b.t - a.t || 1;
+      set("rate-in", fmt.rate((b.received - a.received) / dt)); set("rate-out", fmt.rate((b.sent - a.sent) / dt)); set("rate-drop", fmt.rate((b.dropped - a.dropped) / dt)); }
     last = cur;
     set("subscriptions", fmt.n(s.subscriptions)); set("retained", fmt.n(s.retained)); set("sessions", fmt.n(s.sessions));
     const by = s.connections.by_protocol || {};
@@ -227,7 +236,7 @@ async function clientDetail(main, clientid) {
   main.replaceChildren(h("h1", {}, h("a", { href: "#/clients" }, "Clients"), " / ", clientid),
     h("div", { class: "toolbar" }, isAdmin() && c.connected ? h("button", { class: "danger", onclick: async () => { await kick(clientid); location.hash = "#/clients"; } }, "Kick") : null),
     h("div", { class: "row" }, h("div", { class: "panel" }, h("dl", { class: "kv" }, Object.entries(c).flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, k.endsWith("_at") && v ? fmt.time(v) : fmt_cell(v))]))),
-      h("div", { class: "panel" }, h("h2", { style: "margin-top:0" }, "Subscriptions"), table([{ label: "Topic", key: "topic" }, { label: "QoS", key: "qos", num: true }], subs))));
+      h("div", { class: "panel" }, h("h2", { class: "first" }, "Subscriptions"), table([{ label: "Topic", key: "topic" }, { label: "QoS", key: "qos", num: true }], subs))));
 }
 
 // ---------------------------------------------------------------- subscriptions, retained
@@ -257,7 +266,7 @@ function retainedPage(main) {
   async function showRetained(t) {
     const m = await api("GET", `/api/v5/retainer/messages/${encodeURIComponent(t)}`);
     let text; try { text = new TextDecoder("utf-8", { fatal: true }).decode(Uint8Array.from(atob(m.payload), (ch) => ch.charCodeAt(0))); } catch { text = `(binary) ${m.payload}`; }
-    shown.replaceChildren(h("div", { class: "panel" }, h("h2", { style: "margin-top:0" }, t), h("pre", { class: "mono" }, text)));
+    shown.replaceChildren(h("div", { class: "panel" }, h("h2", { class: "first" }, t), h("pre", { class: "mono" }, text)));
   }
   main.replaceChildren(h("h1", {}, "Retained messages"), h("div", { class: "toolbar" }, topic, h("button", { onclick: () => p.reset() }, "Filter")), list, shown);
   every(5000, () => p.draw());
@@ -304,7 +313,7 @@ function usersPage(main) {
     accounts.replaceChildren(table([{ label: "Name", key: "username" }, { label: "Role", key: "role" },
       { label: "", render: (r) => isAdmin() && r.username !== state.session.username ? h("button", { class: "danger", onclick: async () => {
         try { await api("DELETE", `/dashboard/api/accounts/${encodeURIComponent(r.username)}`); drawAccounts(); } catch (e) { toast(e.message, true); } } }, "Delete") : "" }], res.data),
-      isAdmin() ? h("div", { class: "toolbar", style: "margin-top:8px" }, name, pw, role, h("button", { onclick: async () => {
+      isAdmin() ? h("div", { class: "toolbar gap-top" }, name, pw, role, h("button", { onclick: async () => {
         try { await api("POST", "/dashboard/api/accounts", { username: name.value, password: pw.value, role: role.value }); toast(`${name.value} saved`); drawAccounts(); } catch (e) { toast(e.message, true); } } }, "Add or set password")) : null);
   }
   const banWho = h("input", { placeholder: "client id" });
@@ -320,7 +329,7 @@ function usersPage(main) {
 function rulesPage(main) {
   const box = h("div", {}), sql = h("textarea", { id: "rule-sql" }, 'SELECT payload.temp AS t FROM "sensors/#" WHERE payload.temp > 20');
   const ctx = h("textarea", { id: "rule-context" }, '{"topic": "sensors/1", "payload": "{\\"temp\\": 25}"}');
-  const out = h("pre", { class: "mono" });
+  const out = h("pre", { class: "mono", id: "rule-output" });
   async function draw() {
     let res;
     try { res = await api("GET", "/api/v5/rules"); } catch (e) { box.replaceChildren(h("p", { class: "muted" }, e.message)); return; }
@@ -329,10 +338,10 @@ function rulesPage(main) {
       { label: "Enabled", render: (r) => badge(r.enable ? "on" : "off", r.enable ? "ok" : "") },
       { label: "Matched", num: true, render: (r) => fmt.n((r.metrics || {}).matched) }, { label: "Passed", num: true, render: (r) => fmt.n((r.metrics || {}).passed) },
       { label: "Failed", num: true, render: (r) => fmt.n((r.metrics || {}).failed) },
-      { label: "", render: (r) => isAdmin() ? h("button", { onclick: async () => { try { await api("PUT", `/api/v5/rules/${encodeURIComponent(r.id)}`, { enable: !r.enable }); draw(); } catch (e) { toast(e.message, true); } } }, r.enable ? "Disable" : "Enable") : "" }], rows));
+      { label: "", render: (r) => isAdmin() ? h("button", { "data-toggle": r.id, onclick: async () => { try { await api("PUT", `/api/v5/rules/${encodeURIComponent(r.id)}`, { enable: !r.enable }); draw(); } catch (e) { toast(e.message, true); } } }, r.enable ? "Disable" : "Enable") : "" }], rows));
   }
   main.replaceChildren(h("h1", {}, "Rules"), box, h("h2", {}, "Test SQL"), h("div", { class: "panel" }, sql, h("p", { class: "muted" }, "Context (JSON):"), ctx,
-    h("div", { class: "toolbar", style: "margin-top:8px" }, h("button", { class: "primary", onclick: async () => {
+    h("div", { class: "toolbar gap-top" }, h("button", { class: "primary", id: "rule-test", onclick: async () => {
       try { out.textContent = JSON.stringify(await api("POST", "/api/v5/rule_test", { sql: sql.value, context: JSON.parse(ctx.value) }), null, 2); }
       catch (e) { out.textContent = e.message; } } }, "Test")), out));
   every(5000, draw);
