@@ -77,14 +77,25 @@ class ManagementApi:
             self.dashboard.register(self.app)
         self.runner: web.AppRunner | None = None
         self.addresses: list[str] = []
+        self.tls: Any = None  # the ReloadableContext when the API speaks HTTPS
 
     # -- serving -----------------------------------------------------------------------
 
     async def start(self, host: str, port: int) -> None:
+        ssl_context = None
+        if self.admin.config.api.certfile is not None:  # HTTPS (checked by the loader)
+            from gateway.config.loader import api_tls_listener
+            from gateway.net.tls import ReloadableContext
+
+            self.tls = ReloadableContext("api", api_tls_listener(self.admin.config))
+            ssl_context = self.tls.server_context
+            if self.dashboard is not None:
+                self.dashboard.secure = True  # Secure cookies, https:// setup link
         self.runner = web.AppRunner(self.app, access_log=None, handle_signals=False,
                                     shutdown_timeout=5.0)
         await self.runner.setup()
-        site = web.TCPSite(self.runner, host, port, reuse_address=True)
+        site = web.TCPSite(self.runner, host, port, reuse_address=True,
+                           ssl_context=ssl_context)
         await site.start()
         self.addresses = [format_address(a) for a in self.runner.addresses]
 

@@ -85,6 +85,7 @@ def load_config(
     _check_ssl_listeners(config, path)
     _check_dtls_listeners(config, path)
     _check_bridge_tls(config, path)
+    _check_api_tls(config, path)
     return config
 
 
@@ -112,6 +113,27 @@ def _check_ssl_listeners(config: GatewayConfig, path: str | Path | None) -> None
                 build_context(listener)
             except TlsError as exc:
                 raise ConfigError(f"listeners.{kind}.{name}.{exc.key}: {exc.reason}") from None
+
+
+def _check_api_tls(config: GatewayConfig, path: str | Path | None) -> None:
+    """``[api] certfile``/``keyfile``: resolved like an ssl listener's and loaded now."""
+    api = config.api
+    _resolve(api, ("certfile", "keyfile"), path)
+    if api.enable and api.certfile is not None:
+        from gateway.net.tls import TlsError, build_context
+
+        try:
+            build_context(api_tls_listener(config))
+        except TlsError as exc:
+            raise ConfigError(f"api.{exc.key}: {exc.reason}") from None
+
+
+def api_tls_listener(config: GatewayConfig) -> Any:
+    """The API's TLS settings as an ssl listener section, for :mod:`gateway.net.tls`."""
+    from gateway.config.listeners import SslListener
+
+    api = config.api
+    return SslListener(bind=api.bind, certfile=api.certfile, keyfile=api.keyfile)
 
 
 def _check_dtls_listeners(config: GatewayConfig, path: str | Path | None) -> None:

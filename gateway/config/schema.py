@@ -357,9 +357,11 @@ class ApiConfig(_Section):
     (``/metrics``) and live trace, on one aiohttp server inside ``gatewayd``.
 
     Every request but ``/status`` (and ``/metrics`` unless ``metrics_auth``) carries
-    ``Authorization: Bearer <token>``. ``token`` empty means the token kept in
-    ``token_file`` (None: ``{node.data_dir}/api.token``), generated with mode 0600 at
-    the first start; ``gatewayctl`` reads the same file.
+    ``Authorization: Bearer <token>`` (or a dashboard session: [dashboard]). ``token``
+    empty means the token kept in ``token_file`` (None: ``{node.data_dir}/api.token``),
+    generated with mode 0600 at the first start; ``gatewayctl`` reads the same file.
+    ``certfile`` and ``keyfile`` (PEM, checked at start like an ssl listener's): the port
+    speaks HTTPS only, so the dashboard can be opened from the LAN.
     """
 
     enable: bool = True
@@ -367,6 +369,14 @@ class ApiConfig(_Section):
     token: Annotated[str, AfterValidator(_check_token)] = ""
     token_file: Path | None = None
     metrics_auth: bool = False
+    certfile: Path | None = None
+    keyfile: Path | None = None
+
+    @model_validator(mode="after")
+    def _cert_and_key(self) -> ApiConfig:
+        if (self.certfile is None) != (self.keyfile is None):
+            raise ValueError("certfile and keyfile go together")
+        return self
 
     @property
     def host(self) -> str:

@@ -109,7 +109,7 @@ def main() -> dict[str, object]:
             seen["alarms"] = sorted(a["name"] for a in json.load(r)["data"])
         with urllib.request.urlopen("http://127.0.0.1:18083/dashboard/", timeout=10) as r:
             seen["dashboard"] = r.status
-    except Exception as exc:  # noqa: BLE001 - reported with the log
+    except Exception as exc:  # reported with the log
         seen["error"] = repr(exc)
     finally:
         proc.stop(15)
