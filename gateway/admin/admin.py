@@ -354,6 +354,7 @@ class Admin:
             "rates": self.tracker.rates() if self.tracker is not None else {},
             "nofile": self.nofile.as_dict(),
             "bridges": self.bridges_view()["bridges"],
+            "cluster": self.cluster_view() if node is not None else None,
             "alarm_names": [a.name for a in self.alarms.active()],
             "store": self.store_view(),
         }
