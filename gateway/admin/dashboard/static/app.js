@@ -189,8 +189,8 @@ function overviewPage(main) {
     last = cur;
     set("subscriptions", fmt.n(s.subscriptions)); set("retained", fmt.n(s.retained)); set("sessions", fmt.n(s.sessions));
     const by = s.connections.by_protocol || {};
-    protocols.replaceChildren(table([{ label: "Front-end", key: "name" }, { label: "Status", render: (r) => badge(r.status, r.status === "running" ? "ok" : "") },
-      { label: "Connections", num: true, render: (r) => fmt.n(r.name === "mqtt" ? (by.mqtt || 0) + (by.ws || 0) : by[r.name] || 0) }], s.gateways || []));
+    protocols.replaceChildren(table([{ label: "Front-end", key: "name" }, { label: "Status", render: (r) => badge(r.status === "running" ? "on" : "off", r.status === "running" ? "ok" : "") },
+      { label: "Clients", num: true, render: (r) => fmt.n(r.name === "mqtt" ? (by.mqtt || 0) + (by.ws || 0) : by[r.name] || 0) }], s.gateways || []));
     const n = s.limits || {}, store = s.store;
     health.replaceChildren(h("dl", { class: "kv" },
       h("dt", {}, "Node"), h("dd", {}, s.node), h("dt", {}, "Status"), h("dd", {}, badge(s.status, s.status === "running" ? "ok" : "warn")),
