@@ -193,7 +193,9 @@ class ManagementApi:
             like_username=q.get("like_username") or None,
         )
         node = self.admin.node
-        return page(request, [introspect.client_view(node, s) for s in sessions])
+        body = page_body(request, sessions)  # the page first: views of 20, not of all
+        body["data"] = [introspect.client_view(node, s) for s in body["data"]]
+        return _json(body)
 
     def _session(self, request: web.Request) -> Any:
         cid = request.match_info["clientid"]
