@@ -369,7 +369,10 @@ function clusterPage(main) {
       table([{ label: "Node", render: (r) => `${r.node}${r.self ? " (this node)" : ""}` }, { label: "Role", key: "role" },
         { label: "Status", render: (r) => badge(r.status, r.status === "running" || r.status === "up" ? "ok" : "bad") },
         { label: "Version", key: "version" }, { label: "Connections", num: true, render: (r) => fmt.n(r.connections) },
-        { label: "Links", render: (r) => fmt_cell(r.links || r.link || null) }], c.members || []));
+        { label: "Routes", num: true, render: (r) => fmt.n(r.routes) },
+        { label: "Links", render: (r) => r.links ? h("span", {}, Object.entries(r.links).map(([k, v]) => badge(`${k.replace("_", " ")} ${v}`, v === "up" ? "ok" : "bad"))) : "–" },
+        { label: "RTT", num: true, render: (r) => (r.rtt_ms === null || r.rtt_ms === undefined ? "–" : `${r.rtt_ms} ms`) },
+        { label: "Last error", key: "last_error" }], c.members || []));
   });
 }
 
