@@ -379,15 +379,15 @@ function clusterPage(main) {
 // ---------------------------------------------------------------- trace
 
 function tracePage(main) {
-  const kind = h("select", {}, h("option", { value: "clientid" }, "client id"), h("option", { value: "topic" }, "topic filter"));
-  const what = h("input", { placeholder: "client id or topic filter" }), out = h("pre", { class: "trace" });
+  const kind = h("select", { id: "trace-kind" }, h("option", { value: "clientid" }, "client id"), h("option", { value: "topic" }, "topic filter"));
+  const what = h("input", { id: "trace-what", placeholder: "client id or topic filter" }), out = h("pre", { class: "trace", id: "trace-out" });
   const stop = h("button", { disabled: true, onclick: () => { if (state.trace) state.trace.close(); state.trace = null; stop.disabled = true; out.append("— stopped\n"); } }, "Stop");
-  main.replaceChildren(h("h1", {}, "Trace"), h("div", { class: "toolbar" }, kind, what, h("button", { class: "primary", onclick: () => {
+  main.replaceChildren(h("h1", {}, "Trace"), h("div", { class: "toolbar" }, kind, what, h("button", { class: "primary", id: "trace-start", onclick: () => {
     if (state.trace) state.trace.close();
     out.textContent = "";
     state.trace = new EventSource(`/api/v5/trace?${q({ [kind.value]: what.value })}`);
     const show = (ev) => { out.append(`${ev.type} ${ev.data}\n`); out.scrollTop = out.scrollHeight; };
-    for (const name of ["trace.started", "trace.stopped", "client.connected", "client.disconnected", "message.publish", "message.delivered", "message.acked", "message.dropped", "session.subscribed", "session.unsubscribed"]) state.trace.addEventListener(name, show);
+    for (const name of ["trace.started", "trace.stopped", "trace.dropped", "client.connected", "client.disconnected", "message.publish", "message.delivered", "message.acked", "message.dropped", "session.subscribed", "session.unsubscribed"]) state.trace.addEventListener(name, show);
     state.trace.onmessage = show; stop.disabled = false;
   } }, "Start"), stop), out);
 }

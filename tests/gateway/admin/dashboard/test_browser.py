@@ -196,9 +196,22 @@ def test_setup_live_overview_kick_and_retained_delete(
     page.wait_for_selector("#rule-output:has-text('\"t\": 25')")
     shot("rules")
 
+    # trace: a topic trace shows a publish as it happens
+    page.click("nav a[data-page=trace]")
+    page.select_option("#trace-kind", "topic")
+    page.fill("#trace-what", "dash/trace/#")
+    page.click("#trace-start")
+    page.wait_for_selector("#trace-out:has-text('trace.started')")
+    with clients() as made:
+        tracer = Client(gatewayd, "dash-traced")
+        made.append(tracer)
+        tracer.publish("dash/trace/t1", "seen-in-trace", qos=1)
+        page.wait_for_selector("#trace-out:has-text('message.publish')")
+        assert "dash/trace/t1" in page.inner_text("#trace-out")
+    shot("trace")
+
     # every other page renders without a script error
-    for name in ("subscriptions", "listeners", "alarms", "users", "bridges",
-                 "cluster", "trace"):
+    for name in ("subscriptions", "listeners", "alarms", "users", "bridges", "cluster"):
         page.click(f"nav a[data-page={name}]")
         page.wait_for_selector(f"nav a.active[data-page={name}]")
         page.wait_for_selector("main h1")
