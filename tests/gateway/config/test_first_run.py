@@ -68,6 +68,7 @@ def _netns_reason() -> str | None:
 
 @pytest.mark.slow
 @pytest.mark.interop
+@pytest.mark.dashboard
 def test_first_run_opens_every_front_end_on_its_standard_port() -> None:
     reason = _netns_reason()
     if reason is not None:

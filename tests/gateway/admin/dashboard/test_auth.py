@@ -8,9 +8,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from tests.gateway.admin.dashboard.web import WebSession, setup_tokens
 from tests.gateway.admin.gatewayd import Client, Gatewayd, clean_environ, clients
 
+pytestmark = pytest.mark.dashboard
 API = "/api/v5"
 ADMIN_PW = "first-admin-pw"
 

@@ -25,7 +25,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from tests.gateway.admin.dashboard.web import setup_tokens
 from tests.gateway.admin.gatewayd import Client, Gatewayd, clients
 
-pytestmark = [pytest.mark.slow, pytest.mark.interop]
+pytestmark = [pytest.mark.slow, pytest.mark.interop, pytest.mark.dashboard]
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",

@@ -14,7 +14,7 @@ from tests.gateway.admin.dashboard.test_browser import ARGS, CHROMIUM
 from tests.gateway.admin.dashboard.web import WebSession, setup_tokens
 from tests.gateway.cluster.harness import Node, make_pki, wait_mesh, wait_until
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.slow, pytest.mark.dashboard]
 
 
 def cluster_gauges(node: Node) -> dict[str, float]:

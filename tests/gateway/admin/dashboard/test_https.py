@@ -19,6 +19,8 @@ from tests.gateway.admin.dashboard.web import setup_tokens
 from tests.gateway.admin.gatewayd import Gatewayd, clean_environ
 from tests.harness.gatewayd import gatewayd_command, gatewayd_env
 
+pytestmark = pytest.mark.dashboard
+
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:

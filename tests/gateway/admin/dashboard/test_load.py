@@ -23,7 +23,7 @@ from tests.gateway.admin.dashboard.test_browser import ARGS, CHROMIUM, poll
 from tests.gateway.admin.dashboard.web import WebSession, setup_tokens
 from tests.gateway.admin.gatewayd import Gatewayd
 
-pytestmark = [pytest.mark.slow, pytest.mark.interop]
+pytestmark = [pytest.mark.slow, pytest.mark.interop, pytest.mark.dashboard]
 
 CLIENTS = 10_000
 PASSWORD = "load-admin-pw"
