@@ -13,7 +13,8 @@ Invariants:
   :func:`check_password` compares in constant time. Passwords are at least
   :data:`MIN_PASSWORD` characters.
 - The accounts file (``{data_dir}/dashboard.json``) is written whole to a temporary file
-  with mode 0600, fsynced and renamed over the old one.
+  with mode 0600, fsynced and renamed over the old one, and read again whenever its
+  modification time changed (the workers of a node share it).
 - A session ends ``idle`` seconds after its last use or ``max_age`` seconds after the
   login, whichever comes first; an expired session is forgotten when next seen. Each
   session has its own random CSRF token that every state-changing request must echo.
@@ -86,6 +87,7 @@ class Accounts:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._accounts: dict[str, Account] = {}
+        self._stamp: int | None = None
         self._load()
 
     @classmethod
@@ -93,10 +95,17 @@ class Accounts:
         return cls(Path(data_dir) / FILE_NAME)
 
     def _load(self) -> None:
+        """(Re)read the file when it changed since the last read (another worker of the
+        node, or an edit, wrote it); a missing file is no accounts."""
         try:
-            raw = json.loads(self.path.read_text())
+            stamp = self.path.stat().st_mtime_ns
         except FileNotFoundError:
+            self._accounts, self._stamp = {}, None
             return
+        if stamp == self._stamp:
+            return
+        raw = json.loads(self.path.read_text())
+        self._accounts, self._stamp = {}, stamp
         for name, entry in raw.get("users", {}).items():
             role = entry.get("role")
             if role in ROLES:
@@ -113,19 +122,24 @@ class Accounts:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.path)
+        self._stamp = self.path.stat().st_mtime_ns
 
     def has_administrator(self) -> bool:
+        self._load()
         return any(a.role == "administrator" for a in self._accounts.values())
 
     def get(self, username: str) -> Account | None:
+        self._load()
         return self._accounts.get(username)
 
     def list(self) -> list[dict[str, str]]:
+        self._load()
         return [{"username": a.username, "role": a.role}
                 for a in sorted(self._accounts.values(), key=lambda a: a.username)]
 
     def add(self, username: object, password_hash: str, role: object) -> Account:
         """Add (or replace) an account; the hash comes from :func:`hash_password`."""
+        self._load()
         if not isinstance(username, str) or not USERNAME.match(username):
             raise AccountError("the user name: 1-64 letters, digits, '_', '.', '@' or '-'")
         if role not in ROLES:
@@ -136,6 +150,7 @@ class Accounts:
         return account
 
     def delete(self, username: str) -> bool:
+        self._load()
         account = self._accounts.get(username)
         if account is None:
             return False

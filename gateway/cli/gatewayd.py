@@ -84,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.worker is None and config.node.workers > 1:
         from gateway.workers.supervisor import run as supervise
 
-        return supervise(config, args.config)
+        return supervise(config, args.config, args.first_run)
     from gateway.app import run
 
     status: int = run(config, worker=args.worker)

@@ -107,3 +107,10 @@ def test_login_limiter_locks_out_until_the_window_passes() -> None:
     limiter.failed("ip:a")
     limiter.succeeded("ip:a")
     assert limiter.retry_after("ip:a") == 0
+
+
+def test_accounts_see_what_another_process_wrote(tmp_path: Path) -> None:
+    mine, other = Accounts.in_dir(tmp_path), Accounts.in_dir(tmp_path)
+    assert not mine.has_administrator()
+    other.add("root", hash_password("password1"), "administrator")
+    assert mine.has_administrator() and mine.get("root") is not None
