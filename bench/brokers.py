@@ -372,6 +372,24 @@ class GatewaydMemory(Gatewayd):
     OPTIONAL_CONFIG = (*Gatewayd.OPTIONAL_CONFIG, "[durability]\nenable = false\n")
 
 
+class GatewaydExt(Gatewayd):
+    """gatewayd with the MQTT extensions busy (docs/mqtt-extensions.md): 10 topic rewrite
+    rules that every publish and subscribe is matched against (none matches the bench's
+    topics, so all 10 are tried each time: the worst case) and an auto-subscribe topic per
+    client (issue 20's bench line: >= 0.9x of plain gatewayd)."""
+
+    name = "gatewayd-ext"
+    OPTIONAL_CONFIG = (
+        *Gatewayd.OPTIONAL_CONFIG,
+        '[[auto_subscribe.topics]]\ntopic = "bench-cmd/${clientid}"\nqos = 1\n'
+        + "".join(
+            f'[[rewrite]]\naction = "all"\nsource_topic = "ext{i}/+/#"\n'
+            f'dest_topic = "rewritten{i}/$1"\nre = "^ext{i}/(.+)$"\n'
+            for i in range(10)
+        ),
+    )
+
+
 class GatewaydWorkers(Gatewayd):
     """gatewayd with ``[node] workers = 2`` (docs/workers.md): a supervisor and two worker
     processes behind SO_REUSEPORT, meshed over loopback cluster links. CPU and memory are
@@ -434,7 +452,8 @@ class GatewaydWorkersMemory(GatewaydWorkers):
 
 BROKERS: dict[str, type[Broker]] = {
     b.name: b for b in (
-        Gatewayd, GatewaydMemory, GatewaydWorkers, GatewaydWorkersMemory, Mosquitto, Amqtt
+        Gatewayd, GatewaydMemory, GatewaydExt, GatewaydWorkers, GatewaydWorkersMemory,
+        Mosquitto, Amqtt,
     )
 }
 

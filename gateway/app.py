@@ -37,6 +37,7 @@ from gateway.config import ConfigError, GatewayConfig
 from gateway.core.authz import Authorizer, from_config
 from gateway.core.clock import LoopScheduler
 from gateway.core.node import CoreSettings, Node
+from gateway.ext.service import Extensions, start_extensions
 from gateway.fleet.archiver import Archiver, settings_from_config
 from gateway.frontends import FRONTENDS, Assembly
 from gateway.frontends.listen import open_listener
@@ -124,6 +125,7 @@ class Gateway:
         self.cluster: Cluster | None = None  # gateway.cluster, when [cluster] is enabled
         self.bridges: Bridges | None = None  # gateway.bridge, when [bridges.mqtt.*] exist
         self.rules: RulesService | None = None  # gateway.rules: rule engine and webhooks
+        self.ext: Extensions | None = None  # gateway.ext: auto-subscribe, delayed, rewrite...
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -160,6 +162,7 @@ class Gateway:
             self.bridges = Bridges(node, bridging, store)
             self.bridges.start()
         self.rules = await start_rules(self)  # before the listeners: rules see every event
+        self.ext = start_extensions(self)  # MQTT extensions, before the listeners too
         await self._start_frontends(node, store)
         await self.admin.start()  # API, $SYS, trace: once the core and listeners exist
 
@@ -183,6 +186,15 @@ class Gateway:
             tls.reload()
         for dtls in self.dtls.values():
             dtls.reload()
+        if self.cluster is not None:  # new links get the files (key, CA, CRLs) as they are now
+            from gateway.cluster.tls import from_config as cluster_tls
+
+            try:
+                self.cluster.tls = cluster_tls(self.config.cluster.tls)
+                log.info("cluster TLS reloaded (%d CRL files)",
+                         len(self.config.cluster.tls.crlfile))
+            except TlsError as exc:
+                log.error("cluster TLS not reloaded, keeping the previous files: %s", exc)
         if self.node is None:
             return
         rules_file = self.config.authorization.rules_file
@@ -300,6 +312,8 @@ class Gateway:
         sessions and commit everything to disk."""
         if self.admin is not None:
             await self.admin.stop()
+        for tls in self.tls.values():  # revocation and stapling timers
+            tls.close()
         for server in self.servers:
             server.close()
         node = self.node
@@ -327,6 +341,9 @@ class Gateway:
         if self.rules is not None:  # queued events reach the webhook queues
             await self.rules.stop()
             self.rules = None
+        if self.ext is not None:  # before the last commit (delayed rows already queued)
+            self.ext.stop()
+            self.ext = None
         if self.bridges is not None:  # DISCONNECT upstream; outbox deletes get committed
             await self.bridges.stop()
             self.bridges = None

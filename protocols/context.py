@@ -209,6 +209,11 @@ is QoS 1/2 and the node's store cannot make it durable now (disk full, a write e
 size cap). The channel answers at once: MQTT 5 with reason code 0x97 (quota exceeded),
 MQTT 3.1.1 by closing the connection without an acknowledgement (the client re-sends)."""
 
+def subscribe_refused(result: bool | int) -> int:
+    """The reason code when :meth:`GatewayContext.subscribe` refused, else 0."""
+    return 0 if result is True or result is False else int(result)
+
+
 AUTH_PENDING = -1
 """``GatewayContext.authenticate``: the answer will come through ``done``."""
 
@@ -275,8 +280,13 @@ class GatewayContext(Protocol):
         :data:`PUBLISH_REFUSED`."""
         ...
 
-    def subscribe(self, client: ClientInfo, topic_filter: str, options: SubOptions) -> bool:
-        """Add or replace a subscription; returns True when it already existed."""
+    def subscribe(
+        self, client: ClientInfo, topic_filter: str, options: SubOptions
+    ) -> bool | int:
+        """Add or replace a subscription; returns True when it already existed, False
+        when it is new, or a reason code (an ``int`` >= 0x80, never a ``bool``: see
+        :func:`subscribe_refused`) when the core refused it (an exclusive subscription
+        another client holds: 0x97, quota exceeded)."""
         ...
 
     def deliver_retained(

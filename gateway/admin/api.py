@@ -28,7 +28,7 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.admin import introspect, rules_api
+from gateway.admin import ext_api, introspect, rules_api
 from gateway.admin.dashboard import Dashboard
 from gateway.admin.errors import ApiError, bad_request, conflict, not_found
 from gateway.admin.host import AdminView
@@ -70,6 +70,7 @@ class ManagementApi:
         for method, path, name in ROUTES:
             self.app.router.add_route(method, path, getattr(self, name))
         rules_api.register(self.app, admin)  # /api/v5/rules, rule_test, webhooks
+        ext_api.register(self.app, admin)  # /api/v5/mqtt/{delayed,auto_subscribe,...}
         # /dashboard/ and its logins; sessions may then use /api/v5 (dashboard.guard)
         self.dashboard: Dashboard | None = None
         if admin.config.dashboard.enable:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gateway.admin import ext_openapi as ext
 from gateway.admin import rules_openapi as rules
 from gateway.admin.openapi import SCHEMAS, paths
 
@@ -25,9 +26,9 @@ def openapi_document(version: str, *, metrics_public: bool = True) -> dict[str, 
         },
         "servers": [{"url": "/"}],
         "security": [{"bearer": []}],
-        "paths": {**paths(metrics_public), **rules.PATHS},
+        "paths": {**paths(metrics_public), **rules.PATHS, **ext.PATHS},
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
-            "schemas": {**SCHEMAS, **rules.SCHEMAS},
+            "schemas": {**SCHEMAS, **rules.SCHEMAS, **ext.SCHEMAS},
         },
     }

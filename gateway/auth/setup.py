@@ -11,11 +11,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from gateway.auth.builtin import BuiltinAuthenticator, ScramExchange, ThreadOffload
 from gateway.auth.http import AiohttpPoster, HttpAuthenticator, HttpAuthSettings
+from gateway.auth.jwt import JwksKeys, JwtAcl, JwtAuthenticator, JwtExpiry
 from gateway.auth.user_rules import UserRulesAuthorizer
 from gateway.config import GatewayConfig
 from gateway.core.hooks import Priority
@@ -23,6 +25,7 @@ from gateway.core.node import Node
 from gateway.store.db import db_path
 from gateway.store.users import UserStore
 from protocols.context import AuthExchange, ClientInfo
+from protocols.mqtt.reason_codes import ReasonCode as RC
 
 __all__ = ["AuthServices", "install_auth"]
 
@@ -36,8 +39,14 @@ class AuthServices:
     store: UserStore | None = None
     offload: ThreadOffload | None = None
     posters: list[AiohttpPoster] = field(default_factory=list)
+    jwks: JwksKeys | None = None
+    closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
 
     async def close(self) -> None:
+        if self.jwks is not None:
+            self.jwks.close()
+        for closer in self.closers:
+            await closer()
         for poster in self.posters:
             await poster.close()
         if self.offload is not None:
@@ -103,6 +112,12 @@ def install_auth(
             Priority.AUTHN,
         )
         chain.append(f"http ({h.url})")
+    if a.jwt.enable:
+        chain.append(_install_jwt(node, config, loop, services))
+    if config.authorization.sources:
+        from gateway.auth.http_authz import install_http_authz
+
+        install_http_authz(node, config, loop, services)
     node.hooks.add("client.authorize", UserRulesAuthorizer(services.store), Priority.AUTHZ)
     log.info(
         "authentication: %s, then allow_anonymous=%s%s",
@@ -111,3 +126,34 @@ def install_auth(
         "; enhanced: SCRAM-SHA-256" if node.auth_methods else "",
     )
     return services
+
+
+def _install_jwt(
+    node: Node, config: GatewayConfig, loop: asyncio.AbstractEventLoop, services: AuthServices
+) -> str:
+    """The JWT authenticator, its ACL claim authorizer and its expiry disconnects."""
+    j = config.authentication.jwt
+    if j.use_jwks:
+        services.jwks = JwksKeys(j.endpoint, refresh=j.refresh_interval, timeout=j.http_timeout)
+        services.jwks.start(loop)
+    node.hooks.add("client.authenticate", JwtAuthenticator(j, services.jwks,
+                                                           incr=node.metrics.incr),
+                   Priority.AUTHN)
+    # before the per-user rules (same priority, added first): the token's ACL decides first
+    node.hooks.add("client.authorize", JwtAcl(), Priority.AUTHZ)
+    if j.disconnect_after_expire:
+        def kick(client: ClientInfo) -> bool:
+            session = node.sessions.get(client.client_id)
+            if session is None or session.info is not client or session.handle is None:
+                return False
+            handle = session.handle
+            client.set_attr("disconnect_reason", "jwt_expired")
+            node.close(client, handle, send_will=True)
+            handle.kick(RC.NOT_AUTHORIZED)
+            node.metrics.incr("authentication.jwt.expired_disconnect")
+            return True
+
+        expiry = JwtExpiry(node.scheduler, kick)
+        node.hooks.add("client.connected", expiry.connected)
+        node.hooks.add("client.disconnected", expiry.disconnected)
+    return "jwt (JWKS " + j.endpoint + ")" if j.use_jwks else f"jwt ({j.algorithm})"

@@ -17,7 +17,7 @@ import ssl
 import warnings
 from typing import TYPE_CHECKING
 
-from gateway.net.tls import TlsError, load_certificates, load_key_pair
+from gateway.net.tls import TlsError, add_crls, key_password, load_certificates, load_key_pair
 
 if TYPE_CHECKING:
     from gateway.config.schema import BridgeTls
@@ -58,10 +58,16 @@ def client_context(tls: BridgeTls) -> ssl.SSLContext:
     else:
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE
+    if tls.crlfile:
+        if tls.cacertfile is None:
+            raise TlsError("crlfile", "crlfile needs cacertfile (the CA that signs the CRLs)")
+        add_crls(ctx, "crlfile", list(tls.crlfile), load_certificates("cacertfile",
+                                                                      tls.cacertfile))
     if tls.certfile is not None and tls.keyfile is not None:
-        load_key_pair(tls.certfile, tls.keyfile)  # checked: PEM, unencrypted, matching
+        password = key_password(tls)
+        load_key_pair(tls.certfile, tls.keyfile, password)  # checked: PEM, matching
         try:
-            ctx.load_cert_chain(tls.certfile, tls.keyfile)
+            ctx.load_cert_chain(tls.certfile, tls.keyfile, password)
         except ssl.SSLError as exc:
             raise TlsError("certfile", f"OpenSSL refused the certificate: {exc.reason}") from None
     return ctx

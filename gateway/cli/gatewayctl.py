@@ -38,6 +38,10 @@ SUBCOMMANDS: list[tuple[str, str]] = [
     ("gateway.cli.ctl.rules", "rules"),
     ("gateway.cli.ctl.store", "store"),
     ("gateway.cli.ctl.admin", "admin"),
+    ("gateway.cli.ctl.ext", "delayed"),
+    ("gateway.cli.ctl.ext", "auto_subscribe"),
+    ("gateway.cli.ctl.ext", "exclusive"),
+    ("gateway.cli.ctl.ext", "rewrite"),
 ]
 
 

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 from gateway.cluster.cluster import Cluster, ClusterSettings, parse_seed
 from gateway.cluster.discovery import DnsSettings
 from gateway.cluster.outbox import ClusterStore
-from gateway.cluster.tls import build as build_tls
+from gateway.cluster.tls import build as build_tls  # noqa: F401 - re-exported
+from gateway.cluster.tls import from_config as tls_from_config
 
 if TYPE_CHECKING:
     from gateway.config import GatewayConfig
@@ -39,9 +40,7 @@ def from_config(
         return None
     from gateway.store.db import db_path, open_db
 
-    tls = build_tls(
-        c.tls.certfile, c.tls.keyfile, c.tls.cacertfile, verify_node_name=c.tls.verify_node_name
-    )
+    tls = tls_from_config(c.tls)
     conn = open_db(db_path(config.node.data_dir)) if committer is not None else None
     if conn is None:
         log.warning("cluster: durability disabled: forwarded QoS 1/2 messages are memory-only")

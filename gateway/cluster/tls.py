@@ -26,7 +26,7 @@ from typing import Any
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from gateway.net.tls import TlsError, identity_of
+from gateway.net.tls import TlsError, add_crls, identity_of, key_password
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,12 @@ class ClusterTls:
     verify_node_name: bool
 
 
-def _check_files(certfile: Path | None, keyfile: Path | None, cacertfile: Path | None) -> None:
+def _check_files(
+    certfile: Path | None,
+    keyfile: Path | None,
+    cacertfile: Path | None,
+    password: bytes | None = None,
+) -> None:
     for name, path in (
         ("cluster.tls.certfile", certfile),
         ("cluster.tls.keyfile", keyfile),
@@ -56,9 +61,14 @@ def _check_files(certfile: Path | None, keyfile: Path | None, cacertfile: Path |
     except ValueError:
         raise TlsError("cluster.tls.cacertfile", f'no PEM certificate in "{cacertfile}"') from None
     try:
-        key = serialization.load_pem_private_key(keyfile.read_bytes(), password=None)
-    except (TypeError, ValueError):
-        raise TlsError("cluster.tls.keyfile", f'not an unencrypted PEM key "{keyfile}"') from None
+        key = serialization.load_pem_private_key(keyfile.read_bytes(), password=password)
+    except TypeError:
+        why = "encrypted: give password or password_file" if password is None else (
+            "not encrypted: remove the password")
+        raise TlsError("cluster.tls.keyfile", f'"{keyfile}" is {why}') from None
+    except ValueError:
+        why = "wrong password for" if password is not None else "not a PEM key"
+        raise TlsError("cluster.tls.keyfile", f'{why} "{keyfile}"') from None
     fmt = serialization.PublicFormat.SubjectPublicKeyInfo
     der = serialization.Encoding.DER
     if key.public_key().public_bytes(der, fmt) != cert.public_key().public_bytes(der, fmt):
@@ -71,23 +81,44 @@ def build(
     cacertfile: Path | None,
     *,
     verify_node_name: bool = True,
+    password: bytes | None = None,
+    crlfile: list[Path] | None = None,
 ) -> ClusterTls:
-    """Server and client contexts for the cluster port; :class:`TlsError` on bad files."""
-    _check_files(certfile, keyfile, cacertfile)
+    """Server and client contexts for the cluster port; :class:`TlsError` on bad files.
+    ``password`` opens an encrypted keyfile; ``crlfile``: CRLs of the cluster CA, checked
+    on both ends at the handshake (a revoked node can neither dial nor be dialled)."""
+    _check_files(certfile, keyfile, cacertfile, password)
+    assert cacertfile is not None
+    cas = x509.load_pem_x509_certificates(cacertfile.read_bytes())
     contexts = []
     for purpose in (ssl.PROTOCOL_TLS_SERVER, ssl.PROTOCOL_TLS_CLIENT):
         ctx = ssl.SSLContext(purpose)
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
         ctx.options |= ssl.OP_NO_RENEGOTIATION
         try:
-            ctx.load_cert_chain(str(certfile), str(keyfile))
+            ctx.load_cert_chain(str(certfile), str(keyfile), password)
             ctx.load_verify_locations(cafile=str(cacertfile))
         except ssl.SSLError as exc:
             raise TlsError("cluster.tls.certfile", f"OpenSSL refused it: {exc}") from None
+        try:
+            add_crls(ctx, "crlfile", list(crlfile or ()), cas)
+        except TlsError as exc:
+            raise TlsError("cluster.tls.crlfile", exc.reason) from None
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_REQUIRED
         contexts.append(ctx)
     return ClusterTls(contexts[0], contexts[1], verify_node_name)
+
+
+def from_config(tls: Any) -> ClusterTls:
+    """:func:`build` from a ``[cluster.tls]`` section (SIGHUP builds it again)."""
+    try:
+        password = key_password(tls)
+    except TlsError as exc:
+        raise TlsError(f"cluster.tls.{exc.key}", exc.reason) from None
+    return build(tls.certfile, tls.keyfile, tls.cacertfile,
+                 verify_node_name=tls.verify_node_name, password=password,
+                 crlfile=list(tls.crlfile))
 
 
 def peer_common_name(ssl_object: Any) -> str | None:

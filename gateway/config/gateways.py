@@ -136,6 +136,9 @@ class DtlsListener(UdpListener):
     psk_identity_as_clientid: bool = False
     psk_identity_as_username: bool = False
     handshake_timeout: Annotated[Duration, Field(gt=0)] = 30.0
+    # CRLs of cacertfile's CA: a revoked client certificate is refused right after the
+    # handshake; re-read on SIGHUP (docs/security.md "Revocation")
+    crlfile: Annotated[list[Path], BeforeValidator(_split_commas)] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _consistent_dtls(self) -> DtlsListener:
@@ -150,6 +153,8 @@ class DtlsListener(UdpListener):
                 raise ValueError('verify = "verify_peer" needs cacertfile (the clients\' CA)')
         else:
             _no_peer_keys(self)
+            if self.crlfile:
+                raise ValueError('crlfile needs verify = "verify_peer"')
         if self.psk_file is None:
             for key in ("psk_identity_as_clientid", "psk_identity_as_username"):
                 if getattr(self, key):

@@ -75,7 +75,55 @@ TLS_VERSIONS = ("tlsv1", "tlsv1.1", "tlsv1.2", "tlsv1.3")  # oldest first
 TlsVersion = Literal["tlsv1", "tlsv1.1", "tlsv1.2", "tlsv1.3"]
 DEFAULT_TLS_VERSIONS: tuple[TlsVersion, ...] = ("tlsv1.2", "tlsv1.3")
 TlsVerify = Literal["verify_none", "verify_peer"]
-PeerCertField = Literal["none", "cn", "dn", "san"]
+PeerCertField = Literal["none", "cn", "dn", "san", "crt", "pem", "md5"]
+FailMode = Literal["open", "closed"]
+
+
+class KeyPassword(_Section):
+    """Mixin for sections with an encrypted ``keyfile``: ``password`` or ``password_file``
+    (EMQX's ``password``; the file's first line, so the secret stays out of the
+    configuration). At most one of them."""
+
+    password: str | None = None
+    password_file: Path | None = None
+
+    @model_validator(mode="after")
+    def _one_password(self) -> KeyPassword:
+        if self.password is not None and self.password_file is not None:
+            raise ValueError("give password or password_file, not both")
+        return self
+
+
+class OcspStapling(_Section):
+    """``[listeners.ssl.<name>.ocsp]`` (EMQX's names): staple an OCSP response for our own
+    certificate, fetched from ``responder_url`` (issuer: ``issuer_pem``) every
+    ``refresh_interval``, to every handshake that asks for it (``openssl s_client
+    -status``)."""
+
+    enable_ocsp_stapling: bool = False
+    responder_url: str = ""
+    issuer_pem: Path | None = None
+    refresh_interval: Annotated[Duration, Field(ge=60)] = 300.0
+    refresh_http_timeout: Annotated[Duration, Field(gt=0)] = 15.0
+
+    @model_validator(mode="after")
+    def _needs(self) -> OcspStapling:
+        if self.enable_ocsp_stapling and (not self.responder_url or self.issuer_pem is None):
+            raise ValueError("enable_ocsp_stapling needs responder_url and issuer_pem")
+        return self
+
+
+class OcspCheck(_Section):
+    """``[listeners.ssl.<name>.ocsp_check]`` (ours): ask an OCSP responder about each
+    client certificate (``responder_url``, or "" for the certificate's own AIA URL);
+    answers are cached for ``cache_ttl`` (or until the response's nextUpdate when
+    earlier) and live connections are asked again each ``cache_ttl``."""
+
+    enable: bool = False
+    responder_url: str = ""
+    cache_ttl: Annotated[Duration, Field(gt=0)] = 300.0
+    http_timeout: Annotated[Duration, Field(gt=0)] = 5.0
+    fail_mode: FailMode = "closed"
 
 
 def _join_ciphers(value: object) -> object:
@@ -93,7 +141,7 @@ def _no_peer_keys(listener: Any, *more: str) -> None:
             raise ValueError(f'{key} needs verify = "verify_peer"')
 
 
-class SslListener(TcpListener):
+class SslListener(TcpListener, KeyPassword):
     """``[listeners.ssl.<name>]``: a TCP listener that speaks TLS (MQTT over TLS, 8883).
 
     Cross-field rules are checked here; that the files exist and load (and that the key
@@ -123,6 +171,15 @@ class SslListener(TcpListener):
     peer_cert_as_clientid: Annotated[PeerCertField, BeforeValidator(_lower)] = "none"
     peer_cert_as_username: Annotated[PeerCertField, BeforeValidator(_lower)] = "none"
     peer_cert_authenticates: bool = False
+    # chain depth: intermediate CAs allowed between a client certificate and cacertfile
+    depth: int = Field(default=10, ge=0, le=100)
+    # revocation (docs/security.md "Revocation"): CRL files checked at the handshake and
+    # re-read on change and SIGHUP; enable_crl_check: the client certificates' CRL
+    # distribution points, fetched and cached as [crl_cache] says
+    crlfile: Annotated[list[Path], BeforeValidator(_split_commas)] = Field(default_factory=list)
+    enable_crl_check: bool = False
+    ocsp: OcspStapling = Field(default_factory=OcspStapling)
+    ocsp_check: OcspCheck = Field(default_factory=OcspCheck)
 
     @model_validator(mode="after")
     def _consistent_tls(self) -> SslListener:
@@ -133,6 +190,9 @@ class SslListener(TcpListener):
                 raise ValueError('verify = "verify_peer" needs cacertfile (the clients\' CA)')
         else:
             _no_peer_keys(self, "peer_cert_authenticates")
+            if self.crlfile or self.enable_crl_check or self.ocsp_check.enable:
+                raise ValueError('revocation checks (crlfile, enable_crl_check, ocsp_check) '
+                                 'need verify = "verify_peer"')
         indexes = sorted({TLS_VERSIONS.index(v) for v in self.versions})
         if indexes != list(range(indexes[0], indexes[-1] + 1)):
             raise ValueError(f"versions must be a contiguous range, got {self.versions}")

@@ -94,7 +94,12 @@ def _resolve(section: Any, keys: tuple[str, ...], path: str | Path | None) -> No
     configuration file's directory (they stay as given without a file)."""
     for key in keys:
         value = getattr(section, key)
-        if value is not None and path is not None and not value.is_absolute():
+        if path is None or value is None:
+            continue
+        if isinstance(value, list):  # crlfile
+            setattr(section, key, [v if v.is_absolute() else Path(path).parent / v
+                                   for v in value])
+        elif not value.is_absolute():
             setattr(section, key, Path(path).parent / value)
 
 
@@ -107,7 +112,9 @@ def _check_ssl_listeners(config: GatewayConfig, path: str | Path | None) -> None
     tls_listeners = [("ssl", n, lst) for n, lst in config.listeners.ssl.items()]
     tls_listeners += [("wss", n, lst) for n, lst in config.listeners.wss.items()]
     for kind, name, listener in tls_listeners:
-        _resolve(listener, ("certfile", "keyfile", "cacertfile"), path)
+        _resolve(listener, ("certfile", "keyfile", "cacertfile", "password_file", "crlfile"),
+                 path)
+        _resolve(listener.ocsp, ("issuer_pem",), path)
         if listener.enable:
             try:
                 build_context(listener)
@@ -146,7 +153,7 @@ def _check_dtls_listeners(config: GatewayConfig, path: str | Path | None) -> Non
         if gw is None:
             continue
         for name, listener in gw.listeners.dtls.items():
-            _resolve(listener, ("psk_file", "certfile", "keyfile", "cacertfile"), path)
+            _resolve(listener, ("psk_file", "certfile", "keyfile", "cacertfile", "crlfile"), path)
             if listener.enable and gw.enable:
                 try:
                     build_dtls_context(listener)
@@ -164,7 +171,7 @@ def _check_bridge_tls(config: GatewayConfig, path: str | Path | None) -> None:
 
     for name, bridge in config.bridges.mqtt.items():
         tls = bridge.tls
-        _resolve(tls, ("certfile", "keyfile", "cacertfile"), path)
+        _resolve(tls, ("certfile", "keyfile", "cacertfile", "password_file", "crlfile"), path)
         if bridge.enable and tls.enable:
             try:
                 client_context(tls)

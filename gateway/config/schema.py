@@ -49,7 +49,11 @@ from gateway.config.listeners import (
     DEFAULT_TLS_VERSIONS,
     MQTT_WS_SUBPROTOCOLS,
     TLS_VERSIONS,
+    FailMode,
+    KeyPassword,
     Listeners,
+    OcspCheck,
+    OcspStapling,
     PeerCertField,
     SslListener,
     TcpListener,
@@ -142,6 +146,7 @@ class MqttConfig(_Section):
     upgrade_qos: bool = False
     response_information: str = ""
     strict_mode: bool = False
+    exclusive_subscription: bool = False  # $exclusive/... (docs/mqtt-extensions.md)
     # protection, per client (0 = no limit): PUBLISH packets and bytes per second read;
     # beyond them reading pauses until the client is back under the rate. packet_timeout:
     # how long one packet may take to arrive once its first byte is in (slowloris).
@@ -277,11 +282,53 @@ class HttpAuthnConfig(_Section):
     on_error: Literal["ignore", "deny"] = "ignore"
 
 
+class JwtAuthnConfig(_Section):
+    """``[authentication.jwt]`` (EMQX's ``mechanism = "jwt"``; docs/security.md "JWT").
+
+    The token comes in the CONNECT's ``from`` field. ``algorithm = "hmac-based"``:
+    HS256/384/512 with ``secret`` (``secret_base64_encoded``: the secret is base64);
+    ``"public-key"``: RS/PS/ES with ``public_key`` (PEM text or a path to a PEM file), or
+    with ``use_jwks`` the keys of the JWKS at ``endpoint``, fetched at start and every
+    ``refresh_interval`` (and at once, at most every 10 s, for an unknown ``kid``).
+    ``verify_claims``: claim -> required value, where ``${clientid}`` and ``${username}``
+    stand for the client's; ``exp``/``nbf``/``iat`` are always checked.
+    ``acl_claim_name``: the claim with the client's publish/subscribe rules.
+    """
+
+    enable: bool = False
+    from_: Annotated[Literal["password", "username"], Field(alias="from")] = "password"
+    use_jwks: bool = False
+    algorithm: Literal["hmac-based", "public-key"] = "hmac-based"
+    secret: str = ""
+    secret_base64_encoded: bool = False
+    public_key: str = ""
+    endpoint: str = ""
+    refresh_interval: Annotated[Duration, Field(gt=0)] = 300.0
+    http_timeout: Annotated[Duration, Field(gt=0)] = 5.0
+    verify_claims: dict[str, str] = Field(default_factory=dict)
+    acl_claim_name: str = "acl"
+    disconnect_after_expire: bool = True
+
+    @model_validator(mode="after")
+    def _keys(self) -> JwtAuthnConfig:
+        if not self.enable:
+            return self
+        if self.use_jwks:
+            if not self.endpoint:
+                raise ValueError("use_jwks needs endpoint (the JWKS URL)")
+        elif self.algorithm == "hmac-based" and not self.secret:
+            raise ValueError('algorithm = "hmac-based" needs secret')
+        elif self.algorithm == "public-key" and not self.public_key:
+            raise ValueError('algorithm = "public-key" needs public_key (or use_jwks)')
+        return self
+
+
 class AuthenticationConfig(_Section):
     allow_anonymous: bool = True
     builtin_db: BuiltinDbAuthnConfig = Field(default_factory=BuiltinDbAuthnConfig)
     scram: ScramAuthnConfig = Field(default_factory=ScramAuthnConfig)
     http: HttpAuthnConfig = Field(default_factory=HttpAuthnConfig)
+    jwt: JwtAuthnConfig = Field(default_factory=JwtAuthnConfig)
 
 
 class AuthzRule(_Section):
@@ -323,6 +370,31 @@ class AuthzCacheConfig(_Section):
     ttl: Annotated[Duration, Field(gt=0)] = 60.0
 
 
+class HttpAuthzSource(_Section):
+    """``[[authorization.sources]] type = "http"`` (EMQX's HTTP authorizer).
+
+    ``body`` (POST: JSON) or the URL's query (GET) is a template over ``${clientid}``,
+    ``${username}``, ``${peerhost}``, ``${action}``, ``${topic}``, ``${qos}``,
+    ``${retain}``, ``${protocol}``, ``${mountpoint}``. The answer: 200 with
+    ``{"result": "allow"|"deny"|"ignore"}`` or 204 (allow); 4xx is ``ignore``; a timeout,
+    5xx or unreadable answer is ``on_error``. Decisions are cached for ``cache_ttl``."""
+
+    type: Literal["http"]
+    enable: bool = True
+    method: Literal["post", "get"] = "post"
+    url: HttpUrl
+    headers: dict[str, str] = Field(default_factory=dict)
+    body: dict[str, str] = Field(default_factory=lambda: {
+        "clientid": "${clientid}", "username": "${username}", "peerhost": "${peerhost}",
+        "action": "${action}", "topic": "${topic}",
+    })
+    request_timeout: Annotated[Duration, Field(gt=0)] = 5.0
+    pool_size: int = Field(default=8, ge=1)
+    cache_ttl: Duration = 60.0
+    cache_max: int = Field(default=10_000, ge=1)
+    on_error: Literal["ignore", "deny"] = "deny"
+
+
 class AuthorizationConfig(_Section):
     no_match: Permission = "allow"
     deny_action: Literal["ignore", "disconnect"] = "ignore"
@@ -335,6 +407,8 @@ class AuthorizationConfig(_Section):
     # configuration file) and validates it, but does not copy its rules into ``rules``.
     rules_file: Path | None = None
     rules: list[AuthzRule] = Field(default_factory=list)
+    # external sources after the rules (docs/security.md "HTTP authorization")
+    sources: list[HttpAuthzSource] = Field(default_factory=list)
 
 
 class RulesFile(_Section):
@@ -408,6 +482,21 @@ class SysTopicsConfig(_Section):
     sys_event_messages: SysEventMessages = Field(default_factory=SysEventMessages)
 
 
+class CrlCacheConfig(_Section):
+    """``[crl_cache]`` (EMQX's section, plus ours): CRLs fetched from client
+    certificates' distribution points (listeners with ``enable_crl_check``) are kept and
+    fetched again every ``refresh_interval``; at most ``capacity`` URLs. ``fail_mode``:
+    what a connection gets while its CRL cannot be had ("closed": refused; "open":
+    admitted, and cut if the CRL, once fetched, revokes it). ``file_check_interval``:
+    how often CRL files are looked at for changes (SIGHUP re-reads them at once)."""
+
+    refresh_interval: Annotated[Duration, Field(ge=1)] = 900.0
+    http_timeout: Annotated[Duration, Field(gt=0)] = 15.0
+    capacity: int = Field(default=100, ge=1)
+    fail_mode: FailMode = "closed"
+    file_check_interval: Annotated[Duration, Field(gt=0)] = 5.0
+
+
 class FlappingDetectConfig(_Section):
     """``[flapping_detect]`` (EMQX's): a client id that connects ``max_count`` times
     within ``window_time`` is banned for ``ban_time``."""
@@ -418,7 +507,7 @@ class FlappingDetectConfig(_Section):
     ban_time: Annotated[Duration, Field(gt=0)] = 300.0
 
 
-class ClusterTlsConfig(_Section):
+class ClusterTlsConfig(KeyPassword):
     """``[cluster.tls]``: the node's certificate (issued by the cluster CA with
     ``gatewayctl certs issue DIR <node name> --server-client``) and the CA every peer's
     certificate must chain to."""
@@ -428,6 +517,9 @@ class ClusterTlsConfig(_Section):
     cacertfile: Path | None = None
     # the peer certificate's CN must be the node name the peer claims
     verify_node_name: bool = True
+    # CRLs of the cluster CA: a revoked node is refused at the handshake; re-read on
+    # change (its live links are cut) and on SIGHUP
+    crlfile: Annotated[list[Path], BeforeValidator(_split_commas)] = Field(default_factory=list)
 
 
 class ClusterDnsConfig(_Section):
@@ -551,7 +643,7 @@ class BridgeSubscription(_Section):
     qos: int = Field(default=1, ge=0, le=2)
 
 
-class BridgeTls(_Section):
+class BridgeTls(KeyPassword):
     """``[bridges.mqtt.<name>.tls]``: TLS (and mutual TLS) to the upstream broker."""
 
     enable: bool = False
@@ -566,6 +658,8 @@ class BridgeTls(_Section):
         Field(min_length=1),
     ] = Field(default_factory=lambda: list(DEFAULT_TLS_VERSIONS))
     ciphers: Annotated[str, BeforeValidator(_join_ciphers)] = ""
+    # CRLs of the upstream's CA: a revoked upstream certificate fails the handshake
+    crlfile: Annotated[list[Path], BeforeValidator(_split_commas)] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _cert_and_key(self) -> BridgeTls:
@@ -647,6 +741,11 @@ class BridgesConfig(_Section):
 
 
 from gateway.config.dashboard import DashboardConfig  # noqa: E402
+from gateway.config.extensions import (  # noqa: E402
+    AutoSubscribeConfig,
+    DelayedConfig,
+    RewriteRule,
+)
 from gateway.config.rules import RuleEngineConfig, RuleEngineField, WebhookConfig  # noqa: E402
 
 
@@ -663,12 +762,17 @@ class GatewayConfig(_Section):
     fleet: FleetConfig = Field(default_factory=FleetConfig)
     gateway: GatewaysConfig = Field(default_factory=GatewaysConfig)
     flapping_detect: FlappingDetectConfig = Field(default_factory=FlappingDetectConfig)
+    crl_cache: CrlCacheConfig = Field(default_factory=CrlCacheConfig)
     api: ApiConfig = Field(default_factory=ApiConfig)
     dashboard: DashboardConfig = Field(default_factory=DashboardConfig)  # gateway.admin.dashboard
     sys_topics: SysTopicsConfig = Field(default_factory=SysTopicsConfig)
     bridges: BridgesConfig = Field(default_factory=BridgesConfig)
     webhooks: dict[str, WebhookConfig] = Field(default_factory=dict)  # gateway.rules
     rule_engine: RuleEngineField = Field(default_factory=RuleEngineConfig)
+    # EMQX's MQTT extensions (gateway.ext; docs/mqtt-extensions.md)
+    auto_subscribe: AutoSubscribeConfig = Field(default_factory=AutoSubscribeConfig)
+    delayed: DelayedConfig = Field(default_factory=DelayedConfig)
+    rewrite: list[RewriteRule] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _workers_alone(self) -> GatewayConfig:
@@ -705,6 +809,13 @@ __all__ = [
     "ClusterConfig",
     "ClusterDnsConfig",
     "ClusterTlsConfig",
+    "CrlCacheConfig",
+    "FailMode",
+    "HttpAuthzSource",
+    "JwtAuthnConfig",
+    "KeyPassword",
+    "OcspCheck",
+    "OcspStapling",
     "CoapConfig",
     "CoapListeners",
     "DEFAULT_TLS_VERSIONS",

@@ -23,6 +23,18 @@ Rules:
 - Adding or removing callbacks while a hook runs is safe: the run uses the callbacks
   registered when it started.
 
+The topic hooks (MQTT extensions, ``gateway/ext``; all folds, called by the core wherever
+a topic or filter from a client enters it):
+
+- ``topic.rewrite`` ``(client, action) acc=topic -> topic``: a pure function (the same
+  answer every time for the same client and topic), ``action`` "publish" or "subscribe";
+  run before authorization, routing, subscribing, unsubscribing and retained delivery.
+- ``topic.authorize`` ``(client, action) acc=topic -> topic``: the topic authorization
+  checks (an extension strips its own prefix: ``$delayed/N/``, ``$exclusive/``); pure.
+- ``client.subscribe`` ``(client, options) acc=filter -> filter | Stop(reason_code)``: the
+  filter the session subscribes to, or a refusal (a reason code >= 0x80).
+- ``client.unsubscribe`` ``(client,) acc=filter -> filter``.
+
 Invariant: ``_callbacks[name]`` exists exactly when ``name`` has at least one callback
 and is the tuple of its callbacks in run order, so ``has`` and an empty ``run`` cost one
 dict lookup.
@@ -47,6 +59,8 @@ HOOK_NAMES: frozenset[str] = frozenset(
         "client.disconnected",
         "client.authenticate",
         "client.authorize",
+        "client.subscribe",
+        "client.unsubscribe",
         "session.created",
         "session.subscribed",
         "session.unsubscribed",
@@ -58,6 +72,8 @@ HOOK_NAMES: frozenset[str] = frozenset(
         "message.delivered",
         "message.acked",
         "message.dropped",
+        "topic.rewrite",
+        "topic.authorize",
     }
 )
 

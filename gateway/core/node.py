@@ -117,6 +117,8 @@ class Node:
         if settings.retainer_enable:
             self.hooks.add("message.publish", self._retain_hook, Priority.RETAINER)
         self._retainer_only = (self._retain_hook,)
+        # message.publish subscribers for topics under a $-prefix (add_publish_prefix)
+        self._prefixed: tuple[tuple[str, Callable[[Message], int | None]], ...] = ()
         self._counters = self.metrics.counters  # the hot path increments directly
         self.connections = 0
         # MQTT 5 enhanced authentication methods ("SCRAM-SHA-256" -> exchange factory),
@@ -472,6 +474,9 @@ class Node:
         return allowed
 
     def _authorize(self, client: ClientInfo, action: str, topic: str) -> bool:
+        hooks = self.hooks
+        if hooks.has("topic.rewrite") or hooks.has("topic.authorize"):
+            topic = self.authorized_topic(client, action, topic)
         checked = parse_shared(topic)[1] if action == "subscribe" else topic
         allowed: bool = self.authorizer.check(
             action,  # type: ignore[arg-type]
@@ -504,6 +509,24 @@ class Node:
             message.retain = False  # QoS 0: delivered live, not retained
             self.metrics.incr("messages.retain_refused.store")
         hooks = self.hooks
+        rewriters = hooks.callbacks("topic.rewrite")
+        if rewriters:  # the fold of run_fold, inline: this is the publish path
+            topic = old = message.topic
+            for rewrite in rewriters:
+                try:
+                    new = rewrite(client, "publish", topic)
+                except Exception:
+                    log.exception("hook topic.rewrite: callback %r failed", rewrite)
+                    continue
+                if new is not None:
+                    topic = new
+            if topic != old:
+                message.topic = topic
+                message.wire = None  # the publisher's bytes carry the old topic
+        if self._prefixed and message.topic[:1] == "$":
+            taken = self._run_prefixed(message)
+            if taken is not None:
+                return taken
         callbacks = hooks.callbacks("message.publish")
         # the retainer alone has nothing to do with a message that is not retained
         if callbacks and (message.retain or callbacks != self._retainer_only):
@@ -541,7 +564,21 @@ class Node:
         self.cluster = cluster
         self.broker.on_no_subscribers = None if cluster is not None else self._no_subscribers
 
-    def subscribe(self, client: ClientInfo, topic_filter: str, options: SubOptions) -> bool:
+    def subscribe(
+        self, client: ClientInfo, topic_filter: str, options: SubOptions
+    ) -> bool | int:
+        """Add or replace a subscription: True when it existed, False when new, or a
+        reason code (an ``int`` >= 0x80, never a ``bool``) when a ``client.subscribe``
+        subscriber refused it (an exclusive subscription another client holds: 0x97).
+        The filter goes through ``topic.rewrite`` and ``client.subscribe`` first."""
+        hooks = self.hooks
+        if hooks.has("topic.rewrite"):
+            topic_filter = hooks.run_fold("topic.rewrite", (client, "subscribe"), topic_filter)
+        if hooks.has("client.subscribe"):
+            folded: str | int = hooks.run_fold("client.subscribe", (client, options), topic_filter)
+            if isinstance(folded, int):
+                return folded
+            topic_filter = folded
         session = self.sessions[client.client_id]
         existed = topic_filter in session.subscriptions
         session.subscribed(topic_filter, options)
@@ -556,6 +593,9 @@ class Node:
     ) -> None:
         if options.retain_handling == 2 or (options.retain_handling == 1 and existed):
             return
+        hooks = self.hooks
+        if hooks.has("topic.rewrite") or hooks.has("topic.authorize"):
+            topic_filter = self.authorized_topic(client, "subscribe", topic_filter)
         group, real = parse_shared(topic_filter)
         if group is not None or not self.settings.retainer_enable:
             return
@@ -567,6 +607,11 @@ class Node:
             session.enqueue(Delivery(msg, min(options.qos, msg.qos), True, sid))
 
     def unsubscribe(self, client: ClientInfo, topic_filter: str) -> bool:
+        hooks = self.hooks
+        if hooks.has("topic.rewrite"):
+            topic_filter = hooks.run_fold("topic.rewrite", (client, "subscribe"), topic_filter)
+        if hooks.has("client.unsubscribe"):
+            topic_filter = hooks.run_fold("client.unsubscribe", (client,), topic_filter)
         session = self.sessions.get(client.client_id)
         if session is None or session.subscriptions.pop(topic_filter, None) is None:
             return False
@@ -575,6 +620,50 @@ class Node:
             self.store.unsubscribed(client.client_id, topic_filter)
         self.hooks.run("session.unsubscribed", client, topic_filter)
         return True
+
+    def add_publish_prefix(self, prefix: str, callback: Callable[[Message], int | None]) -> None:
+        """A ``message.publish`` subscriber for topics under ``prefix`` only (which
+        starts with ``$``: ``$delayed/``, ``$exclusive/``), run before the
+        ``message.publish`` hooks: the publish path of every other topic pays one
+        character comparison for all of them. ``callback(message)`` returns None (go on)
+        or what :meth:`publish` returns (the message was taken: a count, or
+        :data:`PUBLISH_REFUSED`)."""
+        if not prefix.startswith("$"):
+            raise ValueError(f"a publish prefix starts with '$': {prefix!r}")
+        self._prefixed = (*self._prefixed, (prefix, callback))
+
+    def remove_publish_prefix(self, prefix: str, callback: Callable[[Message], int | None]
+                              ) -> None:
+        self._prefixed = tuple(p for p in self._prefixed if p != (prefix, callback))
+
+    def _run_prefixed(self, message: Message) -> int | None:
+        topic = message.topic
+        for prefix, callback in self._prefixed:
+            if topic.startswith(prefix):
+                try:
+                    taken = callback(message)
+                except Exception:
+                    log.exception("publish subscriber for %r failed", prefix)
+                    continue
+                if taken is not None:
+                    return taken
+        return None
+
+    def authorized_topic(self, client: ClientInfo, action: str, topic: str) -> str:
+        """The topic authorization checks for ``topic`` from ``client``: rewritten
+        (``topic.rewrite``), then with any extension's prefix taken off
+        (``topic.authorize``: ``$delayed/10/a`` -> ``a``), and that rewritten again (the
+        topic a delayed message will be published to)."""
+        hooks = self.hooks
+        rewrite = hooks.has("topic.rewrite")
+        if rewrite:
+            topic = hooks.run_fold("topic.rewrite", (client, action), topic)
+        if hooks.has("topic.authorize"):
+            inner = hooks.run_fold("topic.authorize", (client, action), topic)
+            if inner != topic and rewrite:
+                inner = hooks.run_fold("topic.rewrite", (client, action), inner)
+            topic = inner
+        return topic
 
     # -- hook subscribers and callbacks ----------------------------------------------
 

@@ -21,6 +21,8 @@ from gateway.net.dtls import DtlsChannel, DtlsError, DtlsServer
 from gateway.net.shell import CommitGate
 from gateway.net.stream import ListenerLimits, start_stream_listener
 from gateway.net.tls import ReloadableContext, describe
+from gateway.security.revocation import GuardSettings, RevocationGuard
+from gateway.security.stapling import OcspStapling
 from protocols.context import ConnectionHandle
 
 
@@ -76,6 +78,7 @@ async def open_listener(
         tls = None
         if spec.secure:
             tls = ReloadableContext(spec.id, spec.config)
+            factory = guard_listener(assembly, spec, tls, factory)
             options["ssl"] = tls.server_context
             options["ssl_handshake_timeout"] = assembly.config.mqtt.idle_timeout
         server = await start_stream_listener(spec.config.bind, limits, factory, gate, **options)
@@ -95,6 +98,43 @@ async def open_listener(
     assert shell.transport is not None
     addresses = [fmt_address(shell.transport.get_extra_info("sockname"))]
     return Opened(spec, limits, addresses, shell=shell, dtls=dtls, detail=detail)
+
+
+def guard_listener(
+    assembly: Assembly, spec: ListenerSpec, tls: ReloadableContext, factory: Any
+) -> Any:
+    """Revocation checks and OCSP stapling of a TLS listener, when configured
+    (:mod:`gateway.security.revocation`, :mod:`gateway.security.stapling`): the factory
+    to use instead of ``factory``."""
+    lst = spec.config
+    loop = asyncio.get_running_loop()
+    if lst.ocsp.enable_ocsp_stapling:
+        stapling = OcspStapling(spec.id, lst, tls)
+        stapling.start(loop)
+    if not (lst.crlfile or lst.enable_crl_check or lst.ocsp_check.enable):
+        return factory
+    cc = assembly.config.crl_cache
+    oc = lst.ocsp_check
+    settings = GuardSettings(
+        crlfile=list(lst.crlfile), cacertfile=lst.cacertfile,
+        enable_crl_check=lst.enable_crl_check, refresh_interval=cc.refresh_interval,
+        http_timeout=cc.http_timeout, capacity=cc.capacity, crl_fail_mode=cc.fail_mode,
+        file_check_interval=cc.file_check_interval, ocsp_enable=oc.enable,
+        ocsp_url=oc.responder_url, ocsp_ttl=oc.cache_ttl, ocsp_timeout=oc.http_timeout,
+        ocsp_fail_mode=oc.fail_mode,
+    )
+    guard = RevocationGuard(spec.id, settings, incr=assembly.node.metrics.incr,
+                            on_files_changed=tls.reload)
+    tls.on_reload.append(guard.reload_files)
+    tls.closers.append(guard.close)
+    guard.start(loop)
+
+    def make(shell: Any, peer: Any) -> Any:
+        channel = factory(shell, peer)
+        guard.admit(shell)
+        return channel
+
+    return make
 
 
 def dtls_channel(

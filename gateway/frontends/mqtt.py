@@ -75,8 +75,13 @@ def mqtt_channel(
 
         return make
 
+    extra = tuple(
+        f for f in (settings.peer_cert_as_clientid, settings.peer_cert_as_username)
+        if f in ("pem", "crt", "md5")
+    )
+
     def make_tls(shell: StreamShell, peer: tuple[str, int] | None) -> MqttChannel:
-        cert = peer_identity(shell.transport)
+        cert = peer_identity(shell.transport, extra)
         return MqttChannel(node, settings, shell, peer=peer, monotonic=monotonic, peer_cert=cert)
 
     return make_tls

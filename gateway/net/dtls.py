@@ -53,7 +53,15 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
-from gateway.net.tls import TlsError, identity_of, load_certificates, load_key_pair
+from gateway.net.tls import (
+    TlsError,
+    check_crl,
+    crl_status,
+    identity_of,
+    load_certificates,
+    load_crls,
+    load_key_pair,
+)
 from protocols.context import ClientInfo, ConnectionHandle, Delivery
 from protocols.effects import Close, Effect, SetTimer
 from protocols.identity import BoundIdentity, IdentityRefused
@@ -133,6 +141,7 @@ class DtlsContext:
     psk: PskStore | None
     verify_peer: bool  # client certificates are checked against cacertfile
     description: str  # for the log
+    crls: tuple[x509.CertificateRevocationList, ...] = ()  # crlfile, signatures checked
 
 
 def server_context(psk: Mapping[str, bytes]) -> DtlsContext:
@@ -167,6 +176,7 @@ def build_dtls_context(listener: DtlsListener) -> DtlsContext:
         store = kwargs["pre_shared_key_store"] = PskStore(keys)
         what.append(f"PSK ({len(keys)} keys)")
     verify_peer = False
+    crls: list[x509.CertificateRevocationList] = []
     if listener.certfile is not None and listener.keyfile is not None:
         try:
             certs, key = load_key_pair(listener.certfile, listener.keyfile)
@@ -175,6 +185,9 @@ def build_dtls_context(listener: DtlsListener) -> DtlsContext:
                 if listener.verify == "verify_peer" and listener.cacertfile is not None
                 else []
             )
+            for path, crl in load_crls("crlfile", list(listener.crlfile)):
+                check_crl("crlfile", path, crl, cas)
+                crls.append(crl)
         except TlsError as exc:
             raise DtlsError(exc.reason, exc.key) from None
         cls: type[pk.CipherBase]
@@ -216,7 +229,10 @@ def build_dtls_context(listener: DtlsListener) -> DtlsContext:
         server = mbedtls.tls.ServerContext(mbedtls.tls.DTLSConfiguration(**kwargs))
     except Exception as exc:
         raise DtlsError(f"mbedTLS refused the configuration: {exc!r}", "certfile") from None
-    return DtlsContext(server, store, verify_peer, ", ".join(what))
+    if verify_peer and crls:
+        what.append(f"{len(crls)} CRL(s)")
+    return DtlsContext(server, store, verify_peer, ", ".join(what),
+                       tuple(crls) if verify_peer else ())
 
 
 def describe_certificate(cert: x509.Certificate, path: Path) -> str:
@@ -489,7 +505,12 @@ class DtlsChannel:
             return None
         if not self.buffer._verified:
             return "client certificate does not verify against cacertfile"
-        self.identity = identity_of(x509.load_der_x509_certificate(bytes(der)))
+        cert = x509.load_der_x509_certificate(bytes(der))
+        if self.context.crls and crl_status(cert, list(self.context.crls)) == "revoked":
+            log.warning("dtls peer %s:%d: refused %s (serial %x): certificate revoked",
+                        *self.addr, cert.subject.rfc4514_string(), cert.serial_number)
+            return "client certificate revoked (crlfile)"
+        self.identity = identity_of(cert)
         return None
 
     def _drain(self, out: list[Effect]) -> None:

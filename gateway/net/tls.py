@@ -29,9 +29,9 @@ from __future__ import annotations
 import logging
 import ssl
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
@@ -62,11 +62,101 @@ class TlsError(Exception):
 # ------------------------------------------------------------------ building contexts
 
 
+def key_password(section: Any) -> bytes | None:
+    """The password of ``section``'s encrypted keyfile: ``password``, or the first line
+    of ``password_file``; None when neither is set (:class:`TlsError` names the key)."""
+    password = getattr(section, "password", None)
+    if password is not None:
+        return str(password).encode()
+    path = getattr(section, "password_file", None)
+    if path is None:
+        return None
+    lines = _read("password_file", Path(path)).splitlines()
+    if not lines or not lines[0].strip():
+        raise TlsError("password_file", f'"{path}" is empty')
+    return lines[0].strip()
+
+
+def load_crls(key: str, paths: list[Path]) -> list[tuple[Path, x509.CertificateRevocationList]]:
+    """The CRLs in ``paths`` (PEM, one or more per file; or one DER CRL), with their file."""
+    out: list[tuple[Path, x509.CertificateRevocationList]] = []
+    begin, end = b"-----BEGIN X509 CRL-----", b"-----END X509 CRL-----"
+    for path in paths:
+        data = _read(key, path)
+        try:
+            if begin in data:
+                for block in data.split(end)[:-1]:
+                    out.append((path, x509.load_pem_x509_crl(block[block.index(begin):] + end)))
+            else:
+                out.append((path, x509.load_der_x509_crl(data)))
+        except ValueError:
+            raise TlsError(key, f'no CRL (PEM or DER) in "{path}"') from None
+    return out
+
+
+def check_crl(key: str, path: Path | str, crl: x509.CertificateRevocationList,
+              cas: list[x509.Certificate]) -> x509.Certificate:
+    """The CA of ``cas`` that signed ``crl``; :class:`TlsError` when none did."""
+    for ca in cas:
+        if ca.subject == crl.issuer and crl.is_signature_valid(ca.public_key()):  # type: ignore[arg-type]
+            return ca
+    raise TlsError(key, f'the CRL in "{path}" ({crl.issuer.rfc4514_string()}) is not signed '
+                        "by a certificate of cacertfile")
+
+
+def crl_status(
+    cert: x509.Certificate, crls: list[x509.CertificateRevocationList]
+) -> Literal["good", "revoked", "unknown"]:
+    """``revoked`` if a CRL of the certificate's issuer lists its serial, ``good`` if one
+    such CRL exists and does not, ``unknown`` when no CRL of its issuer is at hand."""
+    seen = False
+    for crl in crls:
+        if crl.issuer != cert.issuer:
+            continue
+        seen = True
+        if crl.get_revoked_certificate_by_serial_number(cert.serial_number) is not None:
+            return "revoked"
+    return "good" if seen else "unknown"
+
+
+def add_crls(
+    ctx: ssl.SSLContext,
+    key: str,
+    paths: list[Path],
+    cas: list[x509.Certificate],
+) -> list[x509.CertificateRevocationList]:
+    """Load the CRL files into ``ctx`` and make OpenSSL check the peer's (leaf)
+    certificate against them at the handshake. Each CRL must be signed by a certificate
+    of ``cas`` (the ``cacertfile``), else :class:`TlsError`: a CRL nobody can check would
+    revoke nothing. Every CA that issues peer certificates then needs a CRL (OpenSSL
+    refuses a peer whose issuer has none: fail-closed)."""
+    loaded = load_crls(key, paths)
+    if not loaded:
+        return []
+    pem = []
+    for path, crl in loaded:
+        check_crl(key, path, crl, cas)
+        pem.append(crl.public_bytes(serialization.Encoding.PEM).decode())
+    # (load_verify_locations(cadata=...) takes certificates only; a file takes CRLs too)
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".pem") as tmp:
+        tmp.write("".join(pem))
+        tmp.flush()
+        try:
+            ctx.load_verify_locations(cafile=tmp.name)
+        except ssl.SSLError as exc:
+            raise TlsError(key, f"OpenSSL refused the CRL: {_why(exc)}") from None
+    ctx.verify_flags |= ssl.VERIFY_CRL_CHECK_LEAF
+    return [crl for _, crl in loaded]
+
+
 def build_context(listener: SslListener) -> ssl.SSLContext:
     """A server-side SSLContext for ``listener``; :class:`TlsError` names the bad key."""
     if listener.certfile is None or listener.keyfile is None:
         raise TlsError("certfile", "an ssl listener needs certfile and keyfile")
-    load_key_pair(listener.certfile, listener.keyfile)
+    password = key_password(listener)
+    load_key_pair(listener.certfile, listener.keyfile, password)
 
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     with warnings.catch_warnings():
@@ -80,35 +170,47 @@ def build_context(listener: SslListener) -> ssl.SSLContext:
         except ssl.SSLError:
             raise TlsError("ciphers", f'no cipher matches "{listener.ciphers}"') from None
     try:
-        ctx.load_cert_chain(listener.certfile, listener.keyfile)
+        ctx.load_cert_chain(listener.certfile, listener.keyfile, password)
     except ssl.SSLError as exc:
         raise TlsError("certfile", f"OpenSSL refused the certificate: {_why(exc)}") from None
 
     if listener.verify == "verify_peer":
         if listener.cacertfile is None:
             raise TlsError("cacertfile", 'verify = "verify_peer" needs cacertfile')
-        load_certificates("cacertfile", listener.cacertfile)
+        cas = load_certificates("cacertfile", listener.cacertfile)
         try:
             ctx.load_verify_locations(cafile=listener.cacertfile)
         except ssl.SSLError as exc:
             raise TlsError("cacertfile", f"OpenSSL refused it: {_why(exc)}") from None
         ctx.verify_mode = ssl.CERT_REQUIRED if listener.fail_if_no_peer_cert else ssl.CERT_OPTIONAL
+        add_crls(ctx, "crlfile", list(listener.crlfile), cas)
+        from gateway.net import openssl_ext
+
+        openssl_ext.set_verify_depth(ctx, listener.depth)
     else:
         ctx.verify_mode = ssl.CERT_NONE
     return ctx
 
 
-def load_key_pair(certfile: Path, keyfile: Path) -> tuple[list[x509.Certificate], Any]:
+def load_key_pair(
+    certfile: Path, keyfile: Path, password: bytes | None = None
+) -> tuple[list[x509.Certificate], Any]:
     """The certificate chain in ``certfile`` and the private key in ``keyfile``, checked
-    (PEM, unencrypted, the key matches the first certificate); :class:`TlsError` names the
-    bad key. Shared with the DTLS listeners (``gateway.net.dtls``)."""
+    (PEM; encrypted only with ``password``, which then must open it; the key matches the
+    first certificate); :class:`TlsError` names the bad key. Shared with the DTLS
+    listeners (``gateway.net.dtls``), the cluster and the bridge."""
     certs = load_certificates("certfile", certfile)
     key_pem = _read("keyfile", keyfile)
     try:
-        key = serialization.load_pem_private_key(key_pem, password=None)
+        key = serialization.load_pem_private_key(key_pem, password=password)
     except TypeError:
-        raise TlsError("keyfile", "encrypted private keys are not supported") from None
+        if password is None:
+            raise TlsError("keyfile", f'"{keyfile}" is encrypted: give password or '
+                                      "password_file") from None
+        raise TlsError("password", f'"{keyfile}" is not encrypted: remove the password') from None
     except (ValueError, NotImplementedError):
+        if password is not None and b"ENCRYPTED" in key_pem:
+            raise TlsError("password", f'wrong password for "{keyfile}"') from None
         raise TlsError("keyfile", f'not a PEM private key "{keyfile}"') from None
     if _spki(key.public_key()) != _spki(certs[0].public_key()):
         raise TlsError("keyfile", f'"{keyfile}" does not match certfile')
@@ -165,9 +267,25 @@ class ReloadableContext:
     def __init__(self, name: str, listener: SslListener) -> None:
         self.name = name
         self.listener = listener
+        # called after each successful reload (the revocation guard re-reads its CRLs)
+        self.on_reload: list[Callable[[], object]] = []
+        # each context built gets these (OCSP stapling: gateway.net.openssl_ext.Stapler)
+        self.installers: list[Callable[[ssl.SSLContext], object]] = []
+        self.closers: list[Callable[[], object]] = []
         self.server_context = build_context(listener)
         self.server_context.sni_callback = self._select
         self.current = self.server_context
+
+    def install(self, fn: Callable[[ssl.SSLContext], object]) -> None:
+        """Apply ``fn`` to the current context and to every one a reload builds."""
+        self.installers.append(fn)
+        fn(self.server_context)
+        if self.current is not self.server_context:
+            fn(self.current)
+
+    def close(self) -> None:
+        for fn in self.closers:
+            fn()
 
     def _select(
         self,
@@ -190,15 +308,19 @@ class ReloadableContext:
                 exc,
             )
             return False
+        for fn in self.installers:
+            fn(ctx)
         self.current = ctx
         log.info("listener %s: TLS reloaded: %s", self.name, describe(self.listener))
+        for after in self.on_reload:
+            after()
         return True
 
 
 # ------------------------------------------------------------------ peer identity
 
 
-def peer_identity(transport: Any) -> Mapping[str, str] | None:
+def peer_identity(transport: Any, extra: tuple[str, ...] = ()) -> Mapping[str, str] | None:
     """The verified client certificate of a TLS transport as ``{"cn", "dn", "san"}``.
 
     None when the transport is not TLS or the client sent no certificate. Keys whose field
@@ -212,11 +334,25 @@ def peer_identity(transport: Any) -> Mapping[str, str] | None:
     der = ssl_object.getpeercert(binary_form=True)
     if not der:
         return None
-    return identity_of(x509.load_der_x509_certificate(der))
+    return identity_of(x509.load_der_x509_certificate(der), extra)
 
 
-def identity_of(cert: x509.Certificate) -> dict[str, str]:
+def identity_of(cert: x509.Certificate, extra: tuple[str, ...] = ()) -> dict[str, str]:
+    """``cn``, ``dn``, ``san`` (see :func:`peer_identity`), and those of ``extra`` that
+    are asked for (they cost memory per connection): ``pem`` (the certificate in PEM),
+    ``crt`` (its DER, base64), ``md5`` (hex MD5 of the DER; EMQX's names)."""
     out: dict[str, str] = {}
+    if extra:
+        import base64
+        import hashlib
+
+        der = cert.public_bytes(serialization.Encoding.DER)
+        if "pem" in extra:
+            out["pem"] = cert.public_bytes(serialization.Encoding.PEM).decode()
+        if "crt" in extra:
+            out["crt"] = base64.b64encode(der).decode()
+        if "md5" in extra:
+            out["md5"] = hashlib.md5(der).hexdigest()
     dn = cert.subject.rfc4514_string()
     if dn:
         out["dn"] = dn

@@ -40,7 +40,7 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from cryptography.x509.oid import AuthorityInformationAccessOID, ExtendedKeyUsageOID, NameOID
 
 CA_CERT = "ca.crt"
 CA_KEY = "ca.key"
@@ -132,8 +132,14 @@ def issue(
     sans: Sequence[str] = (),
     days: int = LEAF_DAYS,
     force: bool = False,
+    crl_urls: Sequence[str] = (),
+    ocsp_url: str | None = None,
 ) -> Issued:
     """Issue ``directory/NAME.crt`` and ``NAME.key`` (subject CN=NAME) from the CA there.
+
+    ``crl_urls`` become the certificate's CRL distribution points, ``ocsp_url`` its
+    OCSP responder (authorityInfoAccess). The certificate is recorded in
+    ``DIR/index.txt`` (:mod:`gateway.security.ca_revoke`).
 
     ``server`` and ``client`` choose the extended key usages (both may be set: a cluster
     node is both). ``sans`` are ``"DNS:name"``, ``"IP:addr"``, ``"URI:uri"`` or a bare
@@ -183,9 +189,25 @@ def issue(
         builder = builder.add_extension(
             x509.SubjectAlternativeName(_unique(general_names)), critical=False
         )
+    if crl_urls:
+        builder = builder.add_extension(
+            x509.CRLDistributionPoints([
+                x509.DistributionPoint([x509.UniformResourceIdentifier(u)], None, None, None)
+                for u in crl_urls
+            ]),
+            critical=False,
+        )
+    if ocsp_url:
+        builder = builder.add_extension(
+            x509.AuthorityInformationAccess([x509.AccessDescription(
+                AuthorityInformationAccessOID.OCSP, x509.UniformResourceIdentifier(ocsp_url)
+            )]),
+            critical=False,
+        )
     cert = builder.sign(ca_key, hashes.SHA256())
     _write(key_path, _key_pem(key), KEY_MODE, force=force)
     _write(cert_path, cert.public_bytes(serialization.Encoding.PEM), CERT_MODE, force=force)
+    record_issued(directory, cert)
     return Issued(cert_path, key_path, cert)
 
 
@@ -231,6 +253,62 @@ def parse_san(text: str) -> x509.GeneralName:
     if not value.isascii() or not _DNS_RE.fullmatch(value):
         raise PkiError(f"invalid SAN {text!r}: expected a DNS name, an IP address or URI:...")
     return x509.DNSName(value)
+
+
+# ------------------------------------------------------------------ the CA database
+
+INDEX = "index.txt"  # OpenSSL's CA database format (see gateway.security.ca_revoke)
+
+
+def _time(value: datetime.datetime) -> str:
+    return value.astimezone(datetime.UTC).strftime("%y%m%d%H%M%SZ")
+
+
+def _parse_time(text: str) -> datetime.datetime:
+    return datetime.datetime.strptime(text, "%y%m%d%H%M%SZ").replace(tzinfo=datetime.UTC)
+
+
+def _subject(cert: x509.Certificate) -> str:
+    cns = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    return "/CN=" + str(cns[0].value) if cns else "/" + cert.subject.rfc4514_string()
+
+
+def _read_index(directory: Path) -> list[list[str]]:
+    path = directory / INDEX
+    if not path.exists():
+        return []
+    rows = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        fields = line.split("\t")
+        if len(fields) != 6 or fields[0] not in ("V", "R", "E"):
+            raise PkiError(f"{path}:{n}: not an OpenSSL index line")
+        rows.append(fields)
+    return rows
+
+
+def _write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _write_index(directory: Path, rows: list[list[str]]) -> None:
+    _write_atomic(directory / INDEX, "".join("\t".join(r) + "\n" for r in rows).encode())
+
+
+def record_issued(directory: str | Path, cert: x509.Certificate) -> None:
+    """Add an issued certificate to ``index.txt`` as valid (``pki.issue`` calls this)."""
+    directory = Path(directory)
+    rows = _read_index(directory)
+    serial = f"{cert.serial_number:X}"
+    rows = [r for r in rows if r[3] != serial]
+    rows.append(["V", _time(cert.not_valid_after_utc), "", serial, "unknown", _subject(cert)])
+    _write_index(directory, rows)
+
 
 
 # ------------------------------------------------------------------ helpers

@@ -474,11 +474,12 @@ def store_schemas() -> tuple[str, ...]:
     from gateway.bridge.store import SCHEMA as BRIDGE
     from gateway.cluster.outbox import SCHEMA as CLUSTER
     from gateway.store.banned import SCHEMA as BANNED
+    from gateway.store.extensions import SCHEMA as EXTENSIONS
     from gateway.store.lwm2m import SCHEMA as LWM2M
     from gateway.store.sessions import SCHEMA as SESSIONS
     from gateway.store.users import SCHEMA as USERS
 
-    return (SESSIONS, BANNED, USERS, LWM2M, BRIDGE, CLUSTER)
+    return (SESSIONS, BANNED, USERS, LWM2M, BRIDGE, CLUSTER, EXTENSIONS)
 
 
 def _mb(n: int) -> str:

@@ -74,6 +74,7 @@ from protocols.context import (
     Delivery,
     GatewayContext,
     SubOptions,
+    subscribe_refused,
 )
 from protocols.context import Message as BrokerMessage
 from protocols.effects import CancelTimer, Close, Effect, SetTimer
@@ -635,8 +636,12 @@ class CoapChannel(CoapEndpoint):
         self.observations[full] = Observation(full, path, msg.token, qos, szx)
         opts = SubOptions(qos, no_local=_flag(q.get("nl")), retain_handling=rh)
         existed = self.context.subscribe(info, full, opts)
+        if subscribe_refused(existed):  # an exclusive topic another client holds
+            del self.observations[full]
+            self._respond(msg, Code.SERVICE_UNAVAILABLE)
+            return
         self._respond(msg, Code.CONTENT, observe=self._next_seq())
-        self.context.deliver_retained(info, full, opts, existed)
+        self.context.deliver_retained(info, full, opts, existed is True)
 
     def _unsubscribe(self, msg: Message, topic: str) -> None:
         full = self.settings.mountpoint + topic

@@ -15,12 +15,14 @@ Registration interface (device -> us):
 - ``POST /dp`` (1.1 Send, SenML) -> 2.04; the records go to ``{mp}up/send``.
 - Request bodies sent with Block1 (large link lists, Send) are reassembled.
 
-Device management (MQTT -> us -> device): a JSON command on ``{mp}dn`` (``reqID``,
+Device management (MQTT -> us -> device; the half in :mod:`protocols.lwm2m.exchange`,
+a base class of this channel): a JSON command on ``{mp}dn`` (``reqID``,
 ``msgType`` read | discover | write | write-attr | execute | create | delete | observe |
 cancel-observe, and the 1.1 read-composite | write-composite | observe-composite |
 cancel-observe-composite, ``data``) becomes one CoAP request; its answer is published on
 ``{mp}up/resp`` as ``{"reqID", "msgType", "data": {"reqPath", "code", "codeMsg",
-"content"}}`` (keys of the command other than those are echoed); notifications of an
+"content"}}`` (keys of the command other than those are echoed; reads ask for a content
+format negotiated per device, :mod:`protocols.lwm2m.formats`); notifications of an
 observation go to ``{mp}up/notify`` with ``seqNum``. No answer: ``"code":
 "coap_timeout"``. Requests go one at a time (CoAP NSTART = 1), the rest wait in order.
 
@@ -43,19 +45,14 @@ Invariants:
 
 from __future__ import annotations
 
-import json
 import logging
-import secrets
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any
 
 from protocols.coap.codec import (
     ACK,
     CON,
-    NON,
     RST,
     Block,
     Code,
@@ -64,7 +61,7 @@ from protocols.coap.codec import (
     encode,
     make,
 )
-from protocols.coap.endpoint import CoapEndpoint, query_of
+from protocols.coap.endpoint import query_of
 from protocols.context import (
     ClientInfo,
     ConnectionHandle,
@@ -72,102 +69,21 @@ from protocols.context import (
     GatewayContext,
     SubOptions,
 )
-from protocols.context import Message as BrokerMessage
 from protocols.effects import CancelTimer, Close, Effect, SetTimer
 from protocols.lwm2m import bootstrap, content
-from protocols.lwm2m.objects import ObjectModel
-from protocols.lwm2m.registry import Registry
-from protocols.lwm2m.requests import (
-    BLOCK_SZX,
-    COMPOSITE,
-    Command,
-    build,
-    build_composite,
-)
+from protocols.lwm2m.exchange import Exchange, Lwm2mSettings, State, _Outstanding
+from protocols.lwm2m.requests import Command
+
+__all__ = ["Lwm2mChannel", "Lwm2mSettings", "State"]
 
 log = logging.getLogger("protocols.lwm2m.channel")
 
-MAX_BODY = 4 * 1024 * 1024  # a Block2 answer larger than this is refused (4.08)
-BLOCK_SIZE = 1 << (BLOCK_SZX + 4)  # Block1 (1024 bytes) for larger request bodies
 MAX_UPLOAD = 64 * 1024  # a request body a device sends with Block1 (links, Send)
 MAX_UPLOADS = 4  # Block1 bodies being received from one peer at once (different paths)
 DEDUP_SIZE = 64  # requests whose message ids (and answers) are remembered
 
-READS = ("read", "discover", "observe", "read-composite", "observe-composite")
-OBSERVES = ("observe", "observe-composite")
-_CODE_MSG = {
-    "2.01": "created", "2.02": "deleted", "2.03": "valid", "2.04": "changed",
-    "2.05": "content", "2.31": "continue", "4.00": "bad_request", "4.01": "unauthorized",
-    "4.02": "bad_option", "4.03": "forbidden", "4.04": "not_found",
-    "4.05": "method_not_allowed", "4.06": "not_acceptable", "4.08": "request_entity_incomplete",
-    "4.12": "precondition_failed", "4.13": "request_entity_too_large",
-    "4.15": "unsupported_content_format", "5.00": "internal_server_error",
-    "5.01": "not_implemented", "5.03": "service_unavailable",
-}
 
-
-@dataclass(slots=True)
-class Lwm2mSettings:
-    """One LwM2M gateway's behaviour (``[gateway.lwm2m]``)."""
-
-    mountpoint: str = "lwm2m/{ep}/"
-    listener: str = "lwm2m:udp:default"
-    lifetime_min: float = 1.0
-    lifetime_max: float = 86400.0
-    qmode_time_window: float = 22.0
-    ack_timeout: float = 2.0
-    max_retransmit: int = 4
-    response_timeout: float = 60.0  # after an empty ACK, for the separate response
-    idle_timeout: float = 30.0  # a peer that does not register
-    max_queue: int = 1000
-    publish_qos: int = 0
-    model: ObjectModel = field(default_factory=ObjectModel.shipped)
-    # shared by every channel of the node (and journaled when durability is on)
-    registry: Registry = field(default_factory=Registry)
-    # the bootstrap server (POST /bs): endpoint name or "*" -> what the device is told
-    bootstrap: dict[str, bootstrap.BootstrapPlan] = field(default_factory=dict)
-
-
-class State(Enum):
-    NEW = "new"
-    AUTHENTICATING = "authenticating"
-    BOOTSTRAPPING = "bootstrapping"
-    REGISTERED = "registered"
-    CLOSED = "closed"
-
-
-@dataclass(slots=True)
-class _Outstanding:
-    command: Command
-    data: bytes
-    mid: int
-    token: bytes
-    attempts: int = 0
-    timeout: float = 2.0
-    acked: bool = False
-
-
-def _code(code: Any) -> str:
-    c = int(code)
-    return f"{c >> 5}.{c & 0x1F:02d}"
-
-
-def _block2_request(first: Message, mid: int, number: int, szx: int) -> Message:
-    """The request for block ``number`` of the answer to ``first``: the same method, path,
-    Accept and (for a FETCH) body and content format, a new token, Block2 set."""
-    fetch = first.code == Code.FETCH  # the same FETCH body asks for the next block
-    req = make(CON, Code.FETCH if fetch else Code.GET, mid, secrets.token_bytes(4),
-               first.payload if fetch else b"")
-    req.opt.uri_path = first.opt.uri_path
-    if fetch and first.opt.content_format is not None:
-        req.opt.content_format = first.opt.content_format
-    if first.opt.accept is not None:
-        req.opt.accept = first.opt.accept
-    req.opt.block2 = Block(number, False, szx)
-    return req
-
-
-class Lwm2mChannel(CoapEndpoint):
+class Lwm2mChannel(Exchange):
     LABEL = "lwm2m"
     CLOSED = State.CLOSED
     AUTHENTICATING = State.AUTHENTICATING
@@ -200,6 +116,8 @@ class Lwm2mChannel(CoapEndpoint):
         self._bootstrap_failed = False
         self._uploads: dict[tuple[str, ...], bytearray] = {}  # Block1 bodies coming in
         self.root_formats: list[int] = []  # ct of the root link (1.1): formats it reads
+        self.read_format: int | None = None  # the format a fallback found it answers in
+        self.composite: bool | None = None  # False: no composite operations (path by path)
 
     # -- entry points from the shell ---------------------------------------------------
 
@@ -214,8 +132,7 @@ class Lwm2mChannel(CoapEndpoint):
         if name == "idle" and self.state is not State.REGISTERED:
             self._close("did not register")
         elif name == "lifetime" and self.state is State.REGISTERED:
-            log.info("%s: lifetime expired", self._who())
-            self._close("lifetime expired", forget=True)
+            self._close("lifetime expired", forget=True, event="lifetime_expired")
         elif name == "retry":
             self._retransmit()
         elif name == "response":
@@ -228,6 +145,7 @@ class Lwm2mChannel(CoapEndpoint):
 
     def connection_lost(self) -> None:
         self.state = State.CLOSED
+        self._set_reason("closed")
         self._notify_core_closed()
 
     def deliver(self, deliveries: list[Delivery]) -> list[Effect]:
@@ -246,13 +164,25 @@ class Lwm2mChannel(CoapEndpoint):
     def _who(self) -> str:
         return f"lwm2m endpoint {self.ep!r}" if self.ep else self._peer_name()
 
-    def _close(self, reason: str, *, forget: bool = False) -> None:
+    def _set_reason(self, event: str) -> None:
+        """Why the session ends, for ``client.disconnected`` (the ``reason`` of ``$SYS
+        .../disconnected``): the first reason given wins (the admin API sets "kicked")."""
+        if self.info is not None and event and "disconnect_reason" not in self.info.attrs:
+            self.info.set_attr("disconnect_reason", event)
+
+    def _kicked(self, reason_code: int) -> None:
+        event = "takeover" if reason_code == 0x8E else "kicked"
+        self._close(f"{event} (0x{reason_code:02X})", event=event)
+
+    def _close(self, reason: str, *, forget: bool = False, event: str = "") -> None:
         """End this channel. ``forget``: the registration ends too (deregistration,
         lifetime expiry): waiting commands are answered ``coap_timeout`` and dropped.
         Otherwise (a takeover, a kick, shutdown) they stay in the registry for the
-        endpoint's next channel, or the next start of gatewayd."""
+        endpoint's next channel, or the next start of gatewayd. ``event``: the reason
+        the core is told (deregistered, lifetime_expired, kicked, takeover)."""
         if self.state is State.CLOSED:
             return
+        self._set_reason(event)
         was_registered = self.state is State.REGISTERED
         self.state = State.CLOSED
         if forget and was_registered:
@@ -277,19 +207,6 @@ class Lwm2mChannel(CoapEndpoint):
         if location:
             resp.opt.location_path = location
         self._send_reply(req, resp, block1)
-
-    def _publish(self, suffix: str, body: dict[str, Any]) -> None:
-        info = self.info
-        if info is None:
-            return
-        topic = self.mount + suffix
-        if not self.context.authorize(info, "publish", topic):
-            log.info("%s: not authorized to publish %s", self._who(), topic)
-            return
-        msg = BrokerMessage(topic, json.dumps(body).encode(), self.settings.publish_qos,
-                            publisher=info.client_id, username=info.username,
-                            timestamp=self.context.now())
-        self.context.publish(info, msg)
 
     # -- device -> us --------------------------------------------------------------
 
@@ -327,7 +244,7 @@ class Lwm2mChannel(CoapEndpoint):
                 self._update(msg)
             elif msg.code == Code.DELETE:
                 self._respond(msg, Code.DELETED)
-                self._close("deregistered", forget=True)
+                self._close("deregistered", forget=True, event="deregistered")
             else:
                 self._respond(msg, Code.METHOD_NOT_ALLOWED)
         elif len(path) == 2 and self.state is State.NEW and msg.code in (Code.POST, Code.DELETE):
@@ -493,6 +410,7 @@ class Lwm2mChannel(CoapEndpoint):
         if self.state is State.AUTHENTICATING:
             return  # the first REGISTER is being decided
         self.lifetime = lt
+        self.read_format, self.composite = None, None  # learned anew
         self.version = q.get("lwm2m", "1.0")
         self.binding = q.get("b", "U")
         self.queue_mode = "Q" in self.binding or "Q" in q
@@ -503,6 +421,7 @@ class Lwm2mChannel(CoapEndpoint):
         update ``resumed`` from the registry)."""
         s = self.settings
         if self.state is State.REGISTERED:  # registering again: a new session
+            self._set_reason("reregistered")
             self._notify_core_closed()
             self._core_closed = False
             self.session = None
@@ -552,6 +471,11 @@ class Lwm2mChannel(CoapEndpoint):
             log.info("%s: registration resumed by an update", self._who())
             self._publish("up/update", {"msgType": "update", "data": self._reg_data()})
         else:
+            log.info("%s registered from %s: lwm2m %s, lifetime %ds, binding %s, %d objects%s",
+                     self._who(), self._peer_name().split()[-1], self.version,
+                     int(self.lifetime), self.binding, len(self.objects),
+                     f", formats {' '.join(map(str, self.root_formats))}"
+                     if self.root_formats else "")
             self._publish("up/resp", {"msgType": "register", "data": self._reg_data()})
         assert self.session is not None
         self.session.resume()
@@ -614,275 +538,3 @@ class Lwm2mChannel(CoapEndpoint):
         self._save_registration()
         self._publish("up/update", {"msgType": "update", "data": self._reg_data()})
         self._pump()
-
-    # -- commands (MQTT -> device) -------------------------------------------------
-
-    def _command(self, payload: bytes) -> None:
-        c = self._parse(payload, None)
-        if c is None:
-            return
-        if len(self.pending) >= self.settings.max_queue:
-            dropped = self.pending.popleft()
-            self.context.incr("lwm2m.queue.dropped")
-            log.warning("%s: %d commands waiting (max_queue): the oldest (reqID %r) dropped",
-                        self._who(), len(self.pending) + 1, dropped.req_id)
-            self._answer(dropped, {"code": "coap_timeout", "codeMsg": "queue full"})
-        c.seq = self.settings.registry.queue(self.ep, payload, self.context.now())
-        self.pending.append(c)
-
-    def _parse(self, payload: bytes, seq: int | None) -> Command | None:
-        """A command from its JSON; None (answered 4.00 when it has a ``reqID`` to answer
-        to, or only counted) when it cannot become a request."""
-        try:
-            cmd = json.loads(payload)
-            if not isinstance(cmd, dict):
-                raise ValueError
-        except ValueError:
-            self.context.incr("lwm2m.command.malformed")
-            log.info("%s: a command that is not a JSON object", self._who())
-            if seq is not None:
-                self.settings.registry.done(self.ep, seq)
-            return None
-        raw_data = cmd.get("data")
-        data: dict[str, Any] = raw_data if isinstance(raw_data, dict) else {}
-        msg_type = str(cmd.get("msgType", ""))
-        path = str(data.get("path") or data.get("basePath") or "")
-        echo = {k: v for k, v in cmd.items() if k not in ("reqID", "msgType", "data")}
-        c = Command(cmd.get("reqID"), msg_type, path, echo, seq=seq)
-        try:
-            if msg_type in COMPOSITE:
-                c.path = "/"
-                c.request = build_composite(self, self.settings.model, c, data)
-            else:
-                c.request = build(self, self.settings.model, msg_type, path, data)
-        except (content.ContentError, ValueError, TypeError, KeyError) as exc:
-            self._answer(c, {"code": "4.00", "codeMsg": f"bad_request: {exc}"})
-            return None
-        return c
-
-    def _awake(self) -> bool:
-        if not self.queue_mode:
-            return True
-        return self._monotonic() - self.last_rx < self.settings.qmode_time_window
-
-    def _pump(self) -> None:
-        """Send the next command when none is outstanding and the device listens."""
-        if self.current is not None or self.state not in (State.REGISTERED,
-                                                          State.BOOTSTRAPPING):
-            return
-        if not self.pending or not self._awake():
-            return
-        c = self.pending.popleft()
-        req = c.request
-        assert req is not None
-        if len(req.payload) > BLOCK_SIZE:  # Block1 (RFC 7959): the body goes block by block
-            c.upload = bytes(req.payload)
-            c.sent, c.szx = 0, BLOCK_SZX
-            self._send_block1(c, 0)
-            return
-        req.mid = self._mid()
-        self._send_current(c, req)
-
-    def _send_current(self, c: Command, req: Message) -> None:
-        data = encode(req)
-        t = self.settings.ack_timeout
-        self.current = _Outstanding(c, data, req.mid, req.token, 0, t)
-        self._out.append(data)
-        self._out.append(SetTimer("retry", t))
-
-    def _send_block1(self, c: Command, num: int) -> None:
-        first = c.request
-        assert first is not None and c.upload is not None
-        size = 1 << (c.szx + 4)
-        chunk = c.upload[num * size : (num + 1) * size]
-        c.block_start = num * size
-        c.sent = num * size + len(chunk)
-        more = c.sent < len(c.upload)
-        req = make(CON, first.code, self._mid(), first.token, chunk)
-        req.opt.uri_path = first.opt.uri_path
-        if first.opt.content_format is not None:
-            req.opt.content_format = first.opt.content_format
-        req.opt.block1 = Block(num, more, c.szx)
-        if num == 0:
-            req.opt.size1 = len(c.upload)
-        self._send_current(c, req)
-
-    def _retransmit(self) -> None:
-        cur = self.current
-        if cur is None or cur.acked:
-            return
-        if cur.attempts >= self.settings.max_retransmit:
-            self.current = None
-            self._answer(cur.command, {"code": "coap_timeout", "codeMsg": "coap_timeout"})
-            self._pump()
-            return
-        cur.attempts += 1
-        cur.timeout *= 2
-        self._out.append(cur.data)
-        self._out.append(SetTimer("retry", cur.timeout))
-
-    def _on_empty_ack(self, mid: int, *, reset: bool) -> None:
-        cur = self.current
-        if cur is None or cur.mid != mid:
-            return
-        self._out.append(CancelTimer("retry"))
-        if reset:
-            self.current = None
-            self._answer(cur.command, {"code": "coap_reset", "codeMsg": "reset"})
-            self._pump()
-            return
-        cur.acked = True  # a separate response will follow
-        self._out.append(SetTimer("response", self.settings.response_timeout))
-
-    def _on_response(self, msg: Message) -> None:
-        if msg.mtype == CON:
-            self._out.append(encode(make(ACK, Code.EMPTY, msg.mid)))
-        cur = self.current
-        if cur is not None and msg.token == cur.token and (
-            msg.mtype != ACK or msg.mid == cur.mid
-        ):
-            self.current = None
-            self._out.append(CancelTimer("retry"))
-            self._out.append(CancelTimer("response"))
-            c = cur.command
-            if (c.msg_type in OBSERVES and msg.opt.observe is not None
-                    and msg.code.is_successful()):
-                self.observations[msg.token] = c
-            b1 = msg.opt.block1
-            if (msg.code == Code.CONTINUE and c.upload is not None and b1 is not None
-                    and c.sent < len(c.upload)):
-                # the device may ask for smaller blocks (RFC 7959 2.5): what was sent is
-                # kept, the rest goes in its size
-                c.szx = min(c.szx, b1.size_exponent)
-                self._send_block1(c, c.sent >> (c.szx + 4))
-                return
-            if (msg.code == Code.REQUEST_ENTITY_TOO_LARGE and b1 is not None
-                    and self._smaller_blocks(c, b1)):
-                return
-            c.upload = None
-            if (msg.opt.block2 is not None and msg.code.is_successful()
-                    and not self._block2(c, msg)):
-                return  # the next block is on its way
-            if c.notify_of is not None:
-                self._notify(c.notify_of, msg, c.seq_num)
-            else:
-                self._answer(c, self._result(c, msg))
-            self._pump()
-            return
-        obs = self.observations.get(msg.token)
-        if obs is not None:
-            b2 = msg.opt.block2
-            if b2 is not None and b2.more and b2.block_number == 0 and msg.code.is_successful():
-                self._fetch_rest(obs, msg)
-            else:
-                self._notify(obs, msg, msg.opt.observe)
-            return
-        if msg.mtype == CON:
-            return  # acknowledged; nobody asked for it
-        if msg.mtype == NON:
-            self._out.append(encode(make(RST, Code.EMPTY, msg.mid)))
-
-    def _smaller_blocks(self, c: Command, b1: Block) -> bool:
-        """A 4.13 with Block1 (RFC 7959 2.9.3): the device takes blocks of that size only.
-        The rejected block (or the whole body, sent without Block1) goes again in that
-        size; False when it is not smaller than what was refused."""
-        req = c.request
-        szx = b1.size_exponent
-        if req is None or szx >= 7:
-            return False
-        if c.upload is None:
-            if len(req.payload) <= 1 << (szx + 4):
-                return False
-            c.upload = bytes(req.payload)
-            c.szx = szx
-            self._send_block1(c, 0)
-            return True
-        if szx >= c.szx:
-            return False
-        c.szx = szx
-        self._send_block1(c, c.block_start >> (szx + 4))
-        return True
-
-    def _notify(self, obs: Command, msg: Message, seq_num: int | None) -> None:
-        data: dict[str, Any] = {"reqPath": obs.path}
-        if obs.paths is not None:
-            data["paths"] = obs.paths
-        data.update(self._result(obs, msg))
-        body = {"reqID": obs.req_id, "msgType": "notify", "seqNum": seq_num, "data": data}
-        body.update(obs.echo)
-        self._publish("up/notify", body)
-
-    def _fetch_rest(self, obs: Command, msg: Message) -> None:
-        """A notification larger than a block (its first block, with Block2): ask for the
-        other blocks (GET, or the FETCH of a composite observation, without Observe) and
-        publish the whole body once the last arrives. The request goes before the waiting
-        commands (the device listens now)."""
-        first = obs.request
-        b2 = msg.opt.block2
-        assert first is not None and b2 is not None
-        req = _block2_request(first, 0, 1, b2.size_exponent)
-        c = Command(obs.req_id, "notify", obs.path, obs.echo, req, paths=obs.paths,
-                    partial=bytearray(msg.payload), notify_of=obs, seq_num=msg.opt.observe)
-        self.pending.appendleft(c)
-        self._pump()
-
-    def _block2(self, c: Command, msg: Message) -> bool:
-        """A block of a larger answer (RFC 7959): keep it and ask for the next one (False),
-        or, with the last block, put the whole body in ``msg`` (True)."""
-        b2 = msg.opt.block2
-        size = 1 << (b2.size_exponent + 4)
-        partial = c.partial if c.partial is not None else bytearray()
-        if b2.block_number * size != len(partial) or len(partial) > MAX_BODY:
-            c.partial = None
-            msg.payload = b""
-            msg.code = Code.REQUEST_ENTITY_INCOMPLETE
-            return True
-        partial += msg.payload
-        if not b2.more:
-            c.partial = None
-            msg.payload = bytes(partial)
-            return True
-        c.partial = partial
-        first = c.request
-        assert first is not None
-        nxt = _block2_request(first, self._mid(), b2.block_number + 1, b2.size_exponent)
-        data = encode(nxt)
-        t = self.settings.ack_timeout
-        self.current = _Outstanding(c, data, nxt.mid, nxt.token, 0, t)
-        self._out.append(data)
-        self._out.append(SetTimer("retry", t))
-        return False
-
-    def _result(self, c: Command, msg: Message) -> dict[str, Any]:
-        code = _code(msg.code)
-        out: dict[str, Any] = {"code": code, "codeMsg": _CODE_MSG.get(code, "")}
-        if msg.code.is_successful() and c.msg_type in READS:
-            try:
-                out["content"] = content.decode(
-                    msg.opt.content_format, bytes(msg.payload), c.path,
-                    self.settings.model.type_of,
-                )
-            except content.ContentError as exc:
-                out["codeMsg"] = f"undecodable content: {exc}"
-                out["content"] = []
-        return out
-
-    def _answer(self, c: Command, result: dict[str, Any]) -> None:
-        if c.msg_type.startswith("bootstrap-"):
-            self._bootstrap_step(c, result)
-            return
-        if c.seq is not None:
-            self.settings.registry.done(self.ep, c.seq)
-            c.seq = None
-        data: dict[str, Any] = {"reqPath": c.path}
-        if c.paths is not None:
-            data["paths"] = c.paths
-        data.update(result)
-        if c.notify_of is not None:  # the rest of a notification could not be fetched
-            note = {"reqID": c.req_id, "msgType": "notify", "seqNum": c.seq_num, "data": data}
-            note.update(c.echo)
-            self._publish("up/notify", note)
-            return
-        body: dict[str, Any] = {"reqID": c.req_id, "msgType": c.msg_type, "data": data}
-        body.update(c.echo)
-        self._publish("up/resp", body)

@@ -11,6 +11,9 @@ Write (text, opaque, TLV, SenML), Execute (recorded in ``executed``), Create and
 of instances, and Observe with notifications when :meth:`set` changes a value. As a 1.1
 device (``version="1.1"``, ``senml=True``) it lists SenML in its registration, answers
 Read-/Observe-Composite (FETCH) and Write-Composite (iPATCH), and sends (``POST /dp``).
+Reads are answered in the Accept asked when it is one of ``formats`` (4.06 otherwise;
+without an Accept: text for a resource, else TLV, or 5.00 when it has no TLV, as
+wakaama's 1.1 client did); ``accepts`` records the Accept of every read.
 """
 
 from __future__ import annotations
@@ -55,6 +58,8 @@ class Lwm2mClient:
         senml: bool = False,
         values: dict[str, Any] | None = None,
         model: ObjectModel | None = None,
+        formats: tuple[int, ...] | None = None,
+        list_formats: bool = True,
     ) -> None:
         self.server = server
         self.endpoint = endpoint
@@ -62,6 +67,11 @@ class Lwm2mClient:
         self.binding = binding
         self.version = version
         self.senml = senml
+        # the formats it answers reads of several resources in (and writes it takes)
+        self.formats = formats if formats is not None else (
+            (content.SENML_JSON, content.SENML_CBOR, content.TLV) if senml else (content.TLV,))
+        self.list_formats = list_formats  # its root link says them (ct, LwM2M 1.1)
+        self.accepts: list[int | None] = []  # the Accept of every read, in order
         self.model = model or ObjectModel.shipped()
         self.values: dict[str, Any] = dict(values or {
             "/1/0/0": 1, "/1/0/1": lifetime, "/1/0/7": binding,
@@ -90,8 +100,8 @@ class Lwm2mClient:
         instances = sorted({"/".join(p.split("/")[:3]) for p in self.values},
                            key=lambda p: [int(x) for x in p.split("/")[1:]])
         root = '</>;rt="oma.lwm2m"'
-        if self.senml and self.version != "1.0":
-            root += ';ct="110 112 11542"'  # the formats it reads (LwM2M 1.1)
+        if self.list_formats and self.version != "1.0" and self.formats != (content.TLV,):
+            root += f';ct="{" ".join(map(str, self.formats))}"'  # what it reads (1.1)
         return ",".join([root] + [f"<{p}>" for p in instances])
 
     async def register(self, timeout: float = 10.0) -> Any:
@@ -161,7 +171,8 @@ class Lwm2mClient:
                 items = sorted({"/".join(p.split("/")[:4]) for p in found})
                 return Message(code=CONTENT, payload=",".join(f"<{p}>" for p in items).encode(),
                                content_format=content.LINK_FORMAT)
-            return self._read(path, found)
+            self.accepts.append(request.opt.accept)
+            return self._read(path, found, request.opt.accept)
         if code == PUT:
             if request.opt.uri_query:  # write-attributes
                 return Message(code=CHANGED)
@@ -198,27 +209,30 @@ class Lwm2mClient:
             return Message(code=DELETED)
         return Message(code=METHOD_NOT_ALLOWED)
 
-    def _read(self, path: str, found: dict[str, Any]) -> Any:
+    def _read(self, path: str, found: dict[str, Any], accept: int | None) -> Any:
+        """A Read answered in ``accept`` (4.06 when it is not one of ``formats``); without
+        an Accept, a resource in text and anything else in TLV, or 5.00 for a device
+        without TLV (what wakaama's 1.1 client did)."""
         depth = len([p for p in path.split("/") if p])
-        if depth == 3 and path in found:
+        single = depth == 3 and path in found
+        if accept is None:
+            accept = content.TEXT if single else content.TLV
+            if accept not in self.formats and not single:
+                return Message(code=Code.INTERNAL_SERVER_ERROR)
+        if accept == content.TEXT and single:
             typ = self.model.type_of(path)
             return Message(code=CONTENT, payload=content.text_of(found[path], typ),
                            content_format=content.TEXT)
-        if self.senml:
-            recs = []
-            for i, (p, v) in enumerate(sorted(found.items())):
-                rec: dict[str, Any] = {"n": p[len(path):]}
-                if i == 0:
-                    rec["bn"] = path
-                key = "vb" if isinstance(v, bool) else "v" if isinstance(v, (int, float)) \
-                    else "vs"
-                rec[key] = v
-                recs.append(rec)
-            return Message(code=CONTENT, payload=json.dumps(recs).encode(),
-                           content_format=content.SENML_JSON)
-        entries = [{"path": p, "value": v} for p, v in found.items()]
-        return Message(code=CONTENT, payload=content.encode_tlv(entries, path, self.model.type_of),
-                       content_format=content.TLV)
+        if accept not in self.formats:
+            return Message(code=Code.NOT_ACCEPTABLE)
+        entries = [{"path": p, "value": v} for p, v in sorted(found.items())]
+        if accept == content.TLV:
+            payload = content.encode_tlv(entries, path if depth < 3 else
+                                         "/".join(path.split("/")[:3]), self.model.type_of)
+        else:
+            payload = content.encode_senml(entries, "/", self.model.type_of,
+                                           cbor=accept == content.SENML_CBOR)
+        return Message(code=CONTENT, payload=payload, content_format=accept)
 
     def _read_composite(self, request: Any) -> Any:
         fmt = request.opt.content_format

@@ -88,9 +88,18 @@ def value_from_bytes(raw: bytes, typ: str | None) -> Any:
         raise ContentError("invalid UTF-8") from exc
 
 
+def _json_type(value: Any) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    return "float" if isinstance(value, float) else "string"
+
+
 def value_to_bytes(value: Any, typ: str | None) -> bytes:
-    """A JSON value -> TLV value bytes for ``typ``."""
-    t = (typ or "string").lower()
+    """A JSON value -> TLV value bytes for ``typ``; without a type (a resource outside
+    the object model) the JSON value's own: boolean, integer, float, else string."""
+    t = (typ or _json_type(value)).lower()
     try:
         if t in ("integer", "time", "unsigned integer"):
             v = int(value)
@@ -326,11 +335,8 @@ def _resource_path(path: str, base: str) -> list[str]:
 
 
 def _senml_out(name: str, value: Any, typ: str | None, cbor: bool) -> dict[Any, Any]:
-    t = (typ or "").lower()
+    t = (typ or _json_type(value)).lower()
     v: Any
-    if not t:
-        t = ("boolean" if isinstance(value, bool) else "float" if isinstance(value, float)
-             else "integer" if isinstance(value, int) else "string")
     try:
         if t in ("integer", "time", "unsigned integer"):
             key, v = "v", int(value)

@@ -11,16 +11,18 @@ the observation. Bodies are SenML when the device reads it (1.1), TLV otherwise.
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from protocols.coap.codec import CON, Code, Message, make
-from protocols.lwm2m import content
+from protocols.lwm2m import content, formats
 from protocols.lwm2m.objects import ObjectModel
 
 BLOCK_SZX = 6  # Block1 size exponent of request bodies: 1024-byte blocks
 COMPOSITE = ("read-composite", "write-composite", "observe-composite",
              "cancel-observe-composite")  # LwM2M 1.1, SenML bodies on the root path
+NEGOTIATED = ("read", "observe", "cancel-observe", "read-composite", "observe-composite",
+              "cancel-observe-composite")  # the device answers with values: Accept chosen
 COMMANDS = ("read", "discover", "write", "write-attr", "execute", "create", "delete",
             "observe", "cancel-observe", *COMPOSITE)
 
@@ -41,6 +43,14 @@ class Command:
     szx: int = BLOCK_SZX  # Block1 size exponent: ours, or smaller if the device asks
     notify_of: Command | None = None  # fetching the rest of this observation's notification
     seq_num: int | None = None  # that notification's Observe number
+    fallback: list[int] = field(default_factory=list)  # formats left to try (4.06, 5.00)
+    fell_back: bool = False  # asked again in a fallback format
+    entries: list[Any] | None = None  # a write-composite's records
+    # carrying out a composite operation path by path (protocols/lwm2m/composite.py)
+    part_of: Command | None = None  # this single-path command is a part of that one
+    parts_left: int | None = None  # parts not answered yet (None: not split)
+    gathered: list[Any] | None = None  # the parts' content so far
+    error: dict[str, Any] | None = None  # the first failing part's result
 
 
 class Device(Protocol):
@@ -50,13 +60,17 @@ class Device(Protocol):
     version: str  # the LwM2M version it registered with
     root_formats: list[int]  # the content formats of its root link (1.1)
     observations: dict[bytes, Command]  # token -> the observe command
+    read_format: int | None  # the format its last negotiated read was answered in
 
 
 def build(
-    device: Device, model: ObjectModel, msg_type: str, path: str, data: dict[str, Any]
+    device: Device, model: ObjectModel, msg_type: str, path: str, data: dict[str, Any],
+    command: Command | None = None,
 ) -> Message:
     """The CoAP request of a single-path command (``read`` ... ``cancel-observe``);
-    ValueError (or a content error) when it cannot be one."""
+    ValueError (or a content error) when it cannot be one. With ``command``, reads,
+    observes and cancels ask for a negotiated format (:func:`negotiate`); a cancel asks
+    in its observation's format unless the command names one."""
     if msg_type not in COMMANDS:
         raise ValueError(f"unknown msgType {msg_type!r}")
     parts = [p for p in path.split("/") if p]
@@ -94,6 +108,8 @@ def build(
     elif msg_type == "execute":
         code = Code.POST
         payload = str(data.get("args") or "").encode()
+        if payload:
+            fmt = content.TEXT  # arguments are text (LwM2M 1.1 5.4.5), as EMQX sends them
     elif msg_type == "create":
         code = Code.POST
         payload, fmt = encode_values(device, model, list(data.get("content") or []), path)
@@ -114,6 +130,11 @@ def build(
             if c.path == path:
                 req.token = token  # the observation's own token
                 del device.observations[token]
+                if c.request is not None and c.request.opt.accept is not None:
+                    req.opt.accept = c.request.opt.accept
+    if command is not None and msg_type in NEGOTIATED and (
+            req.opt.accept is None or data.get("accept") not in (None, "")):
+        req.opt.accept = negotiate(device, command, data)
     return req
 
 def senml_format(device: Device) -> int | None:
@@ -143,9 +164,12 @@ def build_composite(
 ) -> Message:
     """Read-/Write-/Observe-Composite (LwM2M 1.1): FETCH or iPATCH on the root path
     with a SenML body (JSON unless the device listed only CBOR)."""
-    if device.version.strip() in ("", "1.0"):  # a 1.0 device does not answer FETCH at all
+    if formats.is_1_0(device.version):  # a 1.0 device does not answer FETCH at all
         raise ValueError("composite operations need LwM2M 1.1 (the device registered 1.0)")
-    fmt = senml_format(device) or content.SENML_JSON
+    if c.msg_type == "write-composite":
+        fmt = senml_format(device) or content.SENML_JSON
+    else:
+        fmt = negotiate(device, c, data)
     cbor = fmt == content.SENML_CBOR
     if c.msg_type == "write-composite":
         entries = data.get("content")
@@ -154,6 +178,7 @@ def build_composite(
         payload = content.encode_senml(entries, "/", model.type_of, cbor=cbor)
         code = Code.iPATCH
         c.paths = [str(e.get("path")) for e in entries if isinstance(e, dict)]
+        c.entries = [e for e in entries if isinstance(e, dict)]
     else:
         paths = data.get("paths")
         if not isinstance(paths, list) or not paths:
@@ -174,4 +199,44 @@ def build_composite(
             if obs.msg_type == "observe-composite" and obs.paths == c.paths:
                 req.token = token
                 del device.observations[token]
+    return req
+
+
+def negotiate(device: Device, c: Command, data: dict[str, Any]) -> int:
+    """The format to ask for (Accept) in command ``c`` to ``device``; the formats left to
+    try on 4.06/5.00 go to ``c.fallback`` (none when the command names its ``accept``)."""
+    composite = c.msg_type in COMPOSITE
+    if data.get("accept") not in (None, ""):
+        fmt = formats.parse_accept(data["accept"])
+        if composite and fmt not in formats.SENML:
+            raise ValueError(f"{c.msg_type} takes SenML only (accept {data['accept']!r})")
+        c.fallback = []
+        return fmt
+    order = formats.candidates(device.version, device.root_formats, device.read_format,
+                               composite=composite)
+    if not composite and len([p for p in c.path.split("/") if p]) == 3:
+        # a single resource: text is what every device reads (first, once it worked)
+        order.insert(0 if device.read_format == content.TEXT else 1, content.TEXT)
+    c.fallback = order[1:2]  # once
+    return order[0]
+
+
+def with_format(c: Command, fmt: int) -> Message:
+    """Command ``c``'s request asked again in format ``fmt`` (a fallback): a new token
+    (and, for a FETCH, the body in that format); the message id is the caller's."""
+    first = c.request
+    assert first is not None
+    cancel = first.opt.observe == 1  # a cancel keeps the observation's token
+    token = first.token if cancel else secrets.token_bytes(4)
+    req = make(CON, first.code, 0, token, first.payload)
+    req.opt.uri_path = first.opt.uri_path
+    if first.opt.observe is not None:
+        req.opt.observe = first.opt.observe
+    req.opt.accept = fmt
+    if first.code == Code.FETCH:
+        assert c.paths is not None
+        req.payload = content.encode_senml_names(c.paths, cbor=fmt == content.SENML_CBOR)
+        req.opt.content_format = fmt
+    c.request = req
+    c.fell_back = True
     return req

@@ -43,6 +43,7 @@ from protocols.context import (
     Message,
     SessionAPI,
     SubOptions,
+    subscribe_refused,
 )
 from protocols.effects import CancelTimer, Close, Effect, Pause, SetTimer
 from protocols.mqtt.codec import (
@@ -1105,8 +1106,10 @@ class MqttChannel:
                     qos, sub.no_local, sub.retain_as_published, sub.retain_handling, sid
                 )
                 existed = self.context.subscribe(info, full, opts)
-                accepted.append((full, opts, existed))
-                code = qos
+                code = subscribe_refused(existed)  # e.g. 0x97: an exclusive topic is held
+                if not code:
+                    accepted.append((full, opts, existed is True))
+                    code = qos
             if code >= 0x80 and not v5:
                 code = 0x80
             codes.append(code)

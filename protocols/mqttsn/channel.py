@@ -58,6 +58,7 @@ from protocols.context import (
     GatewayContext,
     Message,
     SubOptions,
+    subscribe_refused,
 )
 from protocols.effects import CancelTimer, Close, Effect, SetTimer
 from protocols.mqtt.topics import is_wildcard, validate_topic_filter
@@ -892,8 +893,11 @@ class MqttSnChannel(ChannelBase):
             return
         opts = SubOptions(qos)
         existed = self.context.subscribe(info, full, opts)
+        if subscribe_refused(existed):  # an exclusive topic another client holds
+            self._send(SubAck(p.msg_id, 0, qos, RC.CONGESTION))
+            return
         self._send(SubAck(p.msg_id, tid, qos, RC.ACCEPTED))
-        self.context.deliver_retained(info, full, opts, existed)
+        self.context.deliver_retained(info, full, opts, existed is True)
 
     def _on_unsubscribe(self, p: Unsubscribe) -> None:
         info = self.info

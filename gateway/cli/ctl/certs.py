@@ -2,6 +2,9 @@
 
     gatewayctl certs init-ca DIR [--cn NAME] [--days N] [--force]
     gatewayctl certs issue DIR NAME [--server|--client] [--san DNS/IP/URI ...] [--days N] [--force]
+                                    [--crl-url URL ...] [--ocsp-url URL]
+    gatewayctl certs revoke DIR NAME|CERTFILE [--reason REASON]
+    gatewayctl certs crl DIR [--days N] [--out FILE]
 
 Writes DIR/ca.crt, DIR/ca.key, DIR/NAME.crt, DIR/NAME.key (keys mode 0600); see
 :mod:`gateway.security.pki` for the certificates' contents. Nothing is overwritten without
@@ -15,6 +18,7 @@ from pathlib import Path
 
 import click
 
+from gateway.security.ca_revoke import REASONS, make_crl, revoke, revoked
 from gateway.security.pki import (
     CA_DAYS,
     LEAF_DAYS,
@@ -58,8 +62,13 @@ def init_ca_cmd(directory: Path, common_name: str, days: int, force: bool) -> No
 @click.option("--days", type=click.IntRange(min=1), default=LEAF_DAYS, show_default=True,
               help="Validity in days (never beyond the CA's).")
 @click.option("--force", is_flag=True, help="Replace an existing NAME.crt/NAME.key.")
+@click.option("--crl-url", "crl_urls", multiple=True, metavar="URL",
+              help="A CRL distribution point (http URL) to put in the certificate.")
+@click.option("--ocsp-url", default=None, metavar="URL",
+              help="The OCSP responder to name in the certificate (authorityInfoAccess).")
 def issue_cmd(
-    directory: Path, name: str, role: str, sans: tuple[str, ...], days: int, force: bool
+    directory: Path, name: str, role: str, sans: tuple[str, ...], days: int, force: bool,
+    crl_urls: tuple[str, ...], ocsp_url: str | None,
 ) -> None:
     """Issue DIRECTORY/NAME.crt and NAME.key (subject CN=NAME) from the CA in DIRECTORY."""
     server = role in ("server", "both")
@@ -68,10 +77,40 @@ def issue_cmd(
         _run(
             lambda: issue(
                 directory, name, server=server, client=client, sans=sans, days=days,
-                force=force,
+                force=force, crl_urls=crl_urls, ocsp_url=ocsp_url,
             )
         )
     )
+
+
+@certs.command(name="revoke")
+@click.argument("directory", type=click.Path(path_type=Path))
+@click.argument("which", metavar="NAME|CERTFILE")
+@click.option("--reason", type=click.Choice(sorted(REASONS)), default="unspecified",
+              show_default=True)
+def revoke_cmd(directory: Path, which: str, reason: str) -> None:
+    """Mark a certificate of the CA in DIRECTORY revoked (then run `certs crl`)."""
+    try:
+        r = revoke(directory, which, reason)
+    except (PkiError, OSError) as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"revoked {r.subject} serial {r.serial:x} at {r.at:%Y-%m-%dT%H:%M:%SZ} "
+               f"({r.reason}); now run: gatewayctl certs crl {directory}")
+
+
+@certs.command(name="crl")
+@click.argument("directory", type=click.Path(path_type=Path))
+@click.option("--days", type=click.IntRange(min=1), default=7, show_default=True,
+              help="Validity (nextUpdate) in days.")
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="Where to write the CRL (PEM); default DIRECTORY/crl.pem.")
+def crl_cmd(directory: Path, days: int, out: Path | None) -> None:
+    """Sign a CRL of every certificate revoked in DIRECTORY."""
+    try:
+        path = make_crl(directory, days=days, out=out)
+    except (PkiError, OSError) as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"wrote {path} ({len(revoked(directory))} revoked)")
 
 
 def _run(action: Callable[[], Issued]) -> Issued:

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from gateway.admin.api import ROUTES
+from gateway.admin.ext_api import ROUTES as EXT
 from gateway.admin.openapi_doc import openapi_document
 from gateway.admin.rules_api import ROUTES as RULES
 from tests.gateway.admin.gatewayd import Client, Gatewayd, clients, q
@@ -22,7 +23,7 @@ def _documented() -> set[tuple[str, str]]:
 
 
 def _routes() -> set[tuple[str, str]]:
-    return {(m, re.sub(r"\{(\w+):[^}]*\}", r"{\1}", p)) for m, p, _ in [*ROUTES, *RULES]}
+    return {(m, re.sub(r"\{(\w+):[^}]*\}", r"{\1}", p)) for m, p, _ in [*ROUTES, *RULES, *EXT]}
 
 
 def test_every_route_is_documented_and_nothing_else() -> None:

@@ -38,7 +38,7 @@ def test_init_ca_and_issue_server_and_client(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "subject CN=dev1" in r.stdout
     assert sorted(p.name for p in pki.iterdir()) == [
-        "ca.crt", "ca.key", "dev1.crt", "dev1.key", "server.crt", "server.key",
+        "ca.crt", "ca.key", "dev1.crt", "dev1.key", "index.txt", "server.crt", "server.key",
     ]
     for key in ("ca.key", "server.key", "dev1.key"):
         assert stat.S_IMODE(os.stat(pki / key).st_mode) == 0o600

@@ -18,6 +18,8 @@ def test_hook_names() -> None:
         "client.disconnected",
         "client.authenticate",
         "client.authorize",
+        "client.subscribe",
+        "client.unsubscribe",
         "session.created",
         "session.subscribed",
         "session.unsubscribed",
@@ -29,6 +31,8 @@ def test_hook_names() -> None:
         "message.delivered",
         "message.acked",
         "message.dropped",
+        "topic.rewrite",
+        "topic.authorize",
     } == HOOK_NAMES
 
 

@@ -181,7 +181,7 @@ def test_build_context_names_the_bad_key(pki, tmp_path, change, key, reason):
     assert reason in err.value.reason
 
 
-def test_encrypted_keys_are_refused_clearly(pki, tmp_path):
+def test_encrypted_keys_need_their_password(pki, tmp_path):
     from cryptography.hazmat.primitives import serialization
 
     key = serialization.load_pem_private_key(pki.key("server").read_bytes(), None)
@@ -193,8 +193,14 @@ def test_encrypted_keys_are_refused_clearly(pki, tmp_path):
             serialization.BestAvailableEncryption(b"secret"),
         )
     )
-    with pytest.raises(TlsError, match="encrypted private keys are not supported"):
+    with pytest.raises(TlsError, match="is encrypted: give password or password_file"):
         build_context(listener(pki, keyfile=encrypted))
+    with pytest.raises(TlsError, match="wrong password") as err:
+        build_context(listener(pki, keyfile=encrypted, password="nope"))
+    assert err.value.key == "password"
+    build_context(listener(pki, keyfile=encrypted, password="secret"))  # opens
+    with pytest.raises(TlsError, match="is not encrypted"):
+        build_context(listener(pki, password="secret"))
 
 
 def test_identity_of_reads_cn_dn_and_first_dns_or_uri_san(pki, tmp_path):

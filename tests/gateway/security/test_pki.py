@@ -149,7 +149,7 @@ def test_force_replaces_atomically_and_keeps_mode(tmp_path):
     assert on_disk.serial_number == second.serial_number
     assert _mode(tmp_path / "server.key") == 0o600
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "ca.crt", "ca.key", "server.crt", "server.key",
+        "ca.crt", "ca.key", "index.txt", "server.crt", "server.key",
     ]  # no temporary files left behind
 
 

@@ -1,0 +1,541 @@
+"""Certificate revocation for a TLS listener: CRL files, CRL distribution points, OCSP.
+
+One :class:`RevocationGuard` per ssl/wss listener that asks for it. Where each source is
+checked:
+
+- **CRL files** (``crlfile``) are loaded into the listener's OpenSSL context
+  (:func:`gateway.net.tls.add_crls`), so a revoked client fails the TLS handshake itself
+  (alert ``certificate_revoked``). The guard watches the files (``[crl_cache]
+  file_check_interval``) and SIGHUP re-reads them: the listener's context is rebuilt
+  (new handshakes) and every live connection is checked against the new CRLs.
+- **Distribution points** (``enable_crl_check``) and **OCSP** (``ocsp_check``) need a
+  network round trip, which OpenSSL's handshake cannot wait for from Python. They are
+  checked right after the handshake, before the first byte of MQTT is read: the
+  connection's reading is paused until the answer is known (a cached answer decides at
+  once), then resumed, or the connection is cut. With TLS 1.3 this is where a client
+  learns of a refusal anyway (the client certificate is sent after the server's
+  Finished).
+
+Invariants:
+
+- A CRL is used only when its signature checks against a CA of the listener's
+  ``cacertfile``; a fetched CRL that does not is an error (``fail_mode`` applies), never
+  "not revoked". OCSP responses are used only when signed by the issuing CA or by a
+  responder certificate it issued with the OCSPSigning purpose.
+- Only certificates issued directly by a CA of ``cacertfile`` can be checked (Python 3.11
+  does not give us the verified chain); others are ``unknown`` (``fail_mode``).
+- ``fail_mode`` "closed": a connection whose status cannot be learnt is cut; "open": it
+  is admitted, and cut later if the answer, once it comes, says revoked.
+- Every refusal and cut is logged (WARNING, with the certificate's subject and serial)
+  and counted: ``tls.revoked.refused``, ``tls.revoked.disconnected``,
+  ``tls.revocation.unknown`` (metrics of the node).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
+from cryptography.x509 import ocsp
+from cryptography.x509.oid import AuthorityInformationAccessOID, ExtendedKeyUsageOID
+
+from gateway.net.tls import TlsError, check_crl, crl_status, load_certificates, load_crls
+
+__all__ = [
+    "RevocationGuard",
+    "Status",
+    "crl_status",
+    "fetch",
+    "ocsp_query",
+]
+
+log = logging.getLogger("gateway.security.revocation")
+
+Status = Literal["good", "revoked", "unknown"]
+MAX_BODY = 16 << 20  # a CRL or OCSP response read at most
+
+
+# ------------------------------------------------------------------ pure checks
+
+
+def distribution_points(cert: x509.Certificate) -> list[str]:
+    """The http(s) URLs of the certificate's CRL distribution points."""
+    try:
+        ext = cert.extensions.get_extension_for_class(x509.CRLDistributionPoints).value
+    except x509.ExtensionNotFound:
+        return []
+    urls = []
+    for dp in ext:
+        for name in dp.full_name or ():
+            if isinstance(name, x509.UniformResourceIdentifier) and name.value.startswith("http"):
+                urls.append(name.value)
+    return urls
+
+
+def ocsp_url(cert: x509.Certificate) -> str | None:
+    """The certificate's OCSP responder (authorityInfoAccess), if it names one."""
+    try:
+        aia = cert.extensions.get_extension_for_class(x509.AuthorityInformationAccess).value
+    except x509.ExtensionNotFound:
+        return None
+    for desc in aia:
+        if desc.access_method == AuthorityInformationAccessOID.OCSP and isinstance(
+            desc.access_location, x509.UniformResourceIdentifier
+        ):
+            return desc.access_location.value
+    return None
+
+
+def _verify(public_key: Any, signature: bytes, data: bytes, algo: Any) -> bool:
+    try:
+        if isinstance(public_key, ec.EllipticCurvePublicKey):
+            public_key.verify(signature, data, ec.ECDSA(algo))
+        elif isinstance(public_key, rsa.RSAPublicKey):
+            public_key.verify(signature, data, padding.PKCS1v15(), algo)
+        else:
+            public_key.verify(signature, data)
+    except (InvalidSignature, TypeError, ValueError):
+        return False
+    return True
+
+
+def ocsp_request(cert: x509.Certificate, issuer: x509.Certificate) -> bytes:
+    req = ocsp.OCSPRequestBuilder().add_certificate(cert, issuer, hashes.SHA1()).build()
+    return req.public_bytes(serialization.Encoding.DER)
+
+
+def ocsp_answer(
+    der: bytes, cert: x509.Certificate, issuer: x509.Certificate
+) -> tuple[Status, float | None]:
+    """Status of ``cert`` in the OCSP response ``der`` and its nextUpdate (epoch
+    seconds, None when absent); ValueError when the response is unusable (not
+    successful, badly signed, about another certificate)."""
+    resp = ocsp.load_der_ocsp_response(der)
+    if resp.response_status != ocsp.OCSPResponseStatus.SUCCESSFUL:
+        raise ValueError(f"OCSP responder says {resp.response_status.name.lower()}")
+    signer: x509.Certificate | None = None
+    for candidate in [issuer, *resp.certificates]:
+        if _verify(candidate.public_key(), resp.signature, resp.tbs_response_bytes,
+                   resp.signature_hash_algorithm):
+            signer = candidate
+            break
+    if signer is None:
+        raise ValueError("OCSP response signature does not verify")
+    if signer is not issuer:  # a delegated responder: issued by the CA for OCSP signing
+        try:
+            eku = signer.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+        except x509.ExtensionNotFound:
+            eku = None
+        if (
+            signer.issuer != issuer.subject
+            or not _verify(issuer.public_key(), signer.signature, signer.tbs_certificate_bytes,
+                           signer.signature_hash_algorithm)
+            or eku is None
+            or ExtendedKeyUsageOID.OCSP_SIGNING not in eku
+        ):
+            raise ValueError("OCSP response signed by a certificate the CA did not delegate")
+    for single in resp.responses:
+        if single.serial_number != cert.serial_number:
+            continue
+        nxt = single.next_update_utc
+        when = nxt.timestamp() if nxt is not None else None
+        if single.certificate_status == ocsp.OCSPCertStatus.REVOKED:
+            return "revoked", when
+        if single.certificate_status == ocsp.OCSPCertStatus.GOOD:
+            return "good", when
+        return "unknown", when
+    raise ValueError("OCSP response is about another certificate")
+
+
+# ------------------------------------------------------------------ network
+
+
+async def fetch(url: str, timeout: float, body: bytes | None = None,
+                content_type: str = "application/ocsp-request") -> bytes:
+    """GET ``url`` (POST ``body`` when given); the body of a 200 answer, else OSError."""
+    import aiohttp
+
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as s:
+            if body is None:
+                req = s.get(url)
+            else:
+                req = s.post(url, data=body, headers={"Content-Type": content_type})
+            async with req as r:
+                data = await r.content.read(MAX_BODY)
+                if r.status != 200:
+                    raise OSError(f"HTTP {r.status} from {url}")
+                return bytes(data)
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise OSError(f"{url}: {type(exc).__name__} {exc}".strip()) from None
+
+
+async def ocsp_query(url: str, cert: x509.Certificate, issuer: x509.Certificate,
+                     timeout: float) -> tuple[Status, float | None]:
+    der = await fetch(url, timeout, ocsp_request(cert, issuer))
+    return ocsp_answer(der, cert, issuer)
+
+
+# ------------------------------------------------------------------ the guard
+
+
+@dataclass(slots=True)
+class GuardSettings:
+    crlfile: list[Path]
+    cacertfile: Path
+    enable_crl_check: bool = False
+    refresh_interval: float = 900.0
+    http_timeout: float = 15.0
+    capacity: int = 100
+    crl_fail_mode: str = "closed"
+    file_check_interval: float = 5.0
+    ocsp_enable: bool = False
+    ocsp_url: str = ""
+    ocsp_ttl: float = 300.0
+    ocsp_timeout: float = 5.0
+    ocsp_fail_mode: str = "closed"
+
+
+def _stat(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size
+
+
+class RevocationGuard:
+    """The revocation state of one listener and its live TLS connections.
+
+    ``on_files_changed`` is called when a CRL file changed on disk (the owner rebuilds
+    its OpenSSL context, then calls :meth:`reload_files`); ``incr`` counts metrics.
+    Call :meth:`start` on the loop, :meth:`admit` for each new connection (a stream
+    shell), :meth:`close` at the end.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        settings: GuardSettings,
+        *,
+        incr: Callable[[str], None] = lambda metric: None,
+        on_files_changed: Callable[[], object] | None = None,
+    ) -> None:
+        self.name = name
+        self.s = settings
+        self.incr = incr
+        self.on_files_changed = on_files_changed
+        self.cas = load_certificates("cacertfile", settings.cacertfile)
+        self.file_crls: list[x509.CertificateRevocationList] = []
+        self._stats = {p: _stat(p) for p in settings.crlfile}
+        self.reload_files(rescan=False)
+        # url -> (CRL, fetched at); failures are not cached
+        self.dp: OrderedDict[str, tuple[x509.CertificateRevocationList, float]] = OrderedDict()
+        self._dp_pending: dict[str, asyncio.Future[None]] = {}
+        # (issuer subject DER, serial) -> (status, valid until)
+        self.ocsp: dict[tuple[bytes, int], tuple[Status, float]] = {}
+        self.live: dict[int, Any] = {}  # id(shell) -> shell
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._timers: list[asyncio.TimerHandle] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # -- life cycle ----------------------------------------------------------------
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        if self.s.crlfile:
+            self._every(self.s.file_check_interval, self.check_files)
+        if self.s.enable_crl_check:
+            self._every(self.s.refresh_interval, self._refresh_dp)
+        if self.s.ocsp_enable:
+            self._every(self.s.ocsp_ttl, self._recheck_ocsp)
+
+    def _every(self, seconds: float, fn: Callable[[], None]) -> None:
+        assert self._loop is not None
+        loop = self._loop
+
+        def tick() -> None:
+            fn()
+            self._timers.append(loop.call_later(seconds, tick))
+
+        self._timers.append(loop.call_later(seconds, tick))
+
+    def close(self) -> None:
+        for timer in self._timers:
+            timer.cancel()
+        for task in self._tasks:
+            task.cancel()
+
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
+        assert self._loop is not None
+        task = self._loop.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    # -- CRL files -----------------------------------------------------------------
+
+    def check_files(self) -> None:
+        """Reload when a CRL file changed (mtime or size) since last looked at."""
+        now = {p: _stat(p) for p in self.s.crlfile}
+        if now != self._stats:
+            self._stats = now
+            log.info("listener %s: CRL file changed", self.name)
+            if self.on_files_changed is not None:
+                self.on_files_changed()
+            else:
+                self.reload_files()
+
+    def reload_files(self, *, rescan: bool = True) -> bool:
+        """Re-read the CRL files; on an error keep the previous CRLs (logged)."""
+        try:
+            loaded = load_crls("crlfile", list(self.s.crlfile))
+            for path, crl in loaded:
+                check_crl("crlfile", path, crl, self.cas)
+        except TlsError as exc:
+            log.error("listener %s: CRLs not reloaded, keeping the previous ones: %s",
+                      self.name, exc)
+            return False
+        self._stats = {p: _stat(p) for p in self.s.crlfile}
+        self.file_crls = [crl for _, crl in loaded]
+        if loaded:
+            total = sum(len(list(crl)) for crl in self.file_crls)
+            log.info("listener %s: %d CRL(s) loaded, %d revoked serials",
+                     self.name, len(loaded), total)
+        if rescan:
+            self.rescan("CRL file")
+        return True
+
+    # -- connections ---------------------------------------------------------------
+
+    def admit(self, shell: Any) -> None:
+        """A new TLS connection (its shell, after the handshake): check its certificate;
+        hold its reading while an answer is fetched."""
+        cert = _peer_cert(shell)
+        if cert is None:
+            return
+        self._prune()
+        self.live[id(shell)] = shell
+        status = self._known_status(cert)
+        if status == "revoked":
+            self._cut(shell, cert, "refused", "revoked")
+            return
+        pending = self._lookups(cert)
+        if not pending:
+            return
+        transport = shell.transport
+        transport.pause_reading()
+        self._spawn(self._decide_later(shell, cert, pending))
+
+    async def _decide_later(self, shell: Any, cert: x509.Certificate,
+                            pending: list[tuple[str, Any]]) -> None:
+        failed: list[str] = []
+        for kind, awaitable in pending:
+            try:
+                await awaitable
+            except (OSError, ValueError, TlsError) as exc:
+                failed.append(f"{kind}: {exc}")
+        transport = shell.transport
+        if transport is None or transport.is_closing():
+            return
+        status = self._known_status(cert)
+        if status == "revoked":
+            self._cut(shell, cert, "refused", "revoked")
+            return
+        for why in failed:
+            kind = why.split(":", 1)[0]
+            mode = self.s.ocsp_fail_mode if kind == "ocsp" else self.s.crl_fail_mode
+            self.incr("tls.revocation.unknown")
+            if mode == "closed":
+                self._cut(shell, cert, "refused", f"status unknown ({why}), fail_mode closed")
+                return
+            log.warning("listener %s: revocation status of %s unknown (%s), admitted "
+                        "(fail_mode open)", self.name, _who(cert), why)
+        transport.resume_reading()
+
+    def _lookups(self, cert: x509.Certificate) -> list[tuple[str, Any]]:
+        out: list[tuple[str, Any]] = []
+        issuer = self._issuer(cert)
+        if self.s.enable_crl_check:
+            for url in distribution_points(cert):
+                if url not in self.dp:
+                    out.append(("crl", self._fetch_dp(url)))
+        if self.s.ocsp_enable:
+            key = (cert.issuer.public_bytes(), cert.serial_number)
+            hit = self.ocsp.get(key)
+            if hit is None or hit[1] <= time.time():
+                if issuer is None:
+                    out.append(("ocsp", _fail(ValueError("issuer not in cacertfile"))))
+                else:
+                    out.append(("ocsp", self._ask_ocsp(cert, issuer)))
+        return out
+
+    def _known_status(self, cert: x509.Certificate) -> Status:
+        crls = self.file_crls + [crl for crl, _ in self.dp.values()]
+        status = crl_status(cert, crls)
+        if status == "revoked":
+            return status
+        hit = self.ocsp.get((cert.issuer.public_bytes(), cert.serial_number))
+        if hit is not None and hit[0] == "revoked":
+            return "revoked"
+        return status
+
+    def _issuer(self, cert: x509.Certificate) -> x509.Certificate | None:
+        return next((ca for ca in self.cas if ca.subject == cert.issuer), None)
+
+    def rescan(self, why: str) -> int:
+        """Check every live connection against what is known now; cut the revoked ones.
+        Returns how many were cut."""
+        self._prune()
+        cut = 0
+        for shell in list(self.live.values()):
+            cert = _peer_cert(shell)
+            if cert is not None and self._known_status(cert) == "revoked":
+                self._cut(shell, cert, "disconnected", f"revoked ({why})")
+                cut += 1
+        return cut
+
+    def _prune(self) -> None:
+        for key, shell in list(self.live.items()):
+            t = shell.transport
+            if t is None or t.is_closing() or getattr(shell, "closed", False):
+                del self.live[key]
+
+    def _cut(self, shell: Any, cert: x509.Certificate, what: str, why: str) -> None:
+        self.live.pop(id(shell), None)
+        self.incr(f"tls.revoked.{what}" if why.startswith("revoked") else "tls.revocation.refused")
+        log.warning("listener %s: %s %s from %s: certificate %s", self.name, what, _who(cert),
+                    _peer(shell), why)
+        transport = shell.transport
+        if what == "disconnected":
+            try:
+                shell.kick(0x98)  # administrative action (MQTT 5 DISCONNECT)
+            except Exception:  # pragma: no cover - a channel bug must not keep it open
+                log.exception("kick failed")
+        if transport is not None and not transport.is_closing():
+            transport.abort()
+
+    # -- distribution points -------------------------------------------------------
+
+    def _fetch_dp(self, url: str) -> asyncio.Future[None]:
+        fut = self._dp_pending.get(url)
+        if fut is None:
+            fut = self._dp_pending[url] = self._spawn(self._load_dp(url))
+            fut.add_done_callback(lambda _f: self._dp_pending.pop(url, None))
+        return fut
+
+    async def _load_dp(self, url: str) -> None:
+        data = await fetch(url, self.s.http_timeout)
+        try:
+            crl = (x509.load_pem_x509_crl(data) if data.lstrip().startswith(b"-----")
+                   else x509.load_der_x509_crl(data))
+        except ValueError:
+            self.incr("tls.crl.fetch_failed")
+            raise ValueError(f"no CRL at {url}") from None
+        check_crl("crl", url, crl, self.cas)
+        self.dp[url] = (crl, time.time())
+        self.dp.move_to_end(url)
+        while len(self.dp) > self.s.capacity:
+            self.dp.popitem(last=False)
+        self.incr("tls.crl.fetched")
+        log.info("listener %s: CRL from %s: %d revoked, next update %s", self.name, url,
+                 len(list(crl)), _when(crl.next_update_utc))
+
+    def _refresh_dp(self) -> None:
+        urls = list(self.dp)
+
+        async def all_of() -> None:
+            changed = False
+            for url in urls:
+                before = self.dp.get(url)
+                try:
+                    await self._fetch_dp(url)
+                except (OSError, ValueError, TlsError) as exc:
+                    log.warning("listener %s: CRL refresh from %s failed, keeping the "
+                                "cached one: %s", self.name, url, exc)
+                    continue
+                changed = changed or self.dp.get(url) is not before
+            if changed:
+                self.rescan("CRL distribution point")
+
+        if urls:
+            self._spawn(all_of())
+
+    # -- OCSP ----------------------------------------------------------------------
+
+    async def _ask_ocsp(self, cert: x509.Certificate, issuer: x509.Certificate) -> None:
+        url = self.s.ocsp_url or ocsp_url(cert)
+        if not url:
+            raise ValueError("no OCSP responder (responder_url, or the certificate's AIA)")
+        status, next_update = await ocsp_query(url, cert, issuer, self.s.ocsp_timeout)
+        until = time.time() + self.s.ocsp_ttl
+        if next_update is not None:
+            until = min(until, next_update)
+        self.ocsp[(cert.issuer.public_bytes(), cert.serial_number)] = (status, until)
+        self.incr(f"tls.ocsp.{status}")
+        if status == "unknown":
+            raise ValueError("OCSP responder does not know the certificate")
+
+    def _recheck_ocsp(self) -> None:
+        """Ask again about every live connection's certificate; cut the revoked ones."""
+        self._prune()
+        certs: dict[tuple[bytes, int], x509.Certificate] = {}
+        for shell in self.live.values():
+            cert = _peer_cert(shell)
+            if cert is not None:
+                certs[(cert.issuer.public_bytes(), cert.serial_number)] = cert
+
+        async def ask_all() -> None:
+            for cert in certs.values():
+                issuer = self._issuer(cert)
+                if issuer is None:
+                    continue
+                try:
+                    await self._ask_ocsp(cert, issuer)
+                except (OSError, ValueError) as exc:
+                    log.warning("listener %s: OCSP re-check of %s failed: %s", self.name,
+                                _who(cert), exc)
+            self.rescan("OCSP")
+
+        if certs:
+            self._spawn(ask_all())
+
+
+async def _fail(exc: Exception) -> None:
+    raise exc
+
+
+def _peer_cert(shell: Any) -> x509.Certificate | None:
+    transport = shell.transport
+    if transport is None:
+        return None
+    ssl_object = transport.get_extra_info("ssl_object")
+    if ssl_object is None:
+        return None
+    der = ssl_object.getpeercert(binary_form=True)
+    return x509.load_der_x509_certificate(der) if der else None
+
+
+def _who(cert: x509.Certificate) -> str:
+    return f"{cert.subject.rfc4514_string()} (serial {cert.serial_number:x})"
+
+
+def _peer(shell: Any) -> str:
+    t = shell.transport
+    peer = t.get_extra_info("peername") if t is not None else None
+    return f"{peer[0]}:{peer[1]}" if peer else "?"
+
+
+def _when(value: datetime.datetime | None) -> str:
+    return value.isoformat(timespec="seconds") if value is not None else "none"
