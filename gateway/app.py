@@ -19,6 +19,7 @@ only, and reads the users and bans from the node's own ``data_dir``.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import signal
 import sqlite3
@@ -240,9 +241,16 @@ class Gateway:
                 continue
             state = frontend.prepare(assembly)
             for spec in specs:
-                opened = await open_listener(
-                    frontend, assembly, spec, state, self.committer, self._stream_options
-                )
+                try:
+                    opened = await open_listener(
+                        frontend, assembly, spec, state, self.committer, self._stream_options
+                    )
+                except OSError as exc:
+                    if not self.config.node.skip_busy_ports:
+                        raise
+                    self._busy(spec.id, frontend.label(self.config, spec),
+                               str(spec.config.bind), exc)
+                    continue
                 if opened.server is not None:
                     self.servers.append(opened.server)
                 if opened.shell is not None:
@@ -261,6 +269,18 @@ class Gateway:
                 )
                 if frontend.opened is not None:
                     frontend.opened(assembly, spec, opened.shell or opened.server)
+
+    def _busy(self, listener_id: str, label: str, bind: str, exc: OSError) -> None:
+        """``node.skip_busy_ports``: one line and an alarm for a listener not opened."""
+        why = "port already in use" if exc.errno == errno.EADDRINUSE else (
+            exc.strerror or str(exc))
+        log.warning("listener %s (%s) not opened on %s: %s", listener_id, label, bind, why)
+        if self.admin is not None:
+            self.admin.alarms.activate(
+                f"listener_not_opened:{listener_id}",
+                f"listener {listener_id} not opened on {bind}: {why}",
+                {"listener": listener_id, "bind": bind},
+            )
 
     def _open_store(self, loop: asyncio.AbstractEventLoop) -> SessionStore | None:
         # before anything opens gateway.db (bans and users too): reserves freed, checked,

@@ -24,7 +24,11 @@ from gateway.admin.alarms import Alarms
 from gateway.admin.api import ManagementApi
 from gateway.admin.appliance import image_info
 from gateway.admin.host import GatewayHost
-from gateway.admin.limits import configured_max_connections, raise_nofile_limit
+from gateway.admin.limits import (
+    configured_max_connections,
+    follow_file_limit,
+    raise_nofile_limit,
+)
 from gateway.admin.prometheus import BASELINE_COUNTERS, make_registry
 from gateway.admin.registry import ListenerEntry
 from gateway.admin.stats import SAMPLE_INTERVAL, StatsTracker
@@ -55,6 +59,7 @@ class Admin:
         self.salvage_reports: list[dict[str, Any]] = []  # stores salvaged at start
         self.max_connections = configured_max_connections(self.config)
         self.nofile = raise_nofile_limit(self.max_connections)
+        follow_file_limit(self.config, self.nofile.soft)  # listeners left at the default
         if not self.nofile.ok:
             self.alarms.activate(
                 "nofile_limit",
@@ -355,6 +360,7 @@ class Admin:
             "rates": self.tracker.rates() if self.tracker is not None else {},
             "nofile": self.nofile.as_dict(),
             "bridges": self.bridges_view()["bridges"],
+            "cluster": self.cluster_view() if node is not None else None,
             "alarm_names": [a.name for a in self.alarms.active()],
             "store": self.store_view(),
         }

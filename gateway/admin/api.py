@@ -29,6 +29,7 @@ from typing import Any
 from aiohttp import web
 
 from gateway.admin import ext_api, introspect, rules_api
+from gateway.admin.dashboard import Dashboard
 from gateway.admin.errors import ApiError, bad_request, conflict, not_found
 from gateway.admin.host import AdminView
 from gateway.admin.openapi_doc import openapi_document
@@ -70,16 +71,32 @@ class ManagementApi:
             self.app.router.add_route(method, path, getattr(self, name))
         rules_api.register(self.app, admin)  # /api/v5/rules, rule_test, webhooks
         ext_api.register(self.app, admin)  # /api/v5/mqtt/{delayed,auto_subscribe,...}
+        # /dashboard/ and its logins; sessions may then use /api/v5 (dashboard.guard)
+        self.dashboard: Dashboard | None = None
+        if admin.config.dashboard.enable:
+            self.dashboard = Dashboard(admin)
+            self.dashboard.register(self.app)
         self.runner: web.AppRunner | None = None
         self.addresses: list[str] = []
+        self.tls: Any = None  # the ReloadableContext when the API speaks HTTPS
 
     # -- serving -----------------------------------------------------------------------
 
     async def start(self, host: str, port: int) -> None:
+        ssl_context = None
+        if self.admin.config.api.certfile is not None:  # HTTPS (checked by the loader)
+            from gateway.config.loader import api_tls_listener
+            from gateway.net.tls import ReloadableContext
+
+            self.tls = ReloadableContext("api", api_tls_listener(self.admin.config))
+            ssl_context = self.tls.server_context
+            if self.dashboard is not None:
+                self.dashboard.secure = True  # Secure cookies, https:// setup link
         self.runner = web.AppRunner(self.app, access_log=None, handle_signals=False,
                                     shutdown_timeout=5.0)
         await self.runner.setup()
-        site = web.TCPSite(self.runner, host, port, reuse_address=True)
+        site = web.TCPSite(self.runner, host, port, reuse_address=True,
+                           ssl_context=ssl_context)
         await site.start()
         self.addresses = [format_address(a) for a in self.runner.addresses]
 
@@ -115,9 +132,14 @@ class ManagementApi:
 
     @web.middleware
     async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path not in self.public and not check_bearer(
-            request.headers.get("Authorization"), self.token
-        ):
+        if request.path in self.public:
+            return await handler(request)
+        bearer = check_bearer(request.headers.get("Authorization"), self.token)
+        if self.dashboard is not None:
+            if self.dashboard.own(request.path):  # the page and its logins guard themselves
+                return await handler(request)
+            return await self.dashboard.guard(request, handler, bearer)  # token or session
+        if not bearer:
             return error_response(401, "UNAUTHORIZED", "missing or wrong API token",
                                   **{"WWW-Authenticate": 'Bearer realm="gatewayd"'})
         return await handler(request)
@@ -172,7 +194,9 @@ class ManagementApi:
             like_username=q.get("like_username") or None,
         )
         node = self.admin.node
-        return page(request, [introspect.client_view(node, s) for s in sessions])
+        body = page_body(request, sessions)  # the page first: views of 20, not of all
+        body["data"] = [introspect.client_view(node, s) for s in body["data"]]
+        return _json(body)
 
     def _session(self, request: web.Request) -> Any:
         cid = request.match_info["clientid"]

@@ -15,6 +15,8 @@ Read at scrape time from the core (no second set of counters on the hot path):
   ``gateway_listener_max_connections``, ``gateway_listener_refused_total``
 - ``gateway_clients_connected{protocol}``, ``gateway_alarms_active``,
   ``gateway_messages_rate{counter}`` (per second, last sample), ``gateway_nofile_limit``
+- ``gateway_cluster_peer_up{peer}``, ``gateway_cluster_nodes_up``,
+  ``gateway_cluster_nodes_total``
 - the standard ``process_*`` and ``python_*`` families.
 """
 
@@ -132,6 +134,7 @@ class GatewayCollector(Collector):
         yield alarm
         yield from _store_metrics(snap.get("store"))
         yield from _bridge_metrics(snap.get("bridges", []))
+        yield from _cluster_metrics(snap.get("cluster"))
         nofile = snap.get("nofile")
         if nofile is not None and nofile.get("soft", -1) >= 0:
             yield GaugeMetricFamily(f"{PREFIX}_nofile_limit",
@@ -163,6 +166,23 @@ def _store_metrics(st: dict[str, Any] | None) -> Iterator[Metric]:
             yield GaugeMetricFamily(f"{PREFIX}_{name}", doc, value=float(value))
     yield CounterMetricFamily(f"{PREFIX}_store_commit_failures", "Commits that failed.",
                               value=float(st.get("commit_failures") or 0))
+
+
+def _cluster_metrics(view: dict[str, Any] | None) -> Iterator[Metric]:
+    """``gateway_cluster_nodes_up``/``_total`` (this node counts; 1/1 standalone) and
+    ``gateway_cluster_peer_up{peer}``: 1 while the links to that member are up."""
+    members = (view or {}).get("members") or []
+    peers = [m for m in members if not m.get("self")]
+    up = GaugeMetricFamily(f"{PREFIX}_cluster_peer_up",
+                           "1 while the cluster links to a member are up, else 0.",
+                           labels=["peer"])
+    for m in peers:
+        up.add_metric([str(m.get("node"))], 1 if m.get("status") == "up" else 0)
+    yield up
+    yield GaugeMetricFamily(f"{PREFIX}_cluster_nodes_up", "Cluster members up (this one too).",
+                            value=1 + sum(1 for m in peers if m.get("status") == "up"))
+    yield GaugeMetricFamily(f"{PREFIX}_cluster_nodes_total", "Cluster members known.",
+                            value=1 + len(peers))
 
 
 def _bridge_metrics(bridges: list[dict[str, Any]]) -> Iterator[Metric]:

@@ -37,6 +37,7 @@ SUBCOMMANDS: list[tuple[str, str]] = [
     ("gateway.cli.ctl.users", "users"),
     ("gateway.cli.ctl.rules", "rules"),
     ("gateway.cli.ctl.store", "store"),
+    ("gateway.cli.ctl.admin", "admin"),
     ("gateway.cli.ctl.ext", "delayed"),
     ("gateway.cli.ctl.ext", "auto_subscribe"),
     ("gateway.cli.ctl.ext", "exclusive"),

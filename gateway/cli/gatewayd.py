@@ -37,6 +37,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="validate the configuration and exit (0 valid, 2 invalid)",
     )
+    parser.add_argument(
+        "--first-run",
+        action="store_true",
+        help="every front-end on its standard port (MQTT 1883, WebSocket 8083, MQTT-SN "
+        "1884/udp, CoAP 5683/udp, LwM2M 5783/udp, API and dashboard 18083); a taken port "
+        "is reported and skipped (scripts/run passes this)",
+    )
     # internal: run as worker I of a multi-worker node (started by the supervisor)
     parser.add_argument("--worker", type=int, metavar="I", help=argparse.SUPPRESS)
     parser.add_argument("--supervisor", type=int, metavar="PID", help=argparse.SUPPRESS)
@@ -62,7 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # --help, --version, usage errors
         return exc.code if isinstance(exc.code, int) else 2
     try:
-        config = load_config(args.config)
+        config = load_config(args.config, first_run=args.first_run)
     except ConfigError as exc:
         print(f"{PROG}: invalid configuration: {exc.message}", file=sys.stderr)
         return 2
@@ -77,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.worker is None and config.node.workers > 1:
         from gateway.workers.supervisor import run as supervise
 
-        return supervise(config, args.config)
+        return supervise(config, args.config, args.first_run)
     from gateway.app import run
 
     status: int = run(config, worker=args.worker)

@@ -17,6 +17,7 @@ message is a single line naming each dotted key and its problem.
 
 from __future__ import annotations
 
+import copy
 import datetime
 import json
 import os
@@ -45,15 +46,25 @@ class ConfigError(Exception):
 
 
 def load_config(
-    path: str | Path | None = None, environ: Mapping[str, str] = os.environ
+    path: str | Path | None = None,
+    environ: Mapping[str, str] = os.environ,
+    *,
+    first_run: bool = False,
 ) -> GatewayConfig:
     """The validated configuration from defaults, the file at ``path`` and ``environ``.
+
+    ``first_run`` puts :data:`gateway.config.first_run.FIRST_RUN` (every front-end on its
+    standard port) between the embedded defaults and the file.
 
     ``authorization.rules_file`` comes back resolved (a relative path is taken relative to
     the configuration file) and already validated; ``authorization.rules`` holds only the
     inline rules, so the authorizer evaluates ``rules`` then ``load_rules_file(rules_file)``.
     """
     tree: Tree = {"listeners": {"tcp": {"default": {}}}}
+    if first_run:
+        from gateway.config.first_run import FIRST_RUN
+
+        _merge(tree, copy.deepcopy(FIRST_RUN))
     if path is not None:
         _merge(tree, _read_toml(Path(path)))
     env_keys = _apply_environment(tree, environ)
@@ -74,6 +85,7 @@ def load_config(
     _check_ssl_listeners(config, path)
     _check_dtls_listeners(config, path)
     _check_bridge_tls(config, path)
+    _check_api_tls(config, path)
     return config
 
 
@@ -108,6 +120,27 @@ def _check_ssl_listeners(config: GatewayConfig, path: str | Path | None) -> None
                 build_context(listener)
             except TlsError as exc:
                 raise ConfigError(f"listeners.{kind}.{name}.{exc.key}: {exc.reason}") from None
+
+
+def _check_api_tls(config: GatewayConfig, path: str | Path | None) -> None:
+    """``[api] certfile``/``keyfile``: resolved like an ssl listener's and loaded now."""
+    api = config.api
+    _resolve(api, ("certfile", "keyfile"), path)
+    if api.enable and api.certfile is not None:
+        from gateway.net.tls import TlsError, build_context
+
+        try:
+            build_context(api_tls_listener(config))
+        except TlsError as exc:
+            raise ConfigError(f"api.{exc.key}: {exc.reason}") from None
+
+
+def api_tls_listener(config: GatewayConfig) -> Any:
+    """The API's TLS settings as an ssl listener section, for :mod:`gateway.net.tls`."""
+    from gateway.config.listeners import SslListener
+
+    api = config.api
+    return SslListener(bind=api.bind, certfile=api.certfile, keyfile=api.keyfile)
 
 
 def _check_dtls_listeners(config: GatewayConfig, path: str | Path | None) -> None:

@@ -109,6 +109,9 @@ class NodeConfig(_Section):
     # worker processes behind SO_REUSEPORT listeners, meshed as a private cluster over
     # loopback (docs/workers.md); 1 = one process, as before
     workers: int = Field(default=1, ge=1, le=64)
+    # a listener whose port is taken is reported on one line (and an alarm) and skipped,
+    # the others still open; off: gatewayd stops (the first run turns it on: first_run.py)
+    skip_busy_ports: bool = False
 
 
 class LogConfig(_Section):
@@ -428,9 +431,11 @@ class ApiConfig(_Section):
     (``/metrics``) and live trace, on one aiohttp server inside ``gatewayd``.
 
     Every request but ``/status`` (and ``/metrics`` unless ``metrics_auth``) carries
-    ``Authorization: Bearer <token>``. ``token`` empty means the token kept in
-    ``token_file`` (None: ``{node.data_dir}/api.token``), generated with mode 0600 at
-    the first start; ``gatewayctl`` reads the same file.
+    ``Authorization: Bearer <token>`` (or a dashboard session: [dashboard]). ``token``
+    empty means the token kept in ``token_file`` (None: ``{node.data_dir}/api.token``),
+    generated with mode 0600 at the first start; ``gatewayctl`` reads the same file.
+    ``certfile`` and ``keyfile`` (PEM, checked at start like an ssl listener's): the port
+    speaks HTTPS only, so the dashboard can be opened from the LAN.
     """
 
     enable: bool = True
@@ -438,6 +443,14 @@ class ApiConfig(_Section):
     token: Annotated[str, AfterValidator(_check_token)] = ""
     token_file: Path | None = None
     metrics_auth: bool = False
+    certfile: Path | None = None
+    keyfile: Path | None = None
+
+    @model_validator(mode="after")
+    def _cert_and_key(self) -> ApiConfig:
+        if (self.certfile is None) != (self.keyfile is None):
+            raise ValueError("certfile and keyfile go together")
+        return self
 
     @property
     def host(self) -> str:
@@ -728,6 +741,7 @@ class BridgesConfig(_Section):
 
 
 from gateway.config.connectors import ConnectorsConfig  # noqa: E402
+from gateway.config.dashboard import DashboardConfig  # noqa: E402
 from gateway.config.extensions import (  # noqa: E402
     AutoSubscribeConfig,
     DelayedConfig,
@@ -751,6 +765,7 @@ class GatewayConfig(_Section):
     flapping_detect: FlappingDetectConfig = Field(default_factory=FlappingDetectConfig)
     crl_cache: CrlCacheConfig = Field(default_factory=CrlCacheConfig)
     api: ApiConfig = Field(default_factory=ApiConfig)
+    dashboard: DashboardConfig = Field(default_factory=DashboardConfig)  # gateway.admin.dashboard
     sys_topics: SysTopicsConfig = Field(default_factory=SysTopicsConfig)
     bridges: BridgesConfig = Field(default_factory=BridgesConfig)
     webhooks: dict[str, WebhookConfig] = Field(default_factory=dict)  # gateway.rules

@@ -71,9 +71,11 @@ class Worker:
 
 
 class Supervisor:
-    def __init__(self, config: GatewayConfig, config_path: str | None) -> None:
+    def __init__(self, config: GatewayConfig, config_path: str | None,
+                 first_run: bool = False) -> None:
         self.plan = NodePlan.of(config)
         self.config_path = config_path
+        self.first_run = first_run  # gatewayd --first-run: the workers load the layer too
         self.workers = [Worker(w.index) for w in self.plan.workers]
         self.systemd = Notifier()
         self.stopping = False
@@ -132,6 +134,8 @@ class Supervisor:
                "--supervisor", str(os.getpid())]
         if self.config_path is not None:
             cmd += ["--config", self.config_path]
+        if self.first_run:
+            cmd.append("--first-run")
         return cmd
 
     def _environment(self, index: int) -> dict[str, str]:
@@ -306,8 +310,8 @@ def die_with_supervisor(supervisor_pid: int) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-def run(config: GatewayConfig, config_path: str | None) -> int:
+def run(config: GatewayConfig, config_path: str | None, first_run: bool = False) -> int:
     async def main() -> int:
-        return await Supervisor(config, config_path).run()
+        return await Supervisor(config, config_path, first_run).run()
 
     return asyncio.run(main())

@@ -15,6 +15,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import ssl
 import sys
 import urllib.parse
 from collections.abc import Callable, Iterator
@@ -101,7 +102,15 @@ def connect(config_path: Path | None) -> ApiClient:
         token_error = ""
     except TokenError as exc:
         token, token_error = None, str(exc)
-    return ApiClient(host, port, token, node=config.node.name, token_error=token_error)
+    client = ApiClient(host, port, token, node=config.node.name, token_error=token_error)
+    if config.api.certfile is not None:
+        # trust exactly the node's own certificate (self-signed or a CA's leaf); the
+        # loopback address we dial is rarely among its names
+        ctx = ssl.create_default_context(cafile=str(config.api.certfile))
+        ctx.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
+        ctx.check_hostname = False
+        client.ssl_context = ctx
+    return client
 
 
 class ApiClient:
@@ -113,6 +122,7 @@ class ApiClient:
         self.node = node
         self.token_error = token_error
         self.timeout = timeout
+        self.ssl_context: ssl.SSLContext | None = None  # [api] certfile: HTTPS
 
     @property
     def where(self) -> str:
@@ -123,6 +133,9 @@ class ApiClient:
         return NodeDown(f"node {self.node} is not running (nothing answers at {self.where}{why})")
 
     def _connection(self, timeout: float | None) -> http.client.HTTPConnection:
+        if self.ssl_context is not None:
+            return http.client.HTTPSConnection(self.host, self.port, timeout=timeout,
+                                               context=self.ssl_context)
         return http.client.HTTPConnection(self.host, self.port, timeout=timeout)
 
     def _send(self, method: str, path: str, params: dict[str, Any] | None, body: Any,
