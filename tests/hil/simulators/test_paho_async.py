@@ -1,0 +1,157 @@
+"""QoS 2 exactly once across a power cut, end to end: the rig's paho device
+(:class:`hil.simulators.paho_async.Client`), a real gatewayd with its SQLite file, and
+``kill -9`` at a chosen point of the QoS 2 flow, then reconnect attempts that fail while
+the unit is down (as they do during the QEMU image's cold boot) before one succeeds.
+
+- PUBREL phase: the device sent PUBREL and the broker committed its end of the flow (the
+  PUBCOMP is in the device's socket, unread), then the power goes. The device must send
+  the PUBREL again, not the PUBLISH: for the broker a PUBLISH with a completed packet id
+  is a new message. paho-mqtt 2.2 itself gets this wrong after the second
+  ``reconnect()`` (the canary below shows it, so the scenario really exercises the bug;
+  when it fails, paho is fixed and the rig's override can go).
+- PUBLISH phase: the broker committed the message and its awaiting-PUBREL record (the
+  PUBREC is in the device's socket, unread). The device re-sends the PUBLISH (DUP); the
+  restarted broker must answer PUBREC without delivering it again (its awaiting-PUBREL
+  row survived the kill).
+
+The subscriber is an offline persistent session (its copy waits in the store's queue),
+read after the restart; a last message from the same device marks the end (one
+session's deliveries keep their order), so no test waits on a clock.
+"""
+
+from __future__ import annotations
+
+import select
+import threading
+import time
+from pathlib import Path
+
+import paho.mqtt.client as mqtt
+import pytest
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from hil.simulators.paho_async import Client
+from tests.gateway.admin.gatewayd import Gatewayd
+
+pytestmark = [pytest.mark.hil, pytest.mark.slow, pytest.mark.timeout(120)]
+
+WAIT = 15.0
+FAILED_ATTEMPTS = 3  # reconnects refused while the unit is down
+
+
+def connect_props() -> Properties:
+    p = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+    p.SessionExpiryInterval = 3600
+    return p
+
+
+class Collector:
+    """A persistent MQTT 5 session subscribed to ``t/#`` at QoS 2 (paho, its own thread)."""
+
+    def __init__(self, gw: Gatewayd) -> None:
+        self.got: list[bytes] = []
+        self.end = threading.Event()
+        up = threading.Event()
+        c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="collector",
+                        protocol=mqtt.MQTTv5)
+        c.on_connect = lambda *a: up.set()
+        c.on_message = self._on_message
+        c.connect("127.0.0.1", gw.mqtt_port, 30, clean_start=False, properties=connect_props())
+        c.loop_start()
+        assert up.wait(WAIT), "collector: no CONNACK"
+        self.c = c
+
+    def _on_message(self, c: mqtt.Client, userdata: object, m: mqtt.MQTTMessage) -> None:
+        self.got.append(m.payload)
+        if m.payload == b"end":
+            self.end.set()
+
+    def subscribe(self) -> None:
+        done = threading.Event()
+        self.c.on_subscribe = lambda *a: done.set()
+        self.c.subscribe("t/#", 2)
+        assert done.wait(WAIT), "collector: no SUBACK"
+
+    def close(self) -> None:
+        self.c.disconnect()  # session expiry 3600: the session stays, offline
+        self.c.loop_stop()
+
+
+def device(cls: type[mqtt.Client], gw: Gatewayd, version: int) -> mqtt.Client:
+    """A persistent device session, driven step by step on this thread."""
+    if version == 5:
+        d = cls(CallbackAPIVersion.VERSION2, client_id="dev", protocol=mqtt.MQTTv5)
+        d.connect("127.0.0.1", gw.mqtt_port, 30, clean_start=False, properties=connect_props())
+    else:
+        d = cls(CallbackAPIVersion.VERSION2, client_id="dev", protocol=mqtt.MQTTv311,
+                clean_session=False)
+        d.connect("127.0.0.1", gw.mqtt_port, 30)
+    until(d, d.is_connected, "CONNACK")
+    return d
+
+
+def until(d: mqtt.Client, cond: object, what: str) -> None:
+    deadline = time.monotonic() + WAIT
+    while not cond():  # type: ignore[operator]
+        assert time.monotonic() < deadline, f"device: no {what}"
+        d.loop(0.05)  # one select() on the socket: returns as soon as a packet arrives
+
+
+def answer_waiting(d: mqtt.Client) -> None:
+    """Until the broker's next packet is in the device's socket (not read)."""
+    d.loop_write()
+    r, _, _ = select.select([d.socket()], [], [], WAIT)
+    assert r, "the broker did not answer"
+
+
+def power_cut_in(phase: str, cls: type[mqtt.Client], tmp_path: Path, version: int) -> list[bytes]:
+    """Publish b"m1" at QoS 2, kill -9 gatewayd at ``phase``, fail FAILED_ATTEMPTS
+    reconnects, restart, finish the flow, publish b"end"; what the collector got."""
+    gw = Gatewayd(tmp_path / "gw").start()
+    try:
+        col = Collector(gw)
+        col.subscribe()
+        col.close()
+        dev = device(cls, gw, version)
+        info = dev.publish("t/dev", b"m1", qos=2)
+        m = dev._out_messages[info.mid]
+        if phase == "pubrel":
+            until(dev, lambda: m.state == mqtt.mqtt_ms_wait_for_pubcomp, "PUBREC")
+        answer_waiting(dev)  # the PUBCOMP (pubrel) or PUBREC (publish) is committed
+        assert gw.proc is not None
+        gw.proc.kill()
+        gw.proc.wait()
+        for _ in range(FAILED_ATTEMPTS):
+            with pytest.raises(ConnectionRefusedError):
+                dev.reconnect()
+        gw.start()
+        col = Collector(gw)
+        dev.reconnect()
+        until(dev, info.is_published, "PUBCOMP")
+        end = dev.publish("t/dev", b"end", qos=2)
+        until(dev, end.is_published, "PUBCOMP of the end mark")
+        assert col.end.wait(WAIT), f"collector: no end mark, got {col.got}"
+        col.close()
+        dev.disconnect()
+        return col.got
+    finally:
+        gw.stop()
+
+
+@pytest.mark.parametrize("version", [5, 4], ids=["mqtt5", "mqtt311"])
+@pytest.mark.parametrize("phase", ["pubrel", "publish"])
+def test_qos2_exactly_once_across_kill_and_failed_reconnects(
+    tmp_path: Path, phase: str, version: int
+) -> None:
+    got = power_cut_in(phase, Client, tmp_path, version)
+    assert got == [b"m1", b"end"], got
+
+
+def test_canary_plain_paho_publishes_again_after_pubrel(tmp_path: Path) -> None:
+    """paho-mqtt's own Client re-sends the PUBLISH after a failed reconnect: the
+    subscriber gets the message twice. If this fails, paho fixed its reconnect and
+    :class:`hil.simulators.paho_async.Client` is no longer needed."""
+    got = power_cut_in("pubrel", mqtt.Client, tmp_path, 5)
+    assert got == [b"m1", b"m1", b"end"], got
