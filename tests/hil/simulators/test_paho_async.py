@@ -42,7 +42,7 @@ FAILED_ATTEMPTS = 3  # reconnects refused while the unit is down
 
 
 def connect_props() -> Properties:
-    p = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+    p = Properties(PacketTypes.CONNECT)
     p.SessionExpiryInterval = 3600
     return p
 
@@ -64,7 +64,7 @@ class Collector:
         self.c = c
 
     def _on_message(self, c: mqtt.Client, userdata: object, m: mqtt.MQTTMessage) -> None:
-        self.got.append(m.payload)
+        self.got.append(bytes(m.payload))
         if m.payload == b"end":
             self.end.set()
 
@@ -102,7 +102,9 @@ def until(d: mqtt.Client, cond: object, what: str) -> None:
 def answer_waiting(d: mqtt.Client) -> None:
     """Until the broker's next packet is in the device's socket (not read)."""
     d.loop_write()
-    r, _, _ = select.select([d.socket()], [], [], WAIT)
+    sock = d.socket()
+    assert sock is not None
+    r, _, _ = select.select([sock], [], [], WAIT)
     assert r, "the broker did not answer"
 
 
