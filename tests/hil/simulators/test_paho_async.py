@@ -185,7 +185,7 @@ class _Counting(Client):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("seed", [1])
 def test_qos2_exactly_once_across_random_kills(tmp_path: Path, seed: int) -> None:
     """Four devices (paho's own network threads, persistent MQTT 5) publish bursts of
     QoS 2; gatewayd is killed at a random moment of each of three bursts and restarted
