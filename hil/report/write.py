@@ -129,6 +129,10 @@ def _json_default(o: object) -> object:
     return str(o)
 
 
+#: what a failed verdict's message ids are, in junit.xml
+_IDS_LABEL = {"no_acked_loss": "lost ids", "no_qos2_duplicates": "duplicated ids"}
+
+
 def _junit(path: Path, sc: Scenario, verdicts: list[Verdict], meta: dict[str, Any]) -> None:
     suite = ET.Element("testsuite", name=f"hil.{sc.name}", tests=str(len(verdicts)),
                        failures=str(sum(not v.passed for v in verdicts)), errors="0",
@@ -137,7 +141,8 @@ def _junit(path: Path, sc: Scenario, verdicts: list[Verdict], meta: dict[str, An
         case = ET.SubElement(suite, "testcase", classname=f"hil.{sc.name}", name=v.name)
         if not v.passed:
             fail = ET.SubElement(case, "failure", message=v.detail, type="expectation")
-            fail.text = v.detail + ("\nlost ids:\n" + "\n".join(v.ids) if v.ids else "")
+            label = _IDS_LABEL.get(v.name, "message ids")
+            fail.text = v.detail + (f"\n{label}:\n" + "\n".join(v.ids) if v.ids else "")
         else:
             out = ET.SubElement(case, "system-out")
             out.text = v.detail

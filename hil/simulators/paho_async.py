@@ -8,8 +8,12 @@ paho, ``connect``/``reconnect`` (TCP, TLS and WebSocket handshakes), runs on a s
 thread pool so a partitioned unit cannot stall the loop; the socket callbacks it triggers
 from that thread are handed to the loop with ``call_soon_threadsafe``.
 
-Invariant: every paho callback the owner sees (connect, disconnect, publish, message)
-runs on the loop thread, except ``on_connect_fail`` paths, which are re-posted.
+Invariants:
+- Every paho callback the owner sees (connect, disconnect, publish, message) runs on the
+  loop thread, except ``on_connect_fail`` paths, which are re-posted.
+- A QoS 2 message whose PUBREC arrived is never published again, however many reconnect
+  attempts fail before one succeeds: the PUBREL is what goes again (:class:`Client`, a
+  fix of paho-mqtt 2.2's reconnect, which the HIL power-cut scenario caught).
 """
 
 from __future__ import annotations
@@ -28,6 +32,38 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 _ALL: set[PahoLink] = set()
+
+#: paho's outgoing QoS 2 states once the PUBREC arrived: PUBREL sent or owed
+_PUBREL_PHASE = (mqtt.mqtt_ms_wait_for_pubcomp, mqtt.mqtt_ms_resend_pubrel)
+
+
+class Client(mqtt.Client):
+    """paho's client, with the state of outgoing QoS 2 messages kept across failed
+    reconnect attempts.
+
+    paho-mqtt 2.2's ``reconnect()`` resets every outgoing message's state
+    (``_messages_reconnect_reset_out``) *before* it opens the socket, and that reset is
+    not idempotent: with a persistent session the first call turns a message whose
+    PUBREC arrived (``wait_for_pubcomp``) into ``resend_pubrel``, as it should, but a
+    second call (the first attempt failed: the unit was still booting after a power cut)
+    turns ``resend_pubrel`` into ``publish``. The next connection then sends the
+    PUBLISH again, with DUP 0, instead of the PUBREL. The broker had completed that
+    packet id when it took the PUBREL, so for it (MQTT 5.0 section 4.3.3, 3.1.1 alike)
+    this is a new message and every subscriber gets it twice; the sender itself must
+    "not re-send the PUBLISH once it has sent the corresponding PUBREL". Here a message
+    in the PUBREL phase stays ``resend_pubrel`` through any number of resets (unless
+    the session starts clean, where paho's re-publish is what it means to do).
+    """
+
+    def _messages_reconnect_reset_out(self) -> None:
+        with self._out_message_mutex:
+            owed = [m for m in self._out_messages.values()
+                    if m.qos == 2 and m.state in _PUBREL_PHASE]
+        super()._messages_reconnect_reset_out()
+        if owed and not self._check_clean_session():
+            with self._out_message_mutex:
+                for m in owed:
+                    m.state = mqtt.mqtt_ms_resend_pubrel
 
 
 class PahoLink:
@@ -59,7 +95,7 @@ class PahoLink:
         self.connected = False
         self._connecting = False
         self._loop_thread = threading.get_ident()
-        c = mqtt.Client(
+        c = Client(
             CallbackAPIVersion.VERSION2, client_id=client_id,
             protocol=mqtt.MQTTv5 if self.v5 else mqtt.MQTTv311,
             transport="websockets" if transport in ("ws", "wss") else "tcp",

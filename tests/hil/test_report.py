@@ -51,7 +51,7 @@ def test_reports_are_written_and_agree(tmp_path: Path) -> None:
     assert [c.get("name") for c in cases] == [v.name for v in verdicts]
     failed = {c.get("name"): c.find("failure") for c in cases if c.find("failure") is not None}
     assert set(failed) == {"no_acked_loss"}
-    assert "g:0:120" in (failed["no_acked_loss"].text or "")
+    assert "lost ids:\ng:0:120" in (failed["no_acked_loss"].text or "")
     data = json.loads((tmp_path / "results.json").read_text())
     loss = next(e for e in data["expectations"] if e["name"] == "no_acked_loss")
     assert loss["ids"] == ["g:0:120", "g:0:121"] and loss["measured"] == 2
