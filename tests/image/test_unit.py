@@ -210,7 +210,7 @@ def bundles(built: Built, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     root = tmp_path_factory.mktemp("bundles")
     subprocess.run(["cp", str(built.bundle), str(root / "good.raucb")], check=True)
     dev = image_keys.resolve(None, None, None, release=False, cache=built.cache)
-    slot = sorted(built.cache.glob("slotfs-*.ext4"), key=lambda p: p.stat().st_mtime)[-1]
+    slot = built.slot
     # A root file system whose gatewayd exits 1 at once: made from the real one with
     # debugfs (no mount), signed with the real (development) key.
     bad = root / "bad-rootfs.ext4"

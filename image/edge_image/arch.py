@@ -1,0 +1,121 @@
+"""What differs per architecture: kernel package, systemd-boot binary, serial console,
+GPT root type, QEMU machine and firmware; and the cross-build of arm64 on another host.
+
+Invariants:
+- ``amd64`` and ``arm64`` share the layout, the RAUC setup and every unit; only the
+  values in :data:`ARCHES` differ (and RAUC's ``compatible=edge-gateway-<arch>``, so a
+  bundle of one arch is refused by a unit of the other).
+- A foreign-arch build runs the target's binaries under qemu-user through binfmt_misc;
+  :func:`ensure_binfmt` checks (and, as root, tries to enable) the registration before
+  any stage runs, and names what is missing in one line otherwise.
+- The arm64 wheelhouse is built by the target's own Python: the third-party wheels in an
+  emulated chroot (a copy of the base stage plus compilers), keyed by pyproject.toml
+  only; our own wheel is pure Python, built natively, so a change under gateway/ does
+  not repeat the emulated pip run.
+"""
+
+from __future__ import annotations
+
+import platform
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from edge_image.common import BadInput, run
+
+
+@dataclass(frozen=True)
+class Arch:
+    name: str
+    kernels: dict[str, str]       # --kernel flavour -> Debian package
+    default_kernel: str
+    efi: str                      # systemd-boot binary in /usr/lib/systemd/boot/efi
+    efi_default: str              # its name under EFI/BOOT (the removable-media path)
+    console: str                  # the serial console on the kernel command line
+    qemu: str                     # qemu-system-* binary
+    qemu_package: str
+    firmware_code: Path
+    firmware_vars: Path
+    firmware_package: str
+    uname: str                    # platform.machine() of a native host
+
+
+ARCHES: dict[str, Arch] = {
+    "amd64": Arch(
+        "amd64", {"cloud": "linux-image-cloud-amd64", "generic": "linux-image-amd64"},
+        "cloud", "systemd-bootx64.efi", "BOOTX64.EFI", "console=ttyS0,115200",
+        "qemu-system-x86_64", "qemu-system-x86",
+        Path("/usr/share/OVMF/OVMF_CODE_4M.fd"), Path("/usr/share/OVMF/OVMF_VARS_4M.fd"),
+        "ovmf", "x86_64"),
+    # generic by default: linux-image-arm64 carries the Raspberry Pi 4 (bcm2711) drivers
+    # and device trees; cloud-arm64 boots QEMU's virt machine only.
+    "arm64": Arch(
+        "arm64", {"generic": "linux-image-arm64", "cloud": "linux-image-cloud-arm64"},
+        "generic", "systemd-bootaa64.efi", "BOOTAA64.EFI", "console=ttyAMA0,115200",
+        "qemu-system-aarch64", "qemu-system-arm",
+        Path("/usr/share/AAVMF/AAVMF_CODE.fd"), Path("/usr/share/AAVMF/AAVMF_VARS.fd"),
+        "qemu-efi-aarch64", "aarch64"),
+}
+
+#: Module trees of the generic arm64 kernel that a headless gateway never loads (GPU,
+#: sound, video capture, InfiniBand, ISDN...). Dropping them keeps the root file system
+#: inside its 1 GiB slot; depmod runs again afterwards.
+ARM64_UNNEEDED_MODULES = ["drivers/gpu", "sound", "drivers/media", "drivers/infiniband",
+                          "drivers/isdn", "drivers/staging", "drivers/scsi/qla2xxx",
+                          "drivers/scsi/lpfc", "drivers/net/ethernet/mellanox",
+                          "drivers/net/wireless/ath", "drivers/net/wireless/intel",
+                          "drivers/net/wireless/realtek", "drivers/net/wireless/mediatek"]
+
+
+def get(name: str) -> Arch:
+    if name not in ARCHES:
+        raise BadInput(f"unknown arch {name!r} (supported: {', '.join(ARCHES)})")
+    return ARCHES[name]
+
+
+def kernel_package(arch: Arch, flavour: str | None) -> str:
+    flavour = flavour or arch.default_kernel
+    if flavour not in arch.kernels:
+        raise BadInput(f"unknown --kernel {flavour!r} for {arch.name} "
+                       f"(one of: {', '.join(arch.kernels)})")
+    return arch.kernels[flavour]
+
+
+def foreign(arch: Arch) -> bool:
+    return platform.machine() != arch.uname
+
+
+BINFMT = Path("/proc/sys/fs/binfmt_misc")
+
+
+def ensure_binfmt(arch: Arch, binfmt: Path = BINFMT, fix: bool = True) -> None:
+    """Make sure this host runs ``arch`` binaries (qemu-user via binfmt_misc, with the
+    F flag so the interpreter works inside a chroot); with ``fix``, try to mount
+    binfmt_misc and enable the interpreter first; else BadInput naming what is missing."""
+    if not foreign(arch):
+        return
+    entry = binfmt / f"qemu-{arch.uname}"
+    if fix and not (binfmt / "status").exists():
+        run(["mount", "-t", "binfmt_misc", "binfmt_misc", str(binfmt)], check=False)
+    if fix and not entry.exists() and shutil.which("update-binfmts"):
+        run(["update-binfmts", "--enable", f"qemu-{arch.uname}"], check=False)
+    if not entry.exists():
+        raise BadInput(f"building {arch.name} here needs qemu-user through binfmt_misc: "
+                       f"{entry} is missing (apt-get install qemu-user-static "
+                       f"binfmt-support; mount -t binfmt_misc binfmt_misc {binfmt}; "
+                       f"update-binfmts --enable qemu-{arch.uname})")
+    text = entry.read_text()
+    if "enabled" not in text.splitlines()[0]:
+        raise BadInput(f"{entry} is disabled (update-binfmts --enable qemu-{arch.uname})")
+    flags = next((ln.split(":", 1)[1] for ln in text.splitlines() if ln.startswith("flags:")),
+                 "")
+    if "F" not in flags:
+        raise BadInput(f"{entry} lacks the F flag, so its interpreter is not found inside "
+                       f"a chroot (use Debian's qemu-user-static, not qemu-user-binfmt)")
+
+
+def build_packages() -> list[str]:
+    """What the emulated chroot needs to build the wheels that have no aarch64 wheel on
+    PyPI (systemd-python; pysyncobj and the like are pure-Python sdists)."""
+    return ["python3-pip", "python3-dev", "gcc", "libc6-dev", "pkg-config",
+            "libsystemd-dev"]
