@@ -118,4 +118,7 @@ def test_arm64_dns_resolver_and_ntp(unit: Vm) -> None:
         assert time.monotonic() < deadline, dns
         time.sleep(2)
     assert unit.ssh("systemctl is-active systemd-timesyncd").stdout.strip() == "active"
+    # No LLMNR / mDNS responder on the network (resolved.conf.d/gateway.conf).
+    listening = unit.ssh("ss -Hlntu").stdout
+    assert ":5355 " not in listening and ":5353 " not in listening, listening
     assert unit.ssh("timedatectl show -p NTP --value").stdout.strip() == "yes"
