@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from tests.image.conftest import Built
-from tests.image.test_unit import publish, receive
+from tests.image.test_unit import check_dns_and_ntp, publish, receive
 from tests.image.vm import REPO, Vm
 
 pytestmark = [pytest.mark.image, pytest.mark.slow, pytest.mark.arm64,
@@ -108,17 +108,4 @@ def test_arm64_boots_to_ready_and_mqtt_qos1(unit: Vm) -> None:
 
 
 def test_arm64_dns_resolver_and_ntp(unit: Vm) -> None:
-    """systemd-resolved behind /etc/resolv.conf (a link made at build time: the root is
-    read-only) with the DHCP lease's name server; systemd-timesyncd running."""
-    assert unit.ssh("readlink /etc/resolv.conf").stdout.strip() == \
-        "../run/systemd/resolve/stub-resolv.conf"
-    assert "nameserver 127.0.0.53" in unit.ssh("cat /etc/resolv.conf").stdout
-    deadline = time.monotonic() + 120
-    while "10.0.2.3" not in (dns := unit.ssh("resolvectl dns", check=False).stdout):
-        assert time.monotonic() < deadline, dns
-        time.sleep(2)
-    assert unit.ssh("systemctl is-active systemd-timesyncd").stdout.strip() == "active"
-    # No LLMNR / mDNS responder on the network (resolved.conf.d/gateway.conf).
-    listening = unit.ssh("ss -Hlntu").stdout
-    assert ":5355 " not in listening and ":5353 " not in listening, listening
-    assert unit.ssh("timedatectl show -p NTP --value").stdout.strip() == "yes"
+    check_dns_and_ntp(unit)
