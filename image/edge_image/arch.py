@@ -38,6 +38,7 @@ class Arch:
     firmware_vars: Path
     firmware_package: str
     uname: str                    # platform.machine() of a native host
+    wheel_platforms: tuple[str, ...]  # pip --platform tags of its manylinux wheels
 
 
 ARCHES: dict[str, Arch] = {
@@ -46,7 +47,8 @@ ARCHES: dict[str, Arch] = {
         "cloud", "systemd-bootx64.efi", "BOOTX64.EFI", "console=ttyS0,115200",
         "qemu-system-x86_64", "qemu-system-x86",
         Path("/usr/share/OVMF/OVMF_CODE_4M.fd"), Path("/usr/share/OVMF/OVMF_VARS_4M.fd"),
-        "ovmf", "x86_64"),
+        "ovmf", "x86_64",
+        ("manylinux2014_x86_64", "manylinux_2_28_x86_64", "manylinux_2_34_x86_64")),
     # generic by default: linux-image-arm64 carries the Raspberry Pi 4 (bcm2711) drivers
     # and device trees; cloud-arm64 boots QEMU's virt machine only.
     "arm64": Arch(
@@ -54,7 +56,11 @@ ARCHES: dict[str, Arch] = {
         "generic", "systemd-bootaa64.efi", "BOOTAA64.EFI", "console=ttyAMA0,115200",
         "qemu-system-aarch64", "qemu-system-arm",
         Path("/usr/share/AAVMF/AAVMF_CODE.fd"), Path("/usr/share/AAVMF/AAVMF_VARS.fd"),
-        "qemu-efi-aarch64", "aarch64"),
+        "qemu-efi-aarch64", "aarch64",
+        # Debian 12 has glibc 2.36: manylinux up to 2_36 runs there.
+        ("manylinux2014_aarch64", "manylinux_2_17_aarch64", "manylinux_2_28_aarch64",
+         "manylinux_2_31_aarch64", "manylinux_2_34_aarch64", "manylinux_2_35_aarch64",
+         "manylinux_2_36_aarch64")),
 }
 
 #: Module trees of the generic arm64 kernel that a headless gateway never loads (GPU,
@@ -112,10 +118,3 @@ def ensure_binfmt(arch: Arch, binfmt: Path = BINFMT, fix: bool = True) -> None:
     if "F" not in flags:
         raise BadInput(f"{entry} lacks the F flag, so its interpreter is not found inside "
                        f"a chroot (use Debian's qemu-user-static, not qemu-user-binfmt)")
-
-
-def build_packages() -> list[str]:
-    """What the emulated chroot needs to build the wheels that have no aarch64 wheel on
-    PyPI (systemd-python; pysyncobj and the like are pure-Python sdists)."""
-    return ["python3-pip", "python3-dev", "gcc", "libc6-dev", "pkg-config",
-            "libsystemd-dev"]

@@ -118,10 +118,10 @@ class Builder:
     # ------------------------------------------------------------------ stages
     def wheelhouse(self, base: Path, base_key: str) -> tuple[Path, str]:
         t0 = self.progress.stage("wheelhouse", "our wheel and its dependencies"
-                                 + (f" ({self.arch.name} Python under qemu-user)"
+                                 + (f" ({self.arch.name} wheels from the index)"
                                     if arches.foreign(self.arch) else ""))
         if arches.foreign(self.arch):
-            path, key, hit = wheels.foreign(self.cache, base, base_key, chroot)
+            path, key, hit = wheels.foreign(self.cache, self.arch)
         else:
             path, key, hit = wheels.native(self.cache)
         self.progress.done(t0, hit)

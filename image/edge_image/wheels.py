@@ -17,13 +17,12 @@ from __future__ import annotations
 import hashlib
 import re
 import shutil
-from collections.abc import Callable
 from pathlib import Path
 
-from edge_image.arch import build_packages
+from edge_image.arch import Arch
 from edge_image.common import (
     REPO,
-    CommandFailed,
+    BadInput,
     commit,
     fresh_dir,
     hash_files,
@@ -33,9 +32,11 @@ from edge_image.common import (
 )
 
 SOURCES = ["pyproject.toml", "README.md", "gateway", "protocols"]
-#: The foreign wheelhouse leaves out the dtls extra: python-mbedtls has no aarch64 wheel
-#: and compiling it (Cython + mbedTLS) under emulation takes too long for CI.
-FOREIGN_EXTRAS = "systemd"
+#: Extras of a foreign-arch wheelhouse: none. systemd-python (sd_notify through
+#: libsystemd; gatewayd writes to $NOTIFY_SOCKET itself without it) and python-mbedtls
+#: (CoAP over DTLS) have no aarch64 wheel on PyPI; compiling them under emulation takes
+#: too long for CI.
+FOREIGN_EXTRAS = ""
 
 
 def source_key() -> str:
@@ -57,79 +58,50 @@ def native(cache: Path) -> tuple[Path, str, bool]:
     return final, key, False
 
 
-def foreign(cache: Path, base: Path, base_key: str,
-            chroot: Callable[[Path, str], None]) -> tuple[Path, str, bool]:
-    """(directory, key, cached?) -- the emulated dependency build, then our wheel."""
-    h = hashlib.sha256()
-    hash_files(h, [REPO / "pyproject.toml", REPO / "scripts/wheelhouse"], REPO)
-    deps_key = key_of(base_key, h.hexdigest(), FOREIGN_EXTRAS)
-    key = key_of(deps_key, source_key())
+def foreign(cache: Path, arch: Arch) -> tuple[Path, str, bool]:
+    """(directory, key, cached?) -- the wheelhouse of a foreign arch, built natively.
+
+    The dependency set is resolved by a native ``scripts/wheelhouse`` run (same
+    pyproject.toml, same versions). Pure-Python wheels (``*-none-any``: ours, pysyncobj's
+    sdist built here...) are arch-independent and taken as they are; every binary one is
+    replaced by PyPI's manylinux wheel of the same version for ``arch``. A dependency
+    with native code and no such wheel stops the build (one line naming it); the extras
+    whose packages have none (systemd-python, python-mbedtls) are left out for a foreign
+    arch (:data:`FOREIGN_EXTRAS`), so no compiler ever runs under emulation."""
+    key = key_of(source_key(), arch.name, FOREIGN_EXTRAS, *arch.wheel_platforms)
     final = cache / f"wheelhouse-{key}"
     if (final / "requirements.txt").exists():
         return final, key, True
-    deps = cache / f"wheeldeps-{deps_key}"
-    if not (deps / "requirements.txt").exists():
-        _emulated_deps(deps, base, chroot)
+    native_dir = fresh_dir(cache / f"wheelnative-{key}")
     tmp = fresh_dir(final)
     tmp.mkdir()
-    ours = _our_wheel(tmp)
-    lines = [ln for ln in (deps / "requirements.txt").read_text().splitlines()
-             if ln and not ln.startswith("edge-gateway==")]
-    for whl in deps.glob("*.whl"):
-        if not whl.name.startswith("edge_gateway-"):
-            shutil.copy2(whl, tmp / whl.name)
-    digest = hashlib.sha256(ours.read_bytes()).hexdigest()
-    version = ours.name.split("-")[1]
-    lines.append(f"edge-gateway=={version} --hash=sha256:{digest}")
-    (tmp / "requirements.txt").write_text("\n".join(sorted(lines)) + "\n")
-    sums = [f"{hashlib.sha256(w.read_bytes()).hexdigest()}  {w.name}"
-            for w in sorted(tmp.glob("*.whl"))]
-    (tmp / "SHA256SUMS").write_text("\n".join(sums) + "\n")
+    try:
+        run([REPO / "scripts/wheelhouse", native_dir, "--python", "/usr/bin/python3",
+             "--extras", FOREIGN_EXTRAS], timeout=1800)
+        lines = []
+        for whl in sorted(native_dir.glob("*.whl")):
+            name, version = whl.name.split("-")[:2]
+            if whl.name.endswith("-none-any.whl"):
+                shutil.copy2(whl, tmp / whl.name)
+                continue
+            platforms = [a for p in arch.wheel_platforms for a in ("--platform", p)]
+            r = run(["/usr/bin/python3", "-m", "pip", "download", "--quiet", "--no-deps",
+                     "--disable-pip-version-check", "--only-binary=:all:", *platforms,
+                     "--python-version", "3.11", "--implementation", "cp",
+                     "--dest", tmp, f"{name}=={version}"], timeout=600, check=False)
+            if not list(tmp.glob(f"{name}-{version}-*.whl")):
+                raise BadInput(f"{name} {version} has no {arch.name} wheel on the package "
+                               f"index and cannot be built without emulation: {r[-200:]}")
+        for whl in sorted(tmp.glob("*.whl")):
+            name, version = whl.name.split("-")[:2]
+            digest = hashlib.sha256(whl.read_bytes()).hexdigest()
+            lines.append(f"{re.sub(r'[-_.]+', '-', name).lower()}=={version} "
+                         f"--hash=sha256:{digest}")
+        (tmp / "requirements.txt").write_text("\n".join(lines) + "\n")
+        sums = [f"{hashlib.sha256(w.read_bytes()).hexdigest()}  {w.name}"
+                for w in sorted(tmp.glob("*.whl"))]
+        (tmp / "SHA256SUMS").write_text("\n".join(sums) + "\n")
+    finally:
+        remove(native_dir)
     commit(tmp, final)
     return final, key, False
-
-
-def _our_wheel(dest: Path) -> Path:
-    src = Path(run(["mktemp", "-d"]).strip())
-    try:
-        for name in SOURCES:
-            run(["cp", "-a", REPO / name, src / name])
-        run(["find", src, "-name", "__pycache__", "-prune", "-exec", "rm", "-rf", "{}", "+"])
-        run(["/usr/bin/python3", "-m", "pip", "wheel", "--quiet", "--no-deps",
-             "--disable-pip-version-check", "--wheel-dir", dest, src], timeout=600)
-    finally:
-        shutil.rmtree(src, ignore_errors=True)
-    wheels = list(dest.glob("edge_gateway-*.whl"))
-    if len(wheels) != 1 or not re.search(r"-py3-none-any\.whl$", wheels[0].name):
-        raise CommandFailed(f"expected one pure-Python edge_gateway wheel, got {wheels}")
-    return wheels[0]
-
-
-def _emulated_deps(final: Path, base: Path, chroot: Callable[[Path, str], None]) -> None:
-    """``scripts/wheelhouse`` run by the target's python3 in a copy of the base stage."""
-    root = fresh_dir(final.with_name(final.name.replace("wheeldeps", "wheelroot")))
-    try:
-        run(["cp", "-a", "--reflink=auto", base, root])
-        # The throw-away root resolves names and trusts CAs as this host does (apt and
-        # pip fetch from the same mirrors).
-        for rel in ("etc/resolv.conf", "etc/ssl/certs/ca-certificates.crt"):
-            remove(root / rel)
-            (root / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(Path("/") / rel, root / rel)
-        src = root / "tmp/src"
-        src.mkdir(parents=True)
-        for name in SOURCES:
-            run(["cp", "-a", REPO / name, src / name])
-        (src / "scripts").mkdir()
-        shutil.copy(REPO / "scripts/wheelhouse", src / "scripts/wheelhouse")
-        chroot(root, f"""set -e
-apt-get update -q
-apt-get install -y -q --no-install-recommends {' '.join(build_packages())}
-export PIP_CERT=/etc/ssl/certs/ca-certificates.crt PIP_FIND_LINKS= PIP_CONSTRAINT=
-bash /tmp/src/scripts/wheelhouse /tmp/out --python /usr/bin/python3 --extras {FOREIGN_EXTRAS}
-""")
-        tmp = fresh_dir(final)
-        shutil.copytree(root / "tmp/out", tmp)
-        commit(tmp, final)
-    finally:
-        remove(root)
