@@ -8,10 +8,9 @@ Invariants:
 - A foreign-arch build runs the target's binaries under qemu-user through binfmt_misc;
   :func:`ensure_binfmt` checks (and, as root, tries to enable) the registration before
   any stage runs, and names what is missing in one line otherwise.
-- The arm64 wheelhouse is built by the target's own Python: the third-party wheels in an
-  emulated chroot (a copy of the base stage plus compilers), keyed by pyproject.toml
-  only; our own wheel is pure Python, built natively, so a change under gateway/ does
-  not repeat the emulated pip run.
+- A foreign arch's wheelhouse needs no emulation: the native resolution's pure-Python
+  wheels plus PyPI's manylinux wheels of the same versions for that arch
+  (edge_image/wheels.py:foreign, :attr:`Arch.wheel_platforms`).
 """
 
 from __future__ import annotations

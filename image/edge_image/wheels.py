@@ -2,12 +2,11 @@
 
 - Native (the host runs the target's binaries natively): ``scripts/wheelhouse`` with
   Debian's ``/usr/bin/python3``, keyed by gateway/, protocols/, pyproject.toml.
-- Foreign (arm64 on amd64): the *dependencies* are built by the target's Python in an
-  emulated chroot (qemu-user through binfmt_misc): a throw-away copy of the base stage
-  plus compilers, running ``scripts/wheelhouse``; keyed by pyproject.toml, the wheelhouse
-  script and the base, so it runs again only when a dependency changes (minutes under
-  emulation). Our own wheel is pure Python (``py3-none-any``): it is built natively and
-  replaces the one of the emulated run, so a change under gateway/ costs seconds.
+- Foreign (arm64 on amd64): no emulation. A native ``scripts/wheelhouse`` run resolves
+  the dependency set; its pure-Python wheels (``*-none-any``, ours included) serve any
+  arch, and each binary wheel is swapped for PyPI's manylinux wheel of the same version
+  for the target (``pip download --platform ... --only-binary=:all:``). Extras whose
+  packages have no such wheel are left out (:data:`FOREIGN_EXTRAS`).
 
 Invariant: ``requirements.txt`` pins exactly the wheels in the directory by sha256.
 """
