@@ -72,6 +72,18 @@ ARM64_UNNEEDED_MODULES = ["drivers/gpu", "sound", "drivers/media", "drivers/infi
                           "drivers/net/wireless/realtek", "drivers/net/wireless/mediatek"]
 
 
+#: The arm64 initramfs holds these modules (and what they depend on) instead of
+#: initramfs-tools' MODULES=most: mkinitramfs runs under qemu-user there, one emulated
+#: process per module, and "most" took 14 minutes. Enough to find the root and data
+#: partitions on QEMU's virt machine (virtio-pci/-mmio disks) and on a Raspberry Pi 4 /
+#: CM4 (SD card and eMMC on emmc2 = sdhci-iproc, USB mass storage behind the VL805,
+#: NVMe on the CM4's PCIe); mmc_block and pcie-brcmstb are built into the kernel.
+ARM64_INITRAMFS_MODULES = ["virtio_pci", "virtio_mmio", "virtio_blk", "ext4",
+                           "crc32c_generic", "vfat", "nls_cp437", "nls_ascii",
+                           "sdhci-iproc", "reset-raspberrypi", "xhci-pci", "usb-storage",
+                           "uas", "nvme"]
+
+
 def get(name: str) -> Arch:
     if name not in ARCHES:
         raise BadInput(f"unknown arch {name!r} (supported: {', '.join(ARCHES)})")

@@ -213,7 +213,10 @@ rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/cache/apt/archives/*.deb
         if self.arch.name == "arm64" and self.kernel == "linux-image-arm64":
             dirs = " ".join(f"/lib/modules/*/kernel/{d}" for d in arches.ARM64_UNNEEDED_MODULES)
             strip = (f"rm -rf {dirs}\n"
-                     "for v in $(ls /lib/modules); do depmod -a \"$v\"; done\n")
+                     "for v in $(ls /lib/modules); do depmod -a \"$v\"; done\n"
+                     "echo MODULES=list > /etc/initramfs-tools/conf.d/gateway-modules\n"
+                     f"printf '%s\\n' {' '.join(arches.ARM64_INITRAMFS_MODULES)} "
+                     ">> /etc/initramfs-tools/modules\n")
         chroot(root, script.replace("{strip_modules}", strip))
         for d in ("data", "efi", "etc/gateway", "var/lib/gateway", "var/lib/systemd",
                   "var/log", "var/tmp", "var/cache"):
