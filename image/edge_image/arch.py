@@ -74,7 +74,7 @@ ARM64_UNNEEDED_MODULES = ["drivers/gpu", "sound", "drivers/media", "drivers/infi
 
 #: The arm64 initramfs holds these modules (and what they depend on) instead of
 #: initramfs-tools' MODULES=most: mkinitramfs runs under qemu-user there, one emulated
-#: process per module, and "most" took 14 minutes. Enough to find the root and data
+#: process per module, and "most" took about 25 minutes. Enough to find the root and data
 #: partitions on QEMU's virt machine (virtio-pci/-mmio disks) and on a Raspberry Pi 4 /
 #: CM4 (SD card and eMMC on emmc2 = sdhci-iproc, USB mass storage behind the VL805,
 #: NVMe on the CM4's PCIe); mmc_block and pcie-brcmstb are built into the kernel.

@@ -5,8 +5,8 @@ Stages (each cached under ``<cache>/<arch>/<stage>-<key>``, the key a hash of it
 
 1. base        Debian packages (mmdebstrap) -- the slowest stage, rarely changes
 2. wheelhouse  our wheel + runtime deps (scripts/wheelhouse) for Debian 12's Python of
-               the target arch (for a foreign arch: its deps built in an emulated chroot
-               of the base, our pure-Python wheel natively; edge_image/arch.py)
+               the target arch (for a foreign arch: the binary wheels swapped for the
+               index's wheels of that arch; edge_image/wheels.py)
 3. rootfs      base + the gateway venv + systemd/ units and profiles + image/rootfs/
                overlay + version stamp + initramfs; host keys and machine-id removed
 4. slotfs      the root file system image (ext4, ``mkfs.ext4 -d``): one RAUC slot
