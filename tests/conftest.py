@@ -36,3 +36,13 @@ def built() -> Built:
     """``image/build`` once per run, for tests/image and tests/hil alike (the outputs and
     every stage live in ``$EDGE_GATEWAY_CACHE/image``, not the work tree)."""
     return build()
+
+
+@pytest.fixture(scope="session")
+def built_arm64() -> Built:
+    """The arm64 image, once per run (tests/image/test_arm64.py; see its module doc for
+    when it is built cold and when the test is skipped instead)."""
+    from tests.image_build import arm64_buildable
+
+    arm64_buildable()
+    return build("arm64")

@@ -11,6 +11,7 @@ copies it (or boots it with ``--snapshot``), never writes to it.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -35,6 +36,7 @@ class Built:
     bmap: Path
     bundle: Path
     cache: Path
+    slot: Path  # the root slot image (ext4) of this build, in the cache
     build_seconds: float
     build_log: str
 
@@ -55,18 +57,40 @@ def skip_unless_possible() -> None:
         pytest.skip("OVMF not installed (Debian package ovmf)")
 
 
-def build() -> Built:
+def build(arch: str = "amd64") -> Built:
     """Run ``image/build`` into the cache; skip when the host cannot, fail when it breaks."""
     skip_unless_possible()
     out = image_cache() / "test-out"
     t0 = time.monotonic()
     r = subprocess.run([str(REPO / "image/build"), "--out", str(out), "--version", VERSION,
-                        "--boot-tries", str(BOOT_TRIES)],
-                       capture_output=True, text=True, timeout=3600)
+                        "--boot-tries", str(BOOT_TRIES), "--arch", arch],
+                       capture_output=True, text=True, timeout=5400)
     took = time.monotonic() - t0
     if r.returncode != 0 and "mmdebstrap" in r.stderr and "failed" in r.stderr:
         pytest.skip(f"mmdebstrap failed (no Debian mirror?): {r.stderr[-300:]}")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    name = f"edge-gateway-{VERSION}-amd64"
+    name = f"edge-gateway-{VERSION}-{arch}"
+    slot = re.search(r"^slot image: (.+)$", r.stdout, re.M)
+    assert slot, r.stdout
     return Built(out, out / f"{name}.img", out / f"{name}.bmap", out / f"{name}.raucb",
-                 image_cache(), took, r.stdout)
+                 image_cache(), Path(slot.group(1)), took, r.stdout)
+
+
+def arm64_buildable() -> None:
+    """Skip unless the arm64 image can be built and booted here within the image group's
+    budget: qemu-user binfmt, qemu-system-aarch64 and AAVMF present, and the emulated
+    Debian stage (mmdebstrap under qemu-user, the longest part of a cold arm64 build) in
+    the cache already, or ``EDGE_GATEWAY_ARM64_COLD=1`` to pay for it in this run."""
+    skip_unless_possible()
+    if not Path("/proc/sys/fs/binfmt_misc/qemu-aarch64").exists():
+        pytest.skip("qemu-aarch64 is not registered in binfmt_misc (qemu-user-static, "
+                    "binfmt-support)")
+    if shutil.which("qemu-system-aarch64") is None:
+        pytest.skip("qemu-system-aarch64 not installed (Debian package qemu-system-arm)")
+    if not Path("/usr/share/AAVMF/AAVMF_CODE.fd").exists():
+        pytest.skip("AAVMF not installed (Debian package qemu-efi-aarch64)")
+    cached = any((image_cache() / "arm64").glob("base-*/usr/lib/os-release"))
+    if not cached and os.environ.get("EDGE_GATEWAY_ARM64_COLD") != "1":
+        pytest.skip("the arm64 Debian stage is not cached: a cold arm64 build does not fit "
+                    "the image group's budget; build it once (sudo image/build --arch arm64 "
+                    "--out DIR) or set EDGE_GATEWAY_ARM64_COLD=1")

@@ -1,9 +1,12 @@
-"""``image/build --out DIR [--arch amd64] [--version V]``: the appliance image.
+"""``image/build --out DIR [--arch amd64|arm64] [--kernel cloud|generic] [--version V]``:
+the appliance image. ``image/build --prune [--keep N]``: drop stale cache entries.
 
-Stages (each cached under ``<cache>/<stage>-<key>``, the key a hash of its inputs):
+Stages (each cached under ``<cache>/<arch>/<stage>-<key>``, the key a hash of its inputs):
 
-1. wheelhouse  our wheel + runtime deps (scripts/wheelhouse) for Debian 12's Python
-2. base        Debian packages (mmdebstrap) -- the slowest stage, rarely changes
+1. base        Debian packages (mmdebstrap) -- the slowest stage, rarely changes
+2. wheelhouse  our wheel + runtime deps (scripts/wheelhouse) for Debian 12's Python of
+               the target arch (for a foreign arch: the binary wheels swapped for the
+               index's wheels of that arch; edge_image/wheels.py)
 3. rootfs      base + the gateway venv + systemd/ units and profiles + image/rootfs/
                overlay + version stamp + initramfs; host keys and machine-id removed
 4. slotfs      the root file system image (ext4, ``mkfs.ext4 -d``): one RAUC slot
@@ -15,6 +18,8 @@ Stages (each cached under ``<cache>/<stage>-<key>``, the key a hash of its input
 
 Outputs in ``--out``: ``edge-gateway-V-ARCH.img``, ``.bmap`` and ``.raucb``.
 No loop devices and no mounts except the private ones a chroot needs (unshare -m).
+After a build, each stage keeps its latest ``--keep`` entries (default 3) per arch;
+older ones are removed and the space freed is printed (edge_image/prune.py).
 """
 
 from __future__ import annotations
@@ -26,7 +31,9 @@ import shutil
 import time
 from pathlib import Path
 
-from edge_image import layout
+from edge_image import arch as arches
+from edge_image import layout, wheels
+from edge_image.arch import Arch
 from edge_image.common import (
     IMAGE_DIR,
     REPO,
@@ -43,13 +50,13 @@ from edge_image.common import (
     run,
 )
 from edge_image.keys import SigningKeys, resolve
+from edge_image.prune import prune
 
 SUITE = "bookworm"
 MIRROR = os.environ.get("EDGE_GATEWAY_MIRROR", "http://deb.debian.org/debian")
-ARCHES = {"amd64": {"kernel": "linux-image-cloud-amd64", "efi": "systemd-bootx64.efi",
-                    "efi_default": "BOOTX64.EFI"}}
 PACKAGES = [
     "systemd", "systemd-sysv", "systemd-boot", "udev", "dbus", "kmod", "busybox",
+    "systemd-resolved", "systemd-timesyncd",
     "initramfs-tools", "e2fsprogs", "dosfstools", "fdisk", "cloud-guest-utils",
     "python3", "python3-venv", "libsystemd0", "openssh-server", "rauc", "rauc-service",
     "iproute2", "procps", "netbase", "ca-certificates", "less",
@@ -64,8 +71,15 @@ TOOLS = {"mmdebstrap": "mmdebstrap", "mkfs.ext4": "e2fsprogs", "mkfs.vfat": "dos
 
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="image/build", description=__doc__.split("\n")[0])
-    p.add_argument("--out", required=True, help="directory for the .img, .bmap and .raucb")
-    p.add_argument("--arch", default="amd64")
+    p.add_argument("--out", help="directory for the .img, .bmap and .raucb")
+    p.add_argument("--arch", default="amd64", help="amd64 or arm64 (docs/image.md#arm64)")
+    p.add_argument("--kernel", default=None, help="kernel flavour: cloud (amd64 default: "
+                   "virtio only, QEMU and cloud VMs) or generic (real hardware; arm64 "
+                   "default)")
+    p.add_argument("--prune", action="store_true", help="only remove stale cache entries "
+                   "(every arch; the latest --keep per stage stay) and say what it freed")
+    p.add_argument("--keep", type=int, default=3, help="cache entries kept per stage and "
+                   "arch when pruning (default 3; 0 with a build: do not prune)")
     p.add_argument("--version", default=None, help="image version (default: the "
                    "gateway's version + 'dev')")
     p.add_argument("--signing-key"), p.add_argument("--signing-cert")
@@ -91,58 +105,54 @@ def gateway_version() -> str:
 
 class Builder:
     def __init__(self, args: argparse.Namespace, keys: SigningKeys) -> None:
-        self.arch: str = args.arch
+        self.arch: Arch = arches.get(args.arch)
+        self.kernel = arches.kernel_package(self.arch, args.kernel)
         self.version: str = args.version or f"{gateway_version()}-dev"
         self.out = Path(args.out).resolve()
         self.keys = keys
         self.tries: int = args.boot_tries
-        self.cache = cache_root()
+        self.cache = cache_root() / self.arch.name
         self.progress = Progress(8)
-        self.name = f"edge-gateway-{self.version}-{self.arch}"
+        self.name = f"edge-gateway-{self.version}-{self.arch.name}"
 
     # ------------------------------------------------------------------ stages
-    def wheelhouse(self) -> tuple[Path, str]:
-        h = hashlib.sha256()
-        hash_files(h, [REPO / "gateway", REPO / "protocols", REPO / "pyproject.toml",
-                       REPO / "scripts/wheelhouse"], REPO)
-        key = h.hexdigest()[:16]
-        final = self.cache / f"wheelhouse-{key}"
-        t0 = self.progress.stage("wheelhouse", "our wheel and its dependencies")
-        if not (final / "requirements.txt").exists():
-            tmp = fresh_dir(final)
-            run([REPO / "scripts/wheelhouse", tmp, "--python", "/usr/bin/python3"],
-                timeout=1800)
-            commit(tmp, final)
-            self.progress.done(t0, False)
+    def wheelhouse(self, base: Path, base_key: str) -> tuple[Path, str]:
+        t0 = self.progress.stage("wheelhouse", "our wheel and its dependencies"
+                                 + (f" ({self.arch.name} wheels from the index)"
+                                    if arches.foreign(self.arch) else ""))
+        if arches.foreign(self.arch):
+            path, key, hit = wheels.foreign(self.cache, self.arch)
         else:
-            self.progress.done(t0, True)
-        return final, key
+            path, key, hit = wheels.native(self.cache)
+        self.progress.done(t0, hit)
+        return path, key
 
     def base(self) -> tuple[Path, str]:
-        pkgs = [*PACKAGES, ARCHES[self.arch]["kernel"]]
-        args = ["--variant=minbase", f"--architectures={self.arch}",
+        pkgs = [*PACKAGES, self.kernel]
+        args = ["--variant=minbase", f"--architectures={self.arch.name}",
                 f"--include={','.join(pkgs)}",
                 *(f"--dpkgopt=path-exclude={p}" for p in DPKG_EXCLUDES),
                 "--aptopt=Acquire::Retries \"3\"", SUITE]
         key = key_of(repr(args), MIRROR)
-        final = self.cache / f"base-{self.arch}-{key}"
-        t0 = self.progress.stage("base", f"Debian {SUITE} packages (mmdebstrap)")
+        final = self.cache / f"base-{key}"
+        how = "mmdebstrap, qemu-user" if arches.foreign(self.arch) else "mmdebstrap"
+        t0 = self.progress.stage("base", f"Debian {SUITE} {self.arch.name} packages ({how})")
         if (final / "usr/lib/os-release").exists():
             self.progress.done(t0, True)
             return final, key
         tmp = fresh_dir(final)
-        run(["mmdebstrap", *args, tmp, MIRROR], timeout=3600)
+        run(["mmdebstrap", *args, tmp, MIRROR], timeout=5400)
         commit(tmp, final)
         self.progress.done(t0, False)
         return final, key
 
     def rootfs(self, base: Path, base_key: str, wheels: Path, wheels_key: str) -> Path:
         h = hashlib.sha256()
-        hash_files(h, [IMAGE_DIR / "rootfs", REPO / "systemd", IMAGE_DIR / "edge_image/build.py"],
-                   REPO)
+        hash_files(h, [IMAGE_DIR / "rootfs", REPO / "systemd", IMAGE_DIR / "edge_image/build.py",
+                       IMAGE_DIR / "edge_image/arch.py"], REPO)
         key = key_of(base_key, wheels_key, h.hexdigest(), self.version,
                      self.keys.keyring.read_text(), str(self.tries))
-        final = self.cache / f"rootfs-{self.arch}-{key}"
+        final = self.cache / f"rootfs-{key}"
         t0 = self.progress.stage("rootfs", "gateway venv, units, overlay, initramfs")
         if (final / "usr/lib/edge-gateway/kernel-cmdline").exists():
             self.progress.done(t0, True)
@@ -168,6 +178,11 @@ class Builder:
         shutil.copy(sysd / "limits.d/90-gateway-edge.conf", root / "etc/security/limits.d/")
         shutil.copy(self.keys.keyring, root / "etc/rauc/keyring.pem")
         (root / "usr/lib/edge-gateway/boot-tries").write_text(f"{self.tries}\n")
+        (root / "usr/lib/edge-gateway/kernel-cmdline").write_text(
+            layout.kernel_cmdline(self.arch.name) + "\n")
+        conf = root / "etc/rauc/system.conf"
+        conf.write_text(conf.read_text().replace(f"compatible={layout.compatible('amd64')}",
+                                                 f"compatible={layout.compatible(self.arch.name)}"))
         with open(root / "usr/lib/os-release", "a") as f:
             f.write(f'IMAGE_ID=edge-gateway\nIMAGE_VERSION="{self.version}"\n')
         shutil.copytree(wheels, root / "tmp/wheels")
@@ -178,7 +193,8 @@ python3 -m venv /opt/gateway
 rm -rf /tmp/wheels /root/.cache
 systemd-sysusers
 systemctl enable gatewayd.service gateway-data.service gateway-health.service \
-    systemd-networkd.service ssh.service
+    systemd-networkd.service ssh.service systemd-resolved.service \
+    systemd-timesyncd.service
 systemctl disable apt-daily.timer apt-daily-upgrade.timer e2scrub_all.timer \
     fstrim.timer 2>/dev/null || true
 systemctl mask systemd-remount-fs.service rauc-mark-good.service 2>/dev/null || true
@@ -187,16 +203,27 @@ rm -f /etc/ssh/ssh_host_*
 : > /etc/machine-id
 rm -f /var/lib/dbus/machine-id && ln -s /etc/machine-id /var/lib/dbus/machine-id
 echo edge-gateway > /etc/hostname
-update-initramfs -u -k all
+# DNS: systemd-resolved's stub, fed by networkd's DHCP leases. The root is read-only, so
+# the link is made here, not at boot.
+rm -f /etc/resolv.conf && ln -s ../run/systemd/resolve/stub-resolv.conf /etc/resolv.conf
+{strip_modules}update-initramfs -u -k all
 rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/cache/apt/archives/*.deb
 """
-        chroot(root, script)
+        strip = ""
+        if self.arch.name == "arm64" and self.kernel == "linux-image-arm64":
+            dirs = " ".join(f"/lib/modules/*/kernel/{d}" for d in arches.ARM64_UNNEEDED_MODULES)
+            strip = (f"rm -rf {dirs}\n"
+                     "for v in $(ls /lib/modules); do depmod -a \"$v\"; done\n"
+                     "echo MODULES=list > /etc/initramfs-tools/conf.d/gateway-modules\n"
+                     f"printf '%s\\n' {' '.join(arches.ARM64_INITRAMFS_MODULES)} "
+                     ">> /etc/initramfs-tools/modules\n")
+        chroot(root, script.replace("{strip_modules}", strip))
         for d in ("data", "efi", "etc/gateway", "var/lib/gateway", "var/lib/systemd",
                   "var/log", "var/tmp", "var/cache"):
             (root / d).mkdir(parents=True, exist_ok=True)
 
     def slotfs(self, rootfs: Path) -> Path:
-        final = self.cache / f"slotfs-{rootfs.name.split('-', 2)[2]}.ext4"
+        final = self.cache / f"slotfs-{rootfs.name.split('-', 1)[1]}.ext4"
         t0 = self.progress.stage("slotfs", "root file system image (mkfs.ext4 -d)")
         if final.exists():
             self.progress.done(t0, True)
@@ -215,20 +242,20 @@ rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/cache/apt/archives/*.deb
         return final
 
     def esp(self, rootfs: Path) -> Path:
-        final = self.cache / f"esp-{rootfs.name.split('-', 2)[2]}.vfat"
+        final = self.cache / f"esp-{rootfs.name.split('-', 1)[1]}.vfat"
         t0 = self.progress.stage("esp", "systemd-boot, loader entry, kernel + initrd for A")
         if final.exists():
             self.progress.done(t0, True)
             return final
         tmp = final.with_name(final.name + ".tmp")
         remove(tmp)
-        layout.make_esp(tmp, rootfs, ARCHES[self.arch]["efi"], ARCHES[self.arch]["efi_default"])
+        layout.make_esp(tmp, rootfs, self.arch.efi, self.arch.efi_default, self.arch.name)
         commit(tmp, final)
         self.progress.done(t0, False)
         return final
 
     def data(self) -> Path:
-        final = self.cache / "data-empty.ext4"
+        final = self.cache.parent / "data-empty.ext4"
         t0 = self.progress.stage("data", "empty data partition (grows on first boot)")
         if final.exists():
             self.progress.done(t0, True)
@@ -243,7 +270,7 @@ rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/cache/apt/archives/*.deb
     def disk(self, esp: Path, slot: Path, data: Path) -> Path:
         img = self.out / f"{self.name}.img"
         t0 = self.progress.stage("disk", f"GPT disk {img.name} + bmap")
-        layout.assemble(img, esp, slot, data)
+        layout.assemble(img, esp, slot, data, self.arch.name)
         bmap = self.out / f"{self.name}.bmap"
         run(["bmaptool", "create", "-o", bmap, img])
         self.progress.done(t0, False)
@@ -257,7 +284,8 @@ rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/cache/apt/archives/*.deb
         cached = self.cache / f"bundle-{key}.raucb"
         hit = cached.exists()
         if not hit:
-            make_bundle(slot, cached, version=self.version, arch=self.arch, keys=self.keys)
+            make_bundle(slot, cached, version=self.version, arch=self.arch.name,
+                        keys=self.keys)
         shutil.copy(cached, out)
         self.progress.done(t0, hit)
         return out
@@ -302,17 +330,22 @@ def chroot(root: Path, script: str) -> None:
 
 def main(argv: list[str]) -> int:
     args = parse(argv)
-    if args.arch == "arm64":
-        raise BadInput("arm64 is not built yet (docs/image.md#arm64 describes the boot "
-                       "path and the cross-build)")
-    if args.arch not in ARCHES:
-        raise BadInput(f"unknown arch {args.arch!r} (supported: {', '.join(ARCHES)})")
+    arch = arches.get(args.arch)
+    arches.kernel_package(arch, args.kernel)
     if args.version is not None and not all(c.isalnum() or c in ".-+~_" for c in args.version):
         raise BadInput(f"invalid --version {args.version!r} (letters, digits, . - + ~ _)")
     if not 1 <= args.boot_tries <= 9:
         raise BadInput("--boot-tries must be 1..9")
+    if args.keep < 0 or (args.prune and args.keep < 1):
+        raise BadInput("--keep must be 1 or more (0 only with a build: no pruning)")
+    if args.prune and args.out is None:
+        prune(cache_root(), args.keep)
+        return 0
+    if args.out is None:
+        raise BadInput("--out DIR is required (or --prune alone)")
     require_root("build")
     require_tools(TOOLS)
+    arches.ensure_binfmt(arch)
     cache = cache_root()
     cache.mkdir(parents=True, exist_ok=True)
     keys = resolve(args.signing_key, args.signing_cert, args.keyring, release=args.release,
@@ -321,20 +354,26 @@ def main(argv: list[str]) -> int:
     b.out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     if keys.development:
-        print(f"note: signing with the DEVELOPMENT key in {keys.key.parent} "
+        print(f"note: signing with the DEVELOPMENT key in {keys.key.parent}: images built "
+              "so trust only this cache's key, and anyone who can read the cache can sign "
+              "updates for them; fleets build with --release and their own key "
               "(docs/image.md#signing-keys)", flush=True)
-    wheels, wkey = b.wheelhouse()
+    print(f"building {b.name} (kernel {b.kernel}; cache {b.cache})", flush=True)
     base, bkey = b.base()
+    wheels, wkey = b.wheelhouse(base, bkey)
     rootfs = b.rootfs(base, bkey, wheels, wkey)
     slot = b.slotfs(rootfs)
     esp = b.esp(rootfs)
     data = b.data()
     img = b.disk(esp, slot, data)
     bundle = b.bundle(slot)
+    print(f"slot image: {slot}", flush=True)
     content = int(run(["du", "-s", "--block-size=1M", img]).split()[0])
     print(f"built {img} ({img.stat().st_size >> 20} MiB, {content} MiB of content), "
           f"{bundle.name} ({bundle.stat().st_size >> 20} MiB) in "
           f"{time.monotonic() - t0:.0f} s", flush=True)
+    if args.keep:
+        prune(cache, args.keep, only=b.cache)
     return 0
 
 

@@ -15,10 +15,12 @@ format (the shell copy is checked against this one by tests/image/test_layout.py
 
 from __future__ import annotations
 
+import gzip
 import json
 import shutil
 from pathlib import Path
 
+from edge_image.arch import ARCHES
 from edge_image.common import IMAGE_DIR, BadInput, remove, run
 
 ESP_MIB = 256
@@ -36,17 +38,21 @@ def compatible(arch: str) -> str:
     return f"edge-gateway-{arch}"
 
 
-def kernel_cmdline() -> str:
-    return (IMAGE_DIR / "rootfs/usr/lib/edge-gateway/kernel-cmdline").read_text().strip()
+def kernel_cmdline(arch: str = "amd64") -> str:
+    """The kernel command line of ``arch``: image/rootfs's (written for amd64) with that
+    arch's serial console. image/build writes it into the root file system, where the
+    RAUC boot loader backend reads it."""
+    text = (IMAGE_DIR / "rootfs/usr/lib/edge-gateway/kernel-cmdline").read_text().strip()
+    return text.replace(ARCHES["amd64"].console, ARCHES[arch].console)
 
 
-def entry(slot: str, sort_key: int) -> str:
+def entry(slot: str, sort_key: int, arch: str = "amd64") -> str:
     """The loader entry of slot ``A``/``B`` (sort-key 1 = primary, 2 = the other)."""
     return (f"title Edge gateway (slot {slot})\n"
             f"sort-key {sort_key}\n"
             f"linux /{slot}/vmlinuz\n"
             f"initrd /{slot}/initrd.img\n"
-            f"options root=PARTLABEL=root{slot} rauc.slot={slot} {kernel_cmdline()}\n")
+            f"options root=PARTLABEL=root{slot} rauc.slot={slot} {kernel_cmdline(arch)}\n")
 
 
 def _kernel_files(rootfs: Path) -> tuple[Path, Path]:
@@ -58,7 +64,21 @@ def _kernel_files(rootfs: Path) -> tuple[Path, Path]:
     return kernels[0], initrds[0]
 
 
-def make_esp(out: Path, rootfs: Path, efi: str, efi_default: str) -> None:
+def copy_kernel(kernel: Path, dest: Path) -> None:
+    """Copy the kernel where systemd-boot loads it. Debian's arm64 vmlinuz is a gzipped
+    Image, which systemd-boot 252 cannot start: it is stored decompressed (the Image is
+    an EFI application through the kernel's EFI stub). rauc-post-install does the same."""
+    with open(kernel, "rb") as f:
+        gzipped = f.read(2) == b"\x1f\x8b"
+    if gzipped:
+        with gzip.open(kernel, "rb") as src, open(dest, "wb") as out:
+            shutil.copyfileobj(src, out, 1 << 20)
+    else:
+        shutil.copy(kernel, dest)
+
+
+def make_esp(out: Path, rootfs: Path, efi: str, efi_default: str,
+             arch: str = "amd64") -> None:
     """A FAT32 ESP image: systemd-boot as the default loader, slot A's kernel + entry."""
     kernel, initrd = _kernel_files(rootfs)
     stub = rootfs / "usr/lib/systemd/boot/efi" / efi
@@ -73,10 +93,10 @@ def make_esp(out: Path, rootfs: Path, efi: str, efi_default: str) -> None:
         (work / d).mkdir(parents=True)
     shutil.copy(stub, work / "EFI/BOOT" / efi_default)
     shutil.copy(stub, work / "EFI/systemd" / efi)
-    shutil.copy(kernel, work / "A/vmlinuz")
+    copy_kernel(kernel, work / "A/vmlinuz")
     shutil.copy(initrd, work / "A/initrd.img")
     (work / "loader/loader.conf").write_text("timeout 0\neditor no\nrandom-seed-mode off\n")
-    (work / "loader/entries/slot-a.conf").write_text(entry("A", 1))
+    (work / "loader/entries/slot-a.conf").write_text(entry("A", 1, arch))
     try:
         run(["mcopy", "-s", "-Q", "-i", out, *sorted(work.iterdir()), "::/"])
     finally:

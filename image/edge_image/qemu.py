@@ -1,6 +1,9 @@
-"""``image/qemu IMG [--mqtt-port N] [--ssh-port N] [--api-port N] [--snapshot]``.
+"""``image/qemu IMG [--arch A] [--mqtt-port N] [--ssh-port N] [--api-port N] [--snapshot]``.
 
-Boots an image under QEMU (q35, OVMF, virtio disk and network). KVM is used when it
+Boots an image under QEMU: amd64 on q35 with OVMF, arm64 on ``virt`` (Cortex-A72, the
+Raspberry Pi 4's core) with AAVMF (Debian's qemu-efi-aarch64); virtio disk and network
+either way. The arch comes from the image's GPT (the root partitions' type GUID) unless
+``--arch`` says. A foreign arch always runs under TCG. For amd64 KVM is used when it
 works: /dev/kvm must be usable *and* a short probe must not hit a KVM emulation failure
 (this happens on some nested hosts, which then need TCG); otherwise TCG. The choice is
 printed. Every VM gets its own copy of OVMF_VARS (``--efivars FILE`` keeps one across
@@ -13,6 +16,7 @@ terminal, or to ``--serial-log FILE``.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import signal
@@ -21,10 +25,15 @@ import tempfile
 from functools import cache
 from pathlib import Path
 
-from edge_image.common import BadInput, main_guard, require_tools
+from edge_image import layout
+from edge_image.arch import ARCHES, foreign
+from edge_image.common import BadInput, main_guard, require_tools, run
 
-OVMF_CODE = Path("/usr/share/OVMF/OVMF_CODE_4M.fd")
-OVMF_VARS = Path("/usr/share/OVMF/OVMF_VARS_4M.fd")
+OVMF_CODE = ARCHES["amd64"].firmware_code
+OVMF_VARS = ARCHES["amd64"].firmware_vars
+#: TCG CPU of the arm64 guest: the Raspberry Pi 4's Cortex-A72 ("max" adds pointer
+#: authentication, which TCG emulates slowly).
+ARM64_CPU = "cortex-a72"
 # Not "max": QEMU 7.2's TCG with every feature on corrupts path strings in the guest
 # kernel (/proc/self/mountinfo shows mount points as "xxx"), and systemd's mount units
 # then fail with result 'protocol'. The default qemu64 model plus SSE4/POPCNT is enough
@@ -33,12 +42,31 @@ TCG_CPU = "qemu64,+ssse3,+sse4.1,+sse4.2,+popcnt"
 GUEST_PORTS = {"mqtt": 1883, "ssh": 22, "api": 18083}
 
 
+def image_arch(img: Path) -> str:
+    """The arch of a raw image, from its root partitions' GPT type (amd64 if unknown,
+    e.g. a qcow2 file)."""
+    try:
+        table = json.loads(run(["sfdisk", "--json", img]))["partitiontable"]
+    except Exception:
+        return "amd64"
+    types = {p.get("name"): p.get("type", "").upper() for p in table.get("partitions", [])}
+    for arch, guid in layout.ROOT_TYPE.items():
+        if types.get("rootA") == guid:
+            return arch
+    return "amd64"
+
+
 @cache
-def accelerator() -> str:
-    """``kvm`` if KVM really runs guest code here, else ``tcg`` (EDGE_GATEWAY_ACCEL wins)."""
+def accelerator(arch: str = "amd64") -> str:
+    """``kvm`` if KVM really runs guest code here, else ``tcg`` (EDGE_GATEWAY_ACCEL wins;
+    a foreign arch is always ``tcg``)."""
+    if foreign(ARCHES[arch]):
+        return "tcg"
     forced = os.environ.get("EDGE_GATEWAY_ACCEL")
     if forced in ("kvm", "tcg"):
         return forced
+    if arch != "amd64":
+        return "tcg"  # the KVM probe below is x86's
     if not os.access("/dev/kvm", os.R_OK | os.W_OK):
         return "tcg"
     with tempfile.TemporaryDirectory() as tmp:
@@ -62,23 +90,34 @@ def accelerator() -> str:
 
 def command(img: Path, *, vars_file: Path, ports: dict[str, int], snapshot: bool = False,
             serial_log: Path | None = None, memory_mib: int = 1024, cpus: int = 2,
-            extra_drives: tuple[Path, ...] = (), no_reboot: bool = False) -> list[str]:
+            extra_drives: tuple[Path, ...] = (), no_reboot: bool = False,
+            arch: str = "amd64") -> list[str]:
     """The QEMU command line (``ports`` maps mqtt/ssh/api to host ports). With
     ``no_reboot`` QEMU exits (status 0) when the guest resets instead of resetting in
-    place; the caller starts it again (see tests/image/vm.py)."""
-    accel = accelerator()
+    place; the caller starts it again (see tests/image/vm.py). ``vars_file`` must be a
+    copy of ``arch``'s firmware variables (:func:`new_vars`)."""
+    a = ARCHES[arch]
+    accel = accelerator(arch)
     fwd = "".join(f",hostfwd=tcp:127.0.0.1:{port}-:{GUEST_PORTS[name]}"
                   for name, port in sorted(ports.items()) if port)
     fmt = "qcow2" if img.suffix == ".qcow2" else "raw"
     drive = f"if=virtio,format={fmt},file={img},cache=unsafe,discard=unmap"
     if snapshot:
         drive += ",snapshot=on"
-    cmd = ["qemu-system-x86_64", "-accel", accel, "-machine", "q35",
-           "-cpu", "host" if accel == "kvm" else TCG_CPU,
+    if arch == "amd64":
+        machine = ["-machine", "q35", "-cpu", "host" if accel == "kvm" else TCG_CPU]
+        disk = ["-drive", drive]
+    else:
+        machine = ["-machine", "virt", "-cpu", "host" if accel == "kvm" else ARM64_CPU]
+        # The disk first in the firmware's boot order: AAVMF would otherwise try PXE on
+        # the virtio NIC first, which takes minutes under TCG.
+        disk = ["-drive", drive.replace("if=virtio", "if=none,id=disk0"),
+                "-device", "virtio-blk-pci,drive=disk0,bootindex=0"]
+    cmd = [a.qemu, "-accel", accel, *machine,
            "-smp", str(cpus), "-m", str(memory_mib), "-nodefaults", "-display", "none",
-           "-drive", f"if=pflash,format=raw,readonly=on,file={OVMF_CODE}",
+           "-drive", f"if=pflash,format=raw,readonly=on,file={a.firmware_code}",
            "-drive", f"if=pflash,format=raw,file={vars_file}",
-           "-drive", drive,
+           *disk,
            "-netdev", f"user,id=n0{fwd}", "-device", "virtio-net-pci,netdev=n0",
            "-device", "virtio-rng-pci"]
     for extra in extra_drives:
@@ -92,14 +131,16 @@ def command(img: Path, *, vars_file: Path, ports: dict[str, int], snapshot: bool
     return cmd
 
 
-def new_vars(dest: Path) -> Path:
-    shutil.copy(OVMF_VARS, dest)
+def new_vars(dest: Path, arch: str = "amd64") -> Path:
+    """A fresh copy of ``arch``'s UEFI variable store (OVMF / AAVMF)."""
+    shutil.copy(ARCHES[arch].firmware_vars, dest)
     return dest
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="image/qemu", description="Boot an image under QEMU.")
     p.add_argument("img", type=Path)
+    p.add_argument("--arch", choices=sorted(ARCHES), help="default: from the image's GPT")
     for name in GUEST_PORTS:
         p.add_argument(f"--{name}-port", type=int, default=0,
                        help=f"host port forwarded to the unit's {name} port "
@@ -119,12 +160,14 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> int:
     args = parse(argv)
-    require_tools({"qemu-system-x86_64": "qemu-system-x86"})
     if not args.img.is_file():
         raise BadInput(f"no such image: {args.img}")
-    for f, pkg in ((OVMF_CODE, "ovmf"), (OVMF_VARS, "ovmf")):
+    arch = args.arch or image_arch(args.img)
+    a = ARCHES[arch]
+    require_tools({a.qemu: a.qemu_package})
+    for f in (a.firmware_code, a.firmware_vars):
         if not f.exists():
-            raise BadInput(f"{f} not found (Debian package {pkg})")
+            raise BadInput(f"{f} not found (Debian package {a.firmware_package})")
     ports = {name: getattr(args, f"{name}_port") for name in GUEST_PORTS}
     for name, port in ports.items():
         if not 0 <= port <= 65535:
@@ -132,13 +175,13 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="edge-gateway-qemu-") as tmp:
         vars_file = args.efivars
         if vars_file is None:
-            vars_file = new_vars(Path(tmp) / "OVMF_VARS.fd")
+            vars_file = new_vars(Path(tmp) / "VARS.fd", arch)
         elif not vars_file.exists():
-            new_vars(vars_file)
+            new_vars(vars_file, arch)
         cmd = command(args.img.resolve(), vars_file=vars_file, ports=ports,
                       snapshot=args.snapshot, serial_log=args.serial_log,
-                      memory_mib=args.memory, cpus=args.cpus)
-        print(f"image/qemu: {accelerator().upper()}; forwarding "
+                      memory_mib=args.memory, cpus=args.cpus, arch=arch)
+        print(f"image/qemu: {arch} under {accelerator(arch).upper()}; forwarding "
               + (", ".join(f"{n} 127.0.0.1:{p}" for n, p in ports.items() if p) or "nothing")
               + ("; serial console: " + str(args.serial_log) if args.serial_log else
                  "; Ctrl-A X quits"), flush=True)

@@ -70,6 +70,8 @@ def test_unchanged_rebuild_is_cached(built: Built) -> None:
     (["--arch", "sparc"], "unknown arch 'sparc'"),
     (["--release"], "no signing key"),
     (["--version", "1 2"], "invalid --version"),
+    (["--kernel", "rt"], "unknown --kernel 'rt' for amd64"),
+    (["--arch", "arm64", "--kernel", "rt"], "unknown --kernel 'rt' for arm64"),
 ])
 def test_build_bad_input_is_one_line_exit_2(tmp_path: Path, args: list[str],
                                             message: str) -> None:
@@ -99,3 +101,16 @@ def test_provision_refuses_bad_input(built: Built, tmp_path: Path) -> None:
     good.write_text('[node]\nname = "x@127.0.0.1"\n')
     r = tool("provision", img, "--config", good, "--hostname", "bad_name!")
     assert r.returncode == 2 and "invalid hostname" in r.stderr
+
+
+def test_root_has_dns_resolver_and_ntp(built: Built, tmp_path: Path) -> None:
+    """systemd-resolved and systemd-timesyncd are installed and enabled, and
+    /etc/resolv.conf on the read-only root already points at resolved's stub."""
+    def debugfs(cmd: str) -> str:
+        return subprocess.run(["debugfs", "-R", cmd, str(built.slot)], capture_output=True,
+                              text=True, check=True).stdout
+    assert "Fast link dest: \"../run/systemd/resolve/stub-resolv.conf\"" in \
+        debugfs("stat /etc/resolv.conf")
+    wants = debugfs("ls -l /etc/systemd/system/sysinit.target.wants") + \
+        debugfs("ls -l /etc/systemd/system/multi-user.target.wants")
+    assert "systemd-resolved.service" in wants and "systemd-timesyncd.service" in wants, wants

@@ -157,6 +157,27 @@ def test_root_is_read_only_and_status_shows_the_image(unit: Vm) -> None:
     assert unit.ssh("passwd -S root").stdout.split()[1] == "L"  # locked, no password
 
 
+def check_dns_and_ntp(vm: Vm) -> None:
+    """systemd-resolved behind /etc/resolv.conf (a link made at build time: the root is
+    read-only) with the DHCP lease's name server (QEMU's 10.0.2.3); systemd-timesyncd
+    running; no LLMNR / mDNS responder listening (resolved.conf.d/gateway.conf)."""
+    assert vm.ssh("readlink /etc/resolv.conf").stdout.strip() == \
+        "../run/systemd/resolve/stub-resolv.conf"
+    assert "nameserver 127.0.0.53" in vm.ssh("cat /etc/resolv.conf").stdout
+    deadline = time.monotonic() + 120
+    while "10.0.2.3" not in (dns := vm.ssh("resolvectl dns", check=False).stdout):
+        assert time.monotonic() < deadline, dns
+        time.sleep(2)
+    assert vm.ssh("systemctl is-active systemd-timesyncd").stdout.strip() == "active"
+    assert vm.ssh("timedatectl show -p NTP --value").stdout.strip() == "yes"
+    listening = vm.ssh("ss -Hlntu").stdout
+    assert ":5355 " not in listening and ":5353 " not in listening, listening
+
+
+def test_dns_resolver_and_ntp(unit: Vm) -> None:
+    check_dns_and_ntp(unit)
+
+
 def test_data_survives_reboot(unit: Vm) -> None:
     unit.ssh("echo kept > /data/marker && sync")
     took = unit.reboot()
@@ -210,7 +231,7 @@ def bundles(built: Built, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     root = tmp_path_factory.mktemp("bundles")
     subprocess.run(["cp", str(built.bundle), str(root / "good.raucb")], check=True)
     dev = image_keys.resolve(None, None, None, release=False, cache=built.cache)
-    slot = sorted(built.cache.glob("slotfs-*.ext4"), key=lambda p: p.stat().st_mtime)[-1]
+    slot = built.slot
     # A root file system whose gatewayd exits 1 at once: made from the real one with
     # debugfs (no mount), signed with the real (development) key.
     bad = root / "bad-rootfs.ext4"

@@ -40,15 +40,16 @@ BOOT_TIMEOUT = float(os.environ.get("EDGE_GATEWAY_BOOT_TIMEOUT", "420"))
 
 class Vm:
     def __init__(self, disk: Path, work: Path, ssh_key: Path, *, snapshot: bool = False,
-                 name: str = "unit") -> None:
+                 name: str = "unit", arch: str = "amd64") -> None:
         self.disk = disk
+        self.arch = arch
         self.work = work
         self.ssh_key = ssh_key
         self.snapshot = snapshot
         self.name = name
         self.starts = 0
         self.log = work / f"{name}-serial-0.log"
-        self.vars = qemu.new_vars(work / f"{name}-OVMF_VARS.fd")
+        self.vars = qemu.new_vars(work / f"{name}-VARS.fd", arch)
         self.ports = {"mqtt": free_port(), "ssh": free_port(), "api": free_port()}
         self.proc: subprocess.Popen[bytes] | None = None
         self._mark = 0
@@ -71,7 +72,8 @@ class Vm:
         self.log = self.work / f"{self.name}-serial-{self.starts}.log"
         self._mark = 0
         cmd = qemu.command(self.disk, vars_file=self.vars, ports=self.ports,
-                           snapshot=self.snapshot, serial_log=self.log, no_reboot=True)
+                           snapshot=self.snapshot, serial_log=self.log, no_reboot=True,
+                           arch=self.arch)
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=open(self.work / "qemu.stderr", "ab"))  # noqa: SIM115
 

@@ -1,0 +1,79 @@
+"""Pruning the build cache: every stage keeps its latest ``keep`` entries per directory.
+
+A cache entry is ``<stage>-<key>[.ext]`` (key: 16 hex digits) in ``<cache>/<arch>/`` or,
+from builds before the per-arch layout, in ``<cache>/`` itself as ``<stage>[-<arch>]-
+<key>``. Entries of one stage in one directory form a group; the newest ``keep`` of a
+group by modification time stay (a cache hit does not touch an entry, so "newest" means
+"most recently built": keep at least 2 when another checkout may still build the previous
+inputs). Leftovers of interrupted builds (``*.tmp*``) go once they are 12 hours old.
+Nothing else is touched: ``keys/`` (the development signing key), ``test-out/``,
+``data-empty.ext4`` and unknown names stay.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from edge_image.common import remove
+
+ENTRY = re.compile(r"^(?P<stage>[a-z]+(?:-(?:amd64|arm64))?)-(?P<key>[0-9a-f]{16})"
+                   r"(?P<ext>\.[a-z0-9]+)?$")
+TMP = re.compile(r"\.tmp\d*$")
+TMP_AGE = 12 * 3600
+
+
+def size_of(path: Path) -> int:
+    """Bytes allocated under ``path`` (sparse files count what they use)."""
+    if path.is_symlink() or not path.is_dir():
+        return path.lstat().st_blocks * 512
+    total = 0
+    for dirpath, dirnames, filenames in os.walk(path):
+        for name in dirnames + filenames:
+            total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
+    return total
+
+
+def stale(directory: Path, keep: int) -> list[Path]:
+    """The entries of ``directory`` that pruning removes."""
+    groups: dict[str, list[Path]] = defaultdict(list)
+    out: list[Path] = []
+    now = time.time()
+    for p in directory.iterdir():
+        if TMP.search(p.name):
+            if now - p.lstat().st_mtime > TMP_AGE:
+                out.append(p)
+            continue
+        m = ENTRY.match(p.name)
+        if m:
+            groups[m["stage"] + (m["ext"] or "")].append(p)
+    for entries in groups.values():
+        entries.sort(key=lambda p: p.lstat().st_mtime, reverse=True)
+        out.extend(entries[keep:])
+    return sorted(out)
+
+
+def prune(cache: Path, keep: int, *, only: Path | None = None) -> int:
+    """Remove stale entries (in ``only``, else in ``cache`` and each ``cache/<arch>``);
+    print what went and the space freed; return the bytes freed."""
+    if not cache.is_dir():
+        print(f"prune: no cache at {cache}", flush=True)
+        return 0
+    dirs = [only] if only is not None else \
+        [cache, *sorted(d for d in cache.iterdir() if d.is_dir() and d.name in
+                        ("amd64", "arm64"))]
+    freed = count = 0
+    for d in dirs:
+        for p in stale(d, keep):
+            n = size_of(p)
+            remove(p)
+            freed += n
+            count += 1
+            print(f"prune: removed {p.relative_to(cache)} ({n >> 20} MiB)", flush=True)
+    print(f"prune: {count} stale cache entr{'y' if count == 1 else 'ies'} removed, "
+          f"{freed >> 20} MiB freed (kept the latest {keep} per stage in "
+          f"{', '.join(str(d) for d in dirs)})", flush=True)
+    return freed
