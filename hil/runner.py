@@ -59,18 +59,23 @@ class RunInfo:
     devices: int = 0
 
 
+IN_FLIGHT_S = 5.0  # settle waits for acks of what was sent this close to the stop
+
+
 class _Tracking(Recorder):
     """A recorder that also keeps, in memory, what is still owed (for an early settle)."""
 
     def __init__(self, path: Path) -> None:
         super().__init__(path)
         self.need: dict[str, dict[str, Any]] = {}
+        self.sent_at: dict[str, float] = {}  # message id -> monotonic time it was sent
         self.got: set[tuple[str, str]] = set()
 
     def __call__(self, event: str, /, **fields: Any) -> None:
         super().__call__(event, **fields)
         if event == "sent" and fields.get("q", 0) >= 1 and fields.get("p"):
             self.need[fields["m"]] = fields
+            self.sent_at[fields["m"]] = time.monotonic()
         elif event == "recv":
             self.got.add((fields["m"], fields["by"]))
 
@@ -86,6 +91,12 @@ class _Tracking(Recorder):
             if upstream and ev.get("k") == "tele" and (mid, "upstream") not in self.got:
                 n += 1
         return n
+
+    def unanswered(self, acked: set[str], since: float) -> int:
+        """Messages sent at or after ``since`` whose acknowledgement has not come yet
+        (in flight when publishing stopped: their PUBACK/PUBCOMP may still arrive, and
+        then they are owed)."""
+        return sum(1 for mid, t in self.sent_at.items() if t >= since and mid not in acked)
 
 
 class Runner:
@@ -197,8 +208,12 @@ class Runner:
                 self.info.unsupported.append(f"fault {i} failed: {res!r}")
                 self._record("note", text=f"fault {i} failed: {res!r}")
         settle_end = time.monotonic() + sc.settle
+        # sends of the last seconds may still be acknowledged: wait for those too (older
+        # unacknowledged ones were lost with a connection and are not waited for)
+        in_flight_since = time.monotonic() - IN_FLIGHT_S
         while time.monotonic() < settle_end:
-            owed = self.rec.owed(self.acked, upc is not None)
+            owed = self.rec.owed(self.acked, upc is not None) + self.rec.unanswered(
+                self.acked, in_flight_since)
             everyone = self._connected() >= sc.device_count
             if owed == 0 and everyone and self.bridge_queue in (None, 0):
                 break
