@@ -88,6 +88,8 @@ def test_first_run_opens_every_front_end_on_its_standard_port() -> None:
     busy = [line for line in log.splitlines() if " WARNING " in line and "not opened" in line]
     assert len(busy) == 1, log
     assert "ws:default" in busy[0] and "0.0.0.0:8083: port already in use" in busy[0]
-    assert seen["alarms"] == ["listener_not_opened:ws:default"], log
+    # the host's own disk may raise high_disk_usage (the data dir is under /tmp): not ours
+    ours = [a for a in seen["alarms"] if a != "high_disk_usage"]
+    assert ours == ["listener_not_opened:ws:default"], log
     assert "nofile_limit" not in log and "open-file limit 4096" in log
     assert seen["dashboard"] == 200
