@@ -27,7 +27,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, field_validator
 
-from gateway.config.rules import Duration, Size, _Section
+from gateway.config.rules import Duration, Size, WebhookTls, _Section
 
 __all__ = [
     "CONNECTOR_KINDS", "ConnectorBuffer", "ConnectorBase", "ConnectorTls", "ConnectorsConfig",
@@ -54,15 +54,9 @@ def _server(value: str) -> str:
     return value
 
 
-class ConnectorTls(_Section):
-    """TLS to the server (PostgreSQL, Redis, RabbitMQ and InfluxDB all speak it)."""
-
-    enable: bool = False
-    verify: Literal["verify_peer", "verify_none"] = "verify_peer"
-    cacertfile: str | None = None
-    certfile: str | None = None
-    keyfile: str | None = None
-    server_name_indication: str | None = None
+class ConnectorTls(WebhookTls):
+    """TLS to the server (PostgreSQL, Redis, RabbitMQ and InfluxDB all speak it): the
+    same settings as a webhook's."""
 
 
 class ConnectorBuffer(_Section):

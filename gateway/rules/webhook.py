@@ -33,6 +33,7 @@ import aiohttp
 
 from gateway.config.rules import WebhookConfig
 from gateway.rules.functions import to_json
+from gateway.rules.sinks.base import tls_context
 from gateway.rules.template import Template
 from gateway.store.queue import DurableQueue, QueueDb, QueueEntry
 
@@ -46,16 +47,9 @@ class QueueFull(RuntimeError):
 
 
 def ssl_context(cfg: WebhookConfig) -> ssl.SSLContext | bool:
-    tls = cfg.tls
-    if not tls.enable and not cfg.url.startswith("https://"):
+    if not cfg.tls.enable and not cfg.url.startswith("https://"):
         return False
-    ctx = ssl.create_default_context(cafile=tls.cacertfile)
-    if tls.verify == "verify_none":
-        ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_NONE
-    if tls.certfile:
-        ctx.load_cert_chain(tls.certfile, tls.keyfile)
-    return ctx
+    return tls_context(cfg.tls)
 
 
 class Webhook:

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from gateway.config.connectors import ConnectorBase, ConnectorTls
+from gateway.config.rules import WebhookTls
 from gateway.store.queue import DurableQueue, QueueDb, QueueEntry
 
 __all__ = ["Outcome", "Refused", "Retry", "Sink", "client_ssl_context"]
@@ -64,8 +65,11 @@ Outcome = Refused | Retry | None
 
 def client_ssl_context(tls: ConnectorTls) -> ssl.SSLContext | None:
     """The client TLS context of a connector, None when TLS is off."""
-    if not tls.enable:
-        return None
+    return tls_context(tls) if tls.enable else None
+
+
+def tls_context(tls: WebhookTls) -> ssl.SSLContext:
+    """A client TLS context from a webhook's or a connector's ``tls`` settings."""
     ctx = ssl.create_default_context(cafile=tls.cacertfile)
     if tls.verify == "verify_none":
         ctx.check_hostname = False
