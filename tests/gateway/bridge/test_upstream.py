@@ -88,6 +88,9 @@ def test_outbox_survives_outage_and_kill9(tmp_path: Path, procs: Procs, proto: s
     device = procs.add(Client(gw.mqtt_port, "dev"))
     device.publish_all([("tele/before", b"-1", 1)])
     assert [m.topic for m in observer.take(1)] == ["fleet/edge-1/tele/before"]
+    # the upstream's PUBACK may still be on its way when the observer has the message;
+    # cutting the link before it arrives leaves that message in the outbox (rightly)
+    gw.wait_bridge("before acked", lambda b: b["acked"] == 1)
 
     # the uplink goes down
     gate.close()
