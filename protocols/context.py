@@ -218,6 +218,18 @@ AUTH_PENDING = -1
 """``GatewayContext.authenticate``: the answer will come through ``done``."""
 
 
+class PendingDecision(Protocol):
+    """An authorization answer that is not known yet (``GatewayContext.authorize`` with
+    ``wait=True``; the core's :class:`gateway.core.deferred.Deferred`). The callbacks run
+    once, on the event loop thread, with True (allowed) or False; a callback added after
+    the answer runs at once."""
+
+    @property
+    def done(self) -> bool: ...
+
+    def add_callback(self, callback: Callable[[bool], None]) -> None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class AuthStep:
     """One server step of an enhanced authentication exchange.
@@ -273,7 +285,16 @@ class GatewayContext(Protocol):
         will_delay: int,
     ) -> ConnectResult: ...
 
-    def authorize(self, client: ClientInfo, action: str, topic: str) -> bool: ...
+    def authorize(
+        self, client: ClientInfo, action: str, topic: str, wait: bool = False
+    ) -> bool | PendingDecision:
+        """True to allow ``action`` (``"publish"``/``"subscribe"``) on ``topic``, False to
+        deny. A decision an authorization source has to ask for (an HTTP service) may not
+        be known at once: with ``wait=True`` the answer is then a :class:`PendingDecision`
+        (test ``is True``/``is False`` first: both are the common, synchronous case);
+        without it such a decision is False (denied and logged), never pending. Cached
+        and rule decisions are always answered at once."""
+        ...
 
     def publish(self, client: ClientInfo, message: Message) -> int:
         """Route a message; returns the number of sessions it reached, or

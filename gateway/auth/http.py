@@ -34,6 +34,7 @@ import hmac
 import json
 import logging
 import os
+import urllib.parse
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -248,7 +249,8 @@ def _render(template: Mapping[str, Any], values: Mapping[str, str]) -> dict[str,
 
 
 class AiohttpPoster:
-    """A :class:`Poster` on aiohttp: one client session (connection pool) per backend."""
+    """A :class:`Poster` on aiohttp: one client session (connection pool) per backend.
+    ``method="get"`` sends the body as the query string instead (added to the URL's)."""
 
     def __init__(
         self,
@@ -258,8 +260,10 @@ class AiohttpPoster:
         pool_size: int = 8,
         timeout: float = 5.0,
         loop: asyncio.AbstractEventLoop | None = None,
+        method: Literal["post", "get"] = "post",
     ) -> None:
         self.url = url
+        self.method = method
         self.headers = dict(headers or {})
         self.pool_size = pool_size
         self.timeout = timeout
@@ -301,7 +305,13 @@ class AiohttpPoster:
                 timeout=aiohttp.ClientTimeout(total=self.timeout),
                 headers=self.headers,
             )
-        async with self._session.post(self.url, json=body) as response:
+        if self.method == "get":
+            query = urllib.parse.urlencode(body)
+            url = self.url + ("&" if "?" in self.url else "?") + query if query else self.url
+            request = self._session.get(url)
+        else:
+            request = self._session.post(self.url, json=body)
+        async with request as response:
             data = await response.content.read(MAX_RESPONSE)
             return int(response.status), bytes(data)
 

@@ -17,27 +17,29 @@ Invariants:
 - Answers ``allow``/``deny`` are cached per (client id, username, peer host, action,
   topic) for ``cache_ttl`` seconds (0: none), at most ``cache_max`` entries, least
   recently used first out; errors and ``ignore`` are not cached.
-- **The request is synchronous**: the broker's authorization interface
-  (``GatewayContext.authorize``) returns a bool to every protocol channel, so an uncached
-  decision waits for the service on the event loop, at most ``request_timeout``. Use a
-  service close to the gateway (loopback, LAN) and a short timeout; the cache keeps a
-  client's repeated publishes off the network. (An asynchronous authorize needs the
-  channels to suspend a PUBLISH/SUBSCRIBE the way they suspend a CONNECT; not done.)
+- **The request never blocks the event loop**: a cached answer is given at once (a
+  :class:`~gateway.core.hooks.Stop`); otherwise the subscriber returns a
+  :class:`~gateway.core.deferred.Deferred` that the HTTP answer (aiohttp, a pool of
+  ``pool_size`` connections) resolves, and the protocol channel suspends that client's
+  input (its later publishes and subscriptions stay behind, in order) until it does;
+  every other client is served meanwhile (``GatewayContext.authorize`` with ``wait``).
+- The request timeout is a scheduler timer: when it fires first the request is
+  cancelled and the answer is the error ``timeout``. Identical requests in flight at
+  the same time share one HTTP request.
 - A failure never raises into the core: every path ends in allow, deny or ignore.
 """
 
 from __future__ import annotations
 
-import http.client
-import json
 import logging
-import time
-import urllib.parse
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
-from gateway.auth.http import Answer, parse_response
+from gateway.auth.http import AiohttpPoster, Answer, Poster, parse_response
 from gateway.config.schema import GatewayConfig, HttpAuthzSource
+from gateway.core.clock import Scheduler, TimerHandle
+from gateway.core.deferred import Deferred
 from gateway.core.hooks import Priority, Stop
 from gateway.core.node import Node
 from protocols.context import ClientInfo
@@ -46,40 +48,46 @@ __all__ = ["HttpAuthorizer", "install_http_authz"]
 
 log = logging.getLogger("gateway.auth")
 
-MAX_RESPONSE = 64 * 1024
+Decision = Stop[bool] | None
 
 
 class HttpAuthorizer:
     """One HTTP source (module docstring). ``incr`` counts metrics."""
 
-    def __init__(self, source: HttpAuthzSource, *, incr: Any = lambda metric: None,
-                 clock: Any = time.monotonic) -> None:
+    def __init__(self, source: HttpAuthzSource, scheduler: Scheduler, poster: Poster, *,
+                 incr: Callable[[str], None] = lambda metric: None) -> None:
         self.source = source
+        self.scheduler = scheduler
+        self.poster = poster
         self.incr = incr
-        self.clock = clock
-        url = urllib.parse.urlsplit(source.url)
-        self._https = url.scheme == "https"
-        self._host = url.hostname or "127.0.0.1"
-        self._port = url.port or (443 if self._https else 80)
-        self._path = url.path or "/"
-        self._query = url.query
-        self._conn: http.client.HTTPConnection | None = None
         self._cache: OrderedDict[tuple[Any, ...], tuple[float, str]] = OrderedDict()
+        self._inflight: dict[tuple[Any, ...], Deferred[Answer]] = {}
 
     def __repr__(self) -> str:
         return f"HttpAuthorizer({self.source.url!r})"
 
     def __call__(self, client: ClientInfo, action: str, topic: str, acc: bool
-                 ) -> Stop[bool] | None:
+                 ) -> Decision | Deferred[Decision]:
         key = (client.client_id, client.username, client.peer_host, action, topic)
-        now = self.clock()
         hit = self._cache.get(key)
-        if hit is not None and hit[0] > now:
-            self._cache.move_to_end(key)
-            self.incr("authorization.http.cache_hit")
-            return Stop(hit[1] == "allow")
-        answer = self._ask(client, action, topic)
-        self.incr(f"authorization.http.{answer.result}")
+        if hit is not None:
+            if hit[0] > self.scheduler.time():
+                self._cache.move_to_end(key)
+                self.incr("authorization.http.cache_hit")
+                return Stop(hit[1] == "allow")
+            del self._cache[key]
+        shared = self._inflight.get(key)
+        if shared is None:
+            shared = self._inflight[key] = Deferred()
+            self._request(key, self._render(self._values(client, action, topic)), shared)
+        if shared.done:  # (a poster that failed at once)
+            return self._decide(client, action, topic, shared.value)
+        mine: Deferred[Decision] = Deferred()
+        shared.add_callback(
+            lambda answer: mine.resolve(self._decide(client, action, topic, answer)))
+        return mine
+
+    def _decide(self, client: ClientInfo, action: str, topic: str, answer: Answer) -> Decision:
         result = answer.result
         if result == "error":
             log.warning("HTTP authorization at %s failed (%s): %s for %s %s %s",
@@ -88,10 +96,6 @@ class HttpAuthorizer:
             return Stop(False) if self.source.on_error == "deny" else None
         if result == "ignore":
             return None
-        if self.source.cache_ttl > 0:
-            self._cache[key] = (now + self.source.cache_ttl, result)
-            while len(self._cache) > self.source.cache_max:
-                self._cache.popitem(last=False)
         return Stop(result == "allow")
 
     # -- the request ---------------------------------------------------------------
@@ -104,59 +108,48 @@ class HttpAuthorizer:
             "qos": "", "retain": "",
         }
 
-    def _render(self, values: dict[str, str]) -> dict[str, str]:
-        out = {}
+    def _render(self, values: dict[str, str]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
         for k, v in self.source.body.items():
             for name, value in values.items():
                 v = v.replace("${" + name + "}", value)
             out[k] = v
         return out
 
-    def _ask(self, client: ClientInfo, action: str, topic: str) -> Answer:
-        body = self._render(self._values(client, action, topic))
-        headers = dict(self.source.headers)
-        if self.source.method == "post":
-            data: bytes | None = json.dumps(body).encode()
-            headers.setdefault("Content-Type", "application/json")
-            path = self._path + (f"?{self._query}" if self._query else "")
-        else:
-            data = None
-            query = urllib.parse.urlencode(body)
-            path = self._path + "?" + "&".join(q for q in (self._query, query) if q)
-        for attempt in (1, 2):  # a kept-alive connection the server closed: once more
-            conn = self._connection()
-            try:
-                conn.request(self.source.method.upper(), path, body=data, headers=headers)
-                response = conn.getresponse()
-                payload = response.read(MAX_RESPONSE)
-                if response.getheader("Connection", "").lower() == "close":
-                    self._drop()
-                return parse_response(response.status, payload)
-            except TimeoutError:
-                self._drop()
-                return Answer("error", why=f"no answer within {self.source.request_timeout}s")
-            except (OSError, http.client.HTTPException) as exc:
-                self._drop()
-                if attempt == 2 or isinstance(exc, ConnectionRefusedError):
-                    return Answer("error", why=f"{type(exc).__name__}: {exc}")
-        return Answer("error", why="unreachable")  # pragma: no cover
+    def _request(self, key: tuple[Any, ...], body: dict[str, Any],
+                 out: Deferred[Answer]) -> None:
+        timer: TimerHandle | None = None
+        cancel: Callable[[], None] | None = None
 
-    def _connection(self) -> http.client.HTTPConnection:
-        if self._conn is None:
-            timeout = self.source.request_timeout
-            if self._https:
-                self._conn = http.client.HTTPSConnection(self._host, self._port, timeout=timeout)
-            else:
-                self._conn = http.client.HTTPConnection(self._host, self._port, timeout=timeout)
-        return self._conn
+        def finish(answer: Answer) -> None:
+            if out.done:
+                return
+            if timer is not None:
+                timer.cancel()
+            self._inflight.pop(key, None)
+            self.incr(f"authorization.http.{answer.result}")
+            if answer.result in ("allow", "deny") and self.source.cache_ttl > 0:
+                self._cache[key] = (self.scheduler.time() + self.source.cache_ttl,
+                                    answer.result)
+                self._cache.move_to_end(key)
+                while len(self._cache) > self.source.cache_max:
+                    self._cache.popitem(last=False)
+            out.resolve(answer)
 
-    def _drop(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        def answered(status: int, data: bytes | None, error: str | None) -> None:
+            finish(Answer("error", why=error) if error else parse_response(status, data))
 
-    def close(self) -> None:
-        self._drop()
+        def timed_out() -> None:
+            self.incr("authorization.http.timeout")
+            if cancel is not None:
+                cancel()
+            finish(Answer("error", why=f"no answer within {self.source.request_timeout}s"))
+
+        timer = self.scheduler.call_later(self.source.request_timeout, timed_out)
+        try:
+            cancel = self.poster.post(body, answered)
+        except Exception as exc:  # a poster that fails to even start
+            finish(Answer("error", why=f"request not sent: {exc}"))
 
 
 def install_http_authz(node: Node, config: GatewayConfig, loop: Any, services: Any) -> None:
@@ -164,12 +157,12 @@ def install_http_authz(node: Node, config: GatewayConfig, loop: Any, services: A
     for source in config.authorization.sources:
         if not source.enable:
             continue
-        authz = HttpAuthorizer(source, incr=node.metrics.incr)
+        poster = AiohttpPoster(str(source.url), headers=source.headers,
+                               pool_size=source.pool_size,
+                               timeout=source.request_timeout + 1.0, loop=loop,
+                               method=source.method)
+        authz = HttpAuthorizer(source, node.scheduler, poster, incr=node.metrics.incr)
         node.hooks.add("client.authorize", authz, Priority.AUTHZ)
-
-        async def close(a: HttpAuthorizer = authz) -> None:
-            a.close()
-
-        services.closers.append(close)
+        services.closers.append(poster.close)
         log.info("authorization source: http %s (%s, cache %gs, on_error %s)", source.url,
                  source.method, source.cache_ttl, source.on_error)

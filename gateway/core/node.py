@@ -35,7 +35,7 @@ from typing import Any
 from gateway.core.authz import Authorizer
 from gateway.core.broker import Broker
 from gateway.core.clock import Scheduler
-from gateway.core.deferred import fold_deferred
+from gateway.core.deferred import Deferred, fold_deferred
 from gateway.core.hooks import Hooks, Priority
 from gateway.core.journal import NodeJournal, StoredSession
 from gateway.core.metrics import Metrics
@@ -445,8 +445,17 @@ class Node:
         self.metrics.incr("messages.will")
         if info is None or info.client_id != will.publisher:
             info = ClientInfo(client_id=will.publisher, username=will.username)
-        if self.authorize(info, "publish", will.topic):
+        allowed = self.authorize(info, "publish", will.topic, True)
+        if allowed is True:
             self.publish(info, will)
+        elif allowed is not False:  # asked for: published when allowed
+            asker = info
+
+            def answered(ok: bool) -> None:
+                if ok:
+                    self.publish(asker, will)
+
+            allowed.add_callback(answered)
 
     # -- GatewayContext: messages ------------------------------------------------------
 
@@ -460,15 +469,22 @@ class Node:
         self._authorizer = value
         self.authz_generation += 1
 
-    def authorize(self, client: ClientInfo, action: str, topic: str) -> bool:
+    def authorize(
+        self, client: ClientInfo, action: str, topic: str, wait: bool = False
+    ) -> bool | Deferred[bool]:
         """The rules, then the ``client.authorize`` hooks; publish decisions are cached
         per client for ``authz_cache_ttl`` seconds (EMQX's authorization cache), at most
-        ``authz_cache_max`` of them, and dropped when the rules are replaced."""
+        ``authz_cache_max`` of them, and dropped when the rules are replaced.
+
+        A hook may answer later (a :class:`~gateway.core.deferred.Deferred`: an HTTP
+        source asking its service); the decision is then a Deferred resolved with it
+        when ``wait`` is true, else False (see ``GatewayContext.authorize``). A decision
+        that came later is cached like one that did not."""
         ttl = self.settings.authz_cache_ttl
         if ttl <= 0 or action != "publish":
             # Only publishes repeat: a client subscribes once or rarely, and a cached
             # subscribe decision would stay with every idle client (~370 bytes each).
-            return self._authorize(client, action, topic)
+            return self._authorize(client, action, topic, wait)
         cache = client.authz_cache
         key = (action, topic)
         now = self.scheduler.time()
@@ -481,13 +497,25 @@ class Node:
                 return hit[0]
         else:
             cache = client.authz_cache = {}
-        allowed = self._authorize(client, action, topic)
+        allowed = self._authorize(client, action, topic, wait)
+        if allowed is not True and allowed is not False:  # pending: cache the answer
+            entry_cache, generation = cache, self.authz_generation
+
+            def store(ok: bool) -> None:
+                if len(entry_cache) >= self.settings.authz_cache_max:
+                    entry_cache.clear()
+                entry_cache[key] = (ok, now + ttl, generation)
+
+            allowed.add_callback(store)
+            return allowed
         if len(cache) >= self.settings.authz_cache_max:
             cache.clear()
         cache[key] = (allowed, now + ttl, self.authz_generation)
         return allowed
 
-    def _authorize(self, client: ClientInfo, action: str, topic: str) -> bool:
+    def _authorize(
+        self, client: ClientInfo, action: str, topic: str, wait: bool = False
+    ) -> bool | Deferred[bool]:
         hooks = self.hooks
         if hooks.has("topic.rewrite") or hooks.has("topic.authorize"):
             topic = self.authorized_topic(client, action, topic)
@@ -499,8 +527,29 @@ class Node:
             username=client.username,
             peer_ip=client.peer_host,
         )
-        if self.hooks.has("client.authorize"):
-            allowed = self.hooks.run_fold("client.authorize", (client, action, topic), allowed)
+        if hooks.has("client.authorize"):
+            later: Deferred[bool] | None = None
+
+            def finish(value: Any) -> None:
+                if later is not None:  # (None: the caller could not wait, it was denied)
+                    later.resolve(self._authz_decided(client, action, topic, bool(value)))
+
+            finished, result = fold_deferred(
+                "client.authorize", hooks.callbacks("client.authorize"),
+                (client, action, topic), allowed, finish,
+            )
+            if not finished:
+                if wait:
+                    later = Deferred()
+                    return later
+                log.error("authorization of %s %s for %r had to wait, but the caller "
+                          "cannot: denied", action, topic, client.client_id)
+                return self._authz_decided(client, action, topic, False)
+            allowed = bool(result)
+        return self._authz_decided(client, action, topic, allowed)
+
+    def _authz_decided(self, client: ClientInfo, action: str, topic: str, allowed: bool
+                       ) -> bool:
         if not allowed:
             self.metrics.incr("authorization.deny")
             log.info(

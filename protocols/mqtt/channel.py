@@ -19,6 +19,14 @@ Invariants:
   During an MQTT 5 enhanced authentication exchange (``AUTH_EXCHANGE``) only AUTH and
   DISCONNECT are accepted. The idle timer (armed at accept) bounds both, and what is
   buffered while authenticating is bounded by ``max_packet_size`` (beyond it, 0x97).
+- Authorization may finish later too (an HTTP source asking its service): a PUBLISH or
+  SUBSCRIBE whose decision is pending suspends the parsing of this connection's input
+  (``_authz_wait``); the codec keeps buffering (beyond ``max_packet_size``, reading
+  pauses a second at a time), deliveries to the client carry on, and the answer comes
+  back through ``call_channel`` (``authz_result``): the packet is finished, then the
+  buffered packets are handled in order. So a client's publishes and subscriptions keep
+  their order; other connections are not held up. Decisions known at once (rules, the
+  cache) take the synchronous path, with no cost of their own.
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ from protocols.context import (
     Delivery,
     GatewayContext,
     Message,
+    PendingDecision,
     SessionAPI,
     SubOptions,
     subscribe_refused,
@@ -119,6 +128,10 @@ _PARSING = frozenset({State.CONNECTING, State.AUTH_EXCHANGE, State.CONNECTED})
 # from its class goes through a descriptor in Python 3.11 (~4x a module global).
 _CONNECTED = State.CONNECTED
 _CLOSED = State.CLOSED
+
+
+class _Wait(Exception):
+    """Internal: an authorization decision is pending; stop handling input for now."""
 
 
 class _Disconnect(Exception):
@@ -203,6 +216,8 @@ class MqttChannel:
     _aliases_in: Rare[dict[int, str]] = Rare(_NO_ALIASES)
     _aliases_out: Rare[dict[str, int]] = Rare(_NO_ALIASES)
     _core_closed: Rare[bool] = Rare(False)
+    # a pending authorization decision and what acts on its answer (module docstring)
+    _authz_wait: Rare[tuple[PendingDecision, Callable[[bool], None]] | None] = Rare(None)
 
     __slots__ = (
         "_rare",
@@ -292,7 +307,13 @@ class MqttChannel:
         return self._leave(outer)
 
     def _parse(self) -> None:
-        """Handle the buffered packets while the state allows it."""
+        """Handle the buffered packets while the state allows it (and no authorization
+        decision is pending)."""
+        rare = self._rare
+        if rare is not None and "_authz_wait" in rare:
+            if self.conn.buffered > self.settings.max_packet_size:
+                self._out.append(Pause(1.0))  # bounded: TCP flow control holds the rest
+            return
         conn = self.conn
         acked = False  # PUBACKs freed inflight slots: refill the window once, after them
         try:
@@ -309,6 +330,8 @@ class MqttChannel:
             self._protocol_error(exc)
         except _Disconnect as exc:
             self._server_disconnect(exc.code, exc.why)
+        except _Wait:
+            pass
         if acked and self.state is _CONNECTED and self.session is not None:
             self.session.drain()
 
@@ -381,6 +404,10 @@ class MqttChannel:
         since = guard.partial_since
         if since is None or not self.conn.buffered:
             return
+        if self._authz_wait is not None:  # what is buffered waits for a decision
+            guard.packet_timer = True
+            self._out.append(SetTimer("packet", self.settings.packet_timeout))
+            return
         left = max(since, guard.paused_until) + self.settings.packet_timeout - self._monotonic()
         if left > 0:
             guard.packet_timer = True
@@ -428,6 +455,38 @@ class MqttChannel:
         outer = self._enter()
         self._ack(PubRel, 0x62, packet_id)
         return self._leave(outer)
+
+    def authz_result(self, pending: PendingDecision, allowed: bool) -> list[Effect]:
+        """The answer of a pending authorization (via ``call_channel``): finish the
+        packet that waited for it, then handle the input buffered meanwhile."""
+        wait = self._authz_wait
+        if self.state is not _CONNECTED or wait is None or wait[0] is not pending:
+            return []
+        outer = self._enter()
+        self._authz_wait = None
+        try:
+            wait[1](allowed)
+        except _Wait:
+            pass
+        except _Disconnect as exc:
+            self._server_disconnect(exc.code, exc.why)
+        else:
+            self._parse()
+        if self.state is not _CLOSED:
+            self._after_input(0)
+        return self._leave(outer)
+
+    def _suspend(self, pending: PendingDecision, then: Callable[[bool], None]) -> None:
+        """Wait for ``pending``; ``then(allowed)`` runs with the answer (``authz_result``).
+        Raises :class:`_Wait`, which ends the handling of input for now."""
+        self._authz_wait = (pending, then)
+        handle = self.handle
+
+        def answered(allowed: bool) -> None:
+            handle.call_channel(lambda: self.authz_result(pending, allowed))
+
+        pending.add_callback(answered)
+        raise _Wait
 
     def kick(self, reason_code: int) -> list[Effect]:
         """The core closes us (takeover, admin kick). It already settled the session."""
@@ -875,18 +934,43 @@ class MqttChannel:
         if qos == 2 and pid in session.awaiting_rel:
             self._ack(PubRec, 0x50, pid)  # a re-sent PUBLISH: acknowledge, do not deliver again
             return
-        if not self.context.authorize(info, "publish", full_topic):
-            if s.deny_action_disconnect:
-                raise _Disconnect(RC.NOT_AUTHORIZED, f"publish to {full_topic!r} denied")
-            code = RC.NOT_AUTHORIZED if v5 else 0
-            if qos == 1:
-                self._send(PubAck(pid, code))  # type: ignore[arg-type]
-            elif qos == 2:
-                assert pid is not None
-                if not v5:
-                    session.await_rel(pid)  # 3.1.1 has no failure code: finish the flow
-                self._send(PubRec(pid, code))
-            return
+        allowed = self.context.authorize(info, "publish", full_topic, True)
+        if allowed is not True:
+            if allowed is False:
+                self._publish_denied(p, full_topic, session)
+                return
+            # asked for: this connection's input waits (raises _Wait)
+            self._suspend(allowed, functools.partial(
+                self._publish_decided, p, full_topic, session))
+        self._publish_allowed(p, full_topic, session)
+
+    def _publish_decided(self, p: Publish, full_topic: str, session: SessionAPI,
+                         allowed: bool) -> None:
+        if allowed:
+            self._publish_allowed(p, full_topic, session)
+        else:
+            self._publish_denied(p, full_topic, session)
+
+    def _publish_denied(self, p: Publish, full_topic: str, session: SessionAPI) -> None:
+        if self.settings.deny_action_disconnect:
+            raise _Disconnect(RC.NOT_AUTHORIZED, f"publish to {full_topic!r} denied")
+        v5 = self.version == MQTT_5
+        code = RC.NOT_AUTHORIZED if v5 else 0
+        qos, pid = p.qos, p.packet_id
+        if qos == 1:
+            self._send(PubAck(pid, code))  # type: ignore[arg-type]
+        elif qos == 2:
+            assert pid is not None
+            if not v5:
+                session.await_rel(pid)  # 3.1.1 has no failure code: finish the flow
+            self._send(PubRec(pid, code))
+
+    def _publish_allowed(self, p: Publish, full_topic: str, session: SessionAPI) -> None:
+        s = self.settings
+        v5 = self.version == MQTT_5
+        qos, pid, props = p.qos, p.packet_id, p.properties
+        info = self.info
+        assert info is not None
         if qos == 2:
             assert pid is not None
             awaiting = session.awaiting_rel
@@ -1105,18 +1189,27 @@ class MqttChannel:
             return "$queue/" + mount + real
         return f"$share/{group}/{mount}{real}"
 
-    def _on_subscribe(self, p: Subscribe) -> None:
+    def _on_subscribe(
+        self,
+        p: Subscribe,
+        done: tuple[list[int], list[tuple[str, SubOptions, bool]]] | None = None,
+        decided: bool | None = None,
+    ) -> None:
+        """Handle a SUBSCRIBE; ``done`` (the codes and subscriptions of the filters
+        before it) and ``decided`` (the answer for the next filter) resume one whose
+        authorization had to wait."""
         s = self.settings
         info, session = self.info, self.session
         assert info is not None and session is not None
         v5 = self.version == MQTT_5
         ids = p.properties.subscription_identifiers
         sid = ids[0] if ids else None
-        if v5 and (p.properties.user_properties or "sub_props" in info.attrs):
-            info.set_attr("sub_props", p.properties)  # the rules' sub_props
-        codes: list[int] = []
-        accepted: list[tuple[str, SubOptions, bool]] = []
-        for sub in p.subscriptions:
+        if done is None:
+            if v5 and (p.properties.user_properties or "sub_props" in info.attrs):
+                info.set_attr("sub_props", p.properties)  # the rules' sub_props
+            done = ([], [])
+        codes, accepted = done
+        for sub in p.subscriptions[len(codes):]:
             f = sub.topic_filter
             group, real = parse_shared(f)
             full = self._full_filter(f)
@@ -1128,7 +1221,7 @@ class MqttChannel:
                 code = RC.TOPIC_FILTER_INVALID
             elif s.max_subscriptions and self._subscriptions_full(session, full):
                 code = RC.QUOTA_EXCEEDED
-            elif not self.context.authorize(info, "subscribe", full):
+            elif not self._subscribe_allowed(p, done, decided, info, full):
                 code = s.subscribe_deny_code
             else:
                 qos = min(sub.qos, s.max_qos_allowed)
@@ -1143,9 +1236,28 @@ class MqttChannel:
             if code >= 0x80 and not v5:
                 code = 0x80
             codes.append(code)
+            decided = None
         self._send(SubAck(p.packet_id, tuple(codes)))
         for full, opts, existed in accepted:
             self.context.deliver_retained(info, full, opts, existed)
+
+    def _subscribe_allowed(
+        self,
+        p: Subscribe,
+        done: tuple[list[int], list[tuple[str, SubOptions, bool]]],
+        decided: bool | None,
+        info: ClientInfo,
+        full: str,
+    ) -> bool:
+        """The decision for the next filter of ``p``: ``decided`` when it came later,
+        else the core's; a pending one suspends the SUBSCRIBE (raises _Wait)."""
+        if decided is not None:
+            return decided
+        allowed = self.context.authorize(info, "subscribe", full, True)
+        if allowed is True or allowed is False:
+            return allowed
+        self._suspend(allowed, lambda ok: self._on_subscribe(p, done, ok))
+        return False  # pragma: no cover - _suspend raises
 
     def _on_unsubscribe(self, p: Unsubscribe) -> None:
         info = self.info
