@@ -18,6 +18,12 @@ Invariants:
   and every other entry point of the channel checks the same.
 - An authentication answer is acted on only while the channel still waits for it
   (state AUTHENTICATING, the same ``ClientInfo``).
+- Authorization may answer later (``_authorize``): while a decision is pending
+  (``_authz``), the peer's datagrams (``_hold``, at most :data:`MAX_HELD`; more are
+  dropped and counted) and later decisions of this channel wait behind it, and run in
+  their order once the answer is there (``authz_result``, via ``call_channel``). A
+  client's publishes and subscriptions thus keep their order; other peers are not held
+  up. Decisions known at once (rules, the cache) act at once.
 - The core learns of the end of a session exactly once (``context.close``, without the
   will: each channel publishes its will itself where its protocol has one); a ``kick``
   comes from the core, which has ended the session already, so it is not told again.
@@ -28,6 +34,7 @@ copy: it is the hot path, with ``__slots__`` of its own and a ``send_will`` argu
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from enum import Enum
 from typing import ClassVar
@@ -37,9 +44,27 @@ from protocols.context import (
     ClientInfo,
     ConnectionHandle,
     GatewayContext,
+    PendingDecision,
     SessionAPI,
 )
 from protocols.effects import Effect
+
+log = logging.getLogger("protocols")
+
+MAX_HELD = 64
+"""Datagrams a peer may send while one of its authorization decisions is pending."""
+
+
+class _AuthzWait:
+    """A pending decision, what acts on it, and what came after it, in order: a datagram
+    (``bytes``) or a later decision (``(info, action, topic, then)``)."""
+
+    __slots__ = ("later", "pending", "then")
+
+    def __init__(self, pending: PendingDecision, then: Callable[[bool], None]) -> None:
+        self.pending = pending
+        self.then = then
+        self.later: list[bytes | tuple[ClientInfo, str, str, Callable[[bool], None]]] = []
 
 
 class ChannelBase:
@@ -56,6 +81,7 @@ class ChannelBase:
         "_out",
         "_busy",
         "_core_closed",
+        "_authz",
     )
 
     LABEL: ClassVar[str]  # the protocol in log lines: "coap", "mqtt-sn", ...
@@ -80,6 +106,7 @@ class ChannelBase:
         self._out: list[Effect] = []
         self._busy = False
         self._core_closed = False
+        self._authz: _AuthzWait | None = None
 
     # -- entry point from the core -------------------------------------------------------
 
@@ -107,6 +134,74 @@ class ChannelBase:
         outer = self._enter()
         self._auth_done(info, code)
         return self._leave(outer)
+
+    # -- authorization -------------------------------------------------------------------
+
+    def _authorize(
+        self, info: ClientInfo, action: str, topic: str, then: Callable[[bool], None]
+    ) -> None:
+        """``then(allowed)`` with the core's decision: now, or once it is known (see the
+        module docstring); behind any decision still pending."""
+        wait = self._authz
+        if wait is not None:
+            wait.later.append((info, action, topic, then))
+            return
+        allowed = self.context.authorize(info, action, topic, True)
+        if allowed is True or allowed is False:
+            then(allowed)
+            return
+        self._authz = _AuthzWait(allowed, then)
+        handle = self.handle
+        pending = allowed
+
+        def answered(ok: bool) -> None:
+            handle.call_channel(lambda: self.authz_result(pending, ok))
+
+        allowed.add_callback(answered)
+
+    def _hold(self, data: bytes) -> bool:
+        """True when ``data`` must wait for a pending decision (kept, or dropped when
+        :data:`MAX_HELD` are waiting already)."""
+        wait = self._authz
+        if wait is None:
+            return False
+        if len(wait.later) < MAX_HELD:
+            wait.later.append(data)
+        else:
+            self.context.incr("packets.dropped.authz_pending")
+            log.warning("%s: datagram dropped: %d wait for an authorization decision",
+                        self._who(), MAX_HELD)
+        return True
+
+    def authz_result(self, pending: PendingDecision, allowed: bool) -> list[Effect]:
+        """A pending decision has its answer: act on it, then on what waited behind it,
+        in order, until another decision has to wait."""
+        wait = self._authz
+        if self.state is self.CLOSED or wait is None or wait.pending is not pending:
+            return []
+        outer = self._enter()
+        self._authz = None
+        wait.then(allowed)
+        later = wait.later
+        for i, item in enumerate(later):
+            if self.state is self.CLOSED:
+                break
+            again = self._waiting_on()
+            if again is not None:  # waiting again: the rest stays behind, in order
+                again.later.extend(later[i:])
+                break
+            if isinstance(item, bytes):
+                self._replay(item)
+            else:
+                self._authorize(*item)
+        return self._leave(outer)
+
+    def _waiting_on(self) -> _AuthzWait | None:
+        return self._authz
+
+    def _replay(self, data: bytes) -> None:  # pragma: no cover - every channel has its own
+        """Handle a datagram that waited (inside an entry point's guard)."""
+        raise NotImplementedError
 
     # -- authentication ------------------------------------------------------------------
 

@@ -594,9 +594,20 @@ class CoapChannel(CoapEndpoint):
         except Exception:
             self._respond(msg, Code.BAD_REQUEST)
             return
-        if not self.context.authorize(info, "publish", full):
-            self._respond(msg, Code.FORBIDDEN)
-            return
+        session = self.session
+
+        def decided(allowed: bool) -> None:
+            if self.info is not info or self.session is not session:
+                return  # (the session ended meanwhile)
+            if not allowed:
+                self._respond(msg, Code.FORBIDDEN)
+                return
+            self._publish_allowed(msg, info, full, qos, expiry, q, body)
+
+        self._authorize(info, "publish", full, decided)
+
+    def _publish_allowed(self, msg: Message, info: ClientInfo, full: str, qos: int,
+                         expiry: int | None, q: dict[str, str], body: bytes) -> None:
         now = self.context.now()
         m = BrokerMessage(full, body, qos, _flag(q.get("retain")),
                           publisher=info.client_id, username=info.username, timestamp=now,
@@ -628,9 +639,22 @@ class CoapChannel(CoapEndpoint):
         except Exception:
             self._respond(msg, Code.BAD_REQUEST)
             return
-        if not self.context.authorize(info, "subscribe", full):
-            self._respond(msg, Code.FORBIDDEN)
-            return
+        session = self.session
+
+        def decided(allowed: bool) -> None:
+            if self.info is not info or self.session is not session:
+                return  # (the session ended meanwhile)
+            if not allowed:
+                self._respond(msg, Code.FORBIDDEN)
+                return
+            self._subscribe_allowed(msg, info, full, path, qos, rh, q)
+
+        self._authorize(info, "subscribe", full, decided)
+
+    def _subscribe_allowed(self, msg: Message, info: ClientInfo, full: str,
+                           path: tuple[str, ...], qos: int, rh: int, q: dict[str, str]
+                           ) -> None:
+        s = self.settings
         b2 = msg.opt.block2
         szx = min(_szx(s.block_size), b2.size_exponent if b2 is not None else 6)
         self.observations[full] = Observation(full, path, msg.token, qos, szx)

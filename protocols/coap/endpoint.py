@@ -68,7 +68,7 @@ class CoapEndpoint(ChannelBase):
     def handle_datagram(self, data: bytes) -> list[Effect]:
         """One datagram from the peer: a well-formed message goes to ``_dispatch``; one
         that is not (decode raises RemoteProtocolError) to ``_malformed``."""
-        if self.state is self.CLOSED:
+        if self.state is self.CLOSED or self._hold(data):
             return []
         outer = self._enter()
         try:
@@ -85,6 +85,9 @@ class CoapEndpoint(ChannelBase):
 
     def _dispatch(self, msg: Message) -> None:
         raise NotImplementedError
+
+    def _replay(self, data: bytes) -> None:
+        self.handle_datagram(data)  # (re-entrant: its effects join the outer call's)
 
     def _malformed(self, exc: RemoteProtocolError) -> None:
         raise NotImplementedError

@@ -458,8 +458,12 @@ class Lwm2mChannel(Exchange):
             return
         self.state = State.REGISTERED
         dn = self.mount + "dn/#"
-        if self.context.authorize(info, "subscribe", dn):
-            self.context.subscribe(info, dn, SubOptions(0))
+
+        def decided(allowed: bool) -> None:
+            if allowed and self.info is info and self.session is not None:
+                self.context.subscribe(info, dn, SubOptions(0))
+
+        self._authorize(info, "subscribe", dn, decided)
         if self._resumed:
             self._respond(msg, Code.CHANGED)
         else:

@@ -165,13 +165,18 @@ class Exchange(CoapEndpoint):
         if info is None:
             return
         topic = self.mount + suffix
-        if not self.context.authorize(info, "publish", topic):
-            log.info("%s: not authorized to publish %s", self._who(), topic)
-            return
-        msg = BrokerMessage(topic, json.dumps(body).encode(), self.settings.publish_qos,
-                            publisher=info.client_id, username=info.username,
-                            timestamp=self.context.now())
-        self.context.publish(info, msg)
+        payload = json.dumps(body).encode()  # (now: ``body`` may change meanwhile)
+
+        def decided(allowed: bool) -> None:
+            if not allowed:
+                log.info("%s: not authorized to publish %s", self._who(), topic)
+                return
+            msg = BrokerMessage(topic, payload, self.settings.publish_qos,
+                                publisher=info.client_id, username=info.username,
+                                timestamp=self.context.now())
+            self.context.publish(info, msg)
+
+        self._authorize(info, "publish", topic, decided)
 
     # -- commands (MQTT -> device) -------------------------------------------------
 

@@ -57,6 +57,7 @@ from protocols.context import (
     Delivery,
     GatewayContext,
     Message,
+    SessionAPI,
     SubOptions,
     subscribe_refused,
 )
@@ -200,7 +201,7 @@ class MqttSnChannel(ChannelBase):
         return [SetTimer("idle", self.settings.idle_timeout)]
 
     def handle_datagram(self, data: bytes) -> list[Effect]:
-        if self.state is State.CLOSED:
+        if self.state is State.CLOSED or self._hold(data):
             return []
         outer = self._enter()
         try:
@@ -212,6 +213,9 @@ class MqttSnChannel(ChannelBase):
         self.last_rx = self._monotonic()
         self._dispatch(packet)
         return self._leave(outer)
+
+    def _replay(self, data: bytes) -> None:
+        self.handle_datagram(data)  # (re-entrant: its effects join the outer call's)
 
     def on_timer(self, name: str) -> list[Effect]:
         if self.state is State.CLOSED:
@@ -487,8 +491,17 @@ class MqttSnChannel(ChannelBase):
         if will is None or info is None:
             return
         self.context.incr("messages.will")
-        if self.context.authorize(info, "publish", will.topic):
+        allowed = self.context.authorize(info, "publish", will.topic, True)
+        if allowed is True:
             self.context.publish(info, will)
+        elif allowed is not False:  # asked for: published when allowed (the channel ends)
+            context = self.context
+
+            def answered(ok: bool) -> None:
+                if ok:
+                    context.publish(info, will)
+
+            allowed.add_callback(answered)
 
     def _on_willtopicupd(self, p: WillTopicUpd) -> None:
         if not p.topic:
@@ -577,11 +590,16 @@ class MqttSnChannel(ChannelBase):
                 mountpoint=s.mountpoint,
             )
         full = s.mountpoint + topic
-        if not self.context.authorize(info, "publish", full):
-            return
-        now = self.context.now()
-        msg = Message(full, p.data, 0, p.retain, publisher=info.client_id, timestamp=now)
-        self.context.publish(info, msg)
+        asker = info
+
+        def decided(allowed: bool) -> None:
+            if allowed:
+                now = self.context.now()
+                msg = Message(full, p.data, 0, p.retain, publisher=asker.client_id,
+                              timestamp=now)
+                self.context.publish(asker, msg)
+
+        self._authorize(info, "publish", full, decided)
 
     def _on_publish(self, p: Publish) -> None:
         info, session = self.info, self.session
@@ -596,9 +614,20 @@ class MqttSnChannel(ChannelBase):
             self._send(PubRec(p.msg_id))  # a repeated PUBLISH: acknowledge, not again
             return
         full = s.mountpoint + topic
-        if not self.context.authorize(info, "publish", full):
-            self._send(PubAck(tid, p.msg_id, RC.NOT_SUPPORTED))
-            return
+
+        def decided(allowed: bool) -> None:
+            if self.session is not session:
+                return  # (the session ended meanwhile)
+            if not allowed:
+                self._send(PubAck(tid, p.msg_id, RC.NOT_SUPPORTED))
+                return
+            self._publish_allowed(p, info, session, tid, full)
+
+        self._authorize(info, "publish", full, decided)
+
+    def _publish_allowed(
+        self, p: Publish, info: ClientInfo, session: SessionAPI, tid: int, full: str
+    ) -> None:
         # The acknowledgement goes before any delivery the publish causes to this very
         # client: constrained clients (Paho's MQTT-SN samples) read one message at a time
         # and expect the PUBACK first. With a durable node the shell still holds both
@@ -888,9 +917,21 @@ class MqttSnChannel(ChannelBase):
                 return
             tid = got
         full = s.mountpoint + f
-        if not self.context.authorize(info, "subscribe", full):
-            self._send(SubAck(p.msg_id, 0, qos, RC.NOT_SUPPORTED))
-            return
+        session = self.session
+
+        def decided(allowed: bool) -> None:
+            if self.session is not session or self.info is not info:
+                return  # (the session ended meanwhile)
+            if not allowed:
+                self._send(SubAck(p.msg_id, 0, qos, RC.NOT_SUPPORTED))
+                return
+            self._subscribe_allowed(p, info, full, qos, tid)
+
+        self._authorize(info, "subscribe", full, decided)
+
+    def _subscribe_allowed(
+        self, p: Subscribe, info: ClientInfo, full: str, qos: int, tid: int
+    ) -> None:
         opts = SubOptions(qos)
         existed = self.context.subscribe(info, full, opts)
         if subscribe_refused(existed):  # an exclusive topic another client holds
