@@ -340,3 +340,56 @@ topic = "${{topic}}"
             assert "HTTP authorization at" in g.log.read_text()
         finally:
             s.close()
+
+
+def test_http_authorization_waits_without_stalling_the_broker(tmp_path, gateways):
+    """One client's decision is held by the service; meanwhile another client's publishes
+    (each asking the service too) go through, and the held client's packets keep their
+    order: its PUBACKs and its messages come after the answer, first to last."""
+    asked = threading.Event()
+    held: dict[str, Any] = {}
+
+    async def handler(body: dict[str, Any]) -> tuple[int, Any]:
+        if body["topic"].startswith("hold/"):
+            held["loop"] = asyncio.get_running_loop()
+            held["release"] = release = asyncio.Event()
+            asked.set()
+            await release.wait()
+        return 200, {"result": "allow"}
+
+    with http_service(handler) as (url, received):
+        g = start(tmp_path, f"""
+[authorization]
+no_match = "allow"
+[[authorization.sources]]
+type = "http"
+url = "{url}"
+request_timeout = "60s"
+""", GATEWAY_AUTHENTICATION__ALLOW_ANONYMOUS="true")
+        gateways.append(g)
+        watcher, a, b = Session(g, "w"), Session(g, "a"), Session(g, "b")
+        try:
+            assert watcher.subscribe("#") == 1
+            a.pid = 2
+            a.c.send(Publish("hold/1", b"first", qos=1, packet_id=1))
+            a.c.send(Publish("next/2", b"second", qos=1, packet_id=2))
+            assert asked.wait(TIMEOUT)
+            for i in range(20):  # served while a's decision is pending
+                assert b.publish(f"b/{i}") == 0
+            assert not held["release"].is_set()
+            a.c.sock.setblocking(False)
+            with pytest.raises(BlockingIOError):  # nothing for a yet: it waits
+                a.c.sock.recv(1)
+            a.c.sock.setblocking(True)
+            held["loop"].call_soon_threadsafe(held["release"].set)
+            assert [a.c.recv(), a.c.recv()] == [PubAck(1), PubAck(2)]
+            topics = []
+            while len(topics) < 22:
+                p = watcher.c.recv()
+                if isinstance(p, Publish):
+                    topics.append(p.topic)
+            assert topics == [f"b/{i}" for i in range(20)] + ["hold/1", "next/2"]
+            assert [r["topic"] for r in received].count("hold/1") == 1
+        finally:
+            for s in (watcher, a, b):
+                s.close()
