@@ -8,7 +8,8 @@
 
 Writes DIR/ca.crt, DIR/ca.key, DIR/NAME.crt, DIR/NAME.key (keys mode 0600); see
 :mod:`gateway.security.pki` for the certificates' contents. Nothing is overwritten without
-``--force``. Errors are one line and exit status 1.
+``--force``. Errors (bad input: a missing CA, a file in the way, an unknown certificate)
+are one line on stderr and exit status 2, like usage errors.
 """
 
 from __future__ import annotations
@@ -28,6 +29,12 @@ from gateway.security.pki import (
     init_ca,
     issue,
 )
+
+
+class CertsError(click.ClickException):
+    """One line on stderr, exit status 2 (bad input)."""
+
+    exit_code = 2
 
 
 @click.group(name="certs", help="Create a CA and issue TLS certificates (EC P-256).")
@@ -93,7 +100,7 @@ def revoke_cmd(directory: Path, which: str, reason: str) -> None:
     try:
         r = revoke(directory, which, reason)
     except (PkiError, OSError) as exc:
-        raise click.ClickException(str(exc)) from None
+        raise CertsError(str(exc)) from None
     click.echo(f"revoked {r.subject} serial {r.serial:x} at {r.at:%Y-%m-%dT%H:%M:%SZ} "
                f"({r.reason}); now run: gatewayctl certs crl {directory}")
 
@@ -109,7 +116,7 @@ def crl_cmd(directory: Path, days: int, out: Path | None) -> None:
     try:
         path = make_crl(directory, days=days, out=out)
     except (PkiError, OSError) as exc:
-        raise click.ClickException(str(exc)) from None
+        raise CertsError(str(exc)) from None
     click.echo(f"wrote {path} ({len(revoked(directory))} revoked)")
 
 
@@ -117,9 +124,9 @@ def _run(action: Callable[[], Issued]) -> Issued:
     try:
         return action()
     except AlreadyExists as exc:
-        raise click.ClickException(f"{exc} (use --force to replace it)") from None
-    except PkiError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise CertsError(f"{exc} (use --force to replace it)") from None
+    except (PkiError, OSError) as exc:
+        raise CertsError(str(exc)) from None
 
 
 def _report(issued: Issued) -> None:

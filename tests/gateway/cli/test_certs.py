@@ -78,14 +78,14 @@ def test_refuses_to_overwrite_and_force_replaces(tmp_path):
     assert ctl("certs", "init-ca", tmp_path).returncode == 0
     before = (tmp_path / "ca.crt").read_bytes()
     r = ctl("certs", "init-ca", tmp_path)
-    assert r.returncode == 1
+    assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [
         f"Error: {tmp_path / 'ca.crt'} already exists (use --force to replace it)"
     ]
     assert (tmp_path / "ca.crt").read_bytes() == before
     assert ctl("certs", "issue", tmp_path, "s").returncode == 0
     r = ctl("certs", "issue", tmp_path, "s")
-    assert r.returncode == 1 and "already exists" in r.stderr
+    assert r.returncode == 2 and "already exists" in r.stderr
     first = load(tmp_path / "s.crt").serial_number
     assert ctl("certs", "issue", tmp_path, "s", "--force").returncode == 0
     assert load(tmp_path / "s.crt").serial_number != first
@@ -104,7 +104,7 @@ def test_refuses_to_overwrite_and_force_replaces(tmp_path):
 def test_errors_are_one_line_without_traceback(tmp_path, args, message):
     assert ctl("certs", "init-ca", tmp_path).returncode == 0
     r = ctl("certs", *[a.format(dir=tmp_path) for a in args])
-    assert r.returncode == 1
+    assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1, r.stderr
     assert lines[0].startswith("Error: ") and message in lines[0]
@@ -115,7 +115,7 @@ def test_garbage_ca_key_is_one_line(tmp_path):
     assert ctl("certs", "init-ca", tmp_path).returncode == 0
     (tmp_path / "ca.key").write_text("garbage")
     r = ctl("certs", "issue", tmp_path, "server")
-    assert r.returncode == 1
+    assert r.returncode == 2
     assert r.stderr.strip() == f"Error: {tmp_path / 'ca.key'}: not an unencrypted PEM private key"
 
 
@@ -128,7 +128,7 @@ def test_init_ca_into_a_file_fails_cleanly(tmp_path):
     target = tmp_path / "file"
     target.write_text("")
     r = ctl("certs", "init-ca", target)
-    assert r.returncode == 1
+    assert r.returncode == 2
     assert "not a directory" in r.stderr and "Traceback" not in r.stderr
 
 

@@ -256,7 +256,7 @@ def test_gatewayctl_certs_revoke_and_crl(ca):
     r = ctl("crl", str(ca), "--days", "1")
     assert r.returncode == 0 and "(1 revoked)" in r.stdout
     bad = ctl("revoke", str(ca), "nobody")
-    assert bad.returncode == 1
+    assert bad.returncode == 2
     assert bad.stderr.strip().splitlines() == [
         f"Error: no certificate 'nobody' (neither a file nor {ca}/nobody.crt)"]
     usage = ctl("revoke", str(ca), "n1", "--reason", "bored")
