@@ -3,6 +3,10 @@
 One :class:`RevocationGuard` per ssl/wss listener that asks for it. Where each source is
 checked:
 
+The OCSP request and the checks of its answer are in :mod:`gateway.security.ocsp`; the
+certificates' distribution points and OCSP URLs, and the HTTP fetch, in
+:mod:`gateway.security.sources`. This module holds the guard.
+
 - **CRL files** (``crlfile``) are loaded into the listener's OpenSSL context
   (:func:`gateway.net.tls.add_crls`), so a revoked client fails the TLS handshake itself
   (alert ``certificate_revoked``). The guard watches the files (``[crl_cache]
@@ -41,150 +45,30 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from cryptography import x509
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
-from cryptography.x509 import ocsp
-from cryptography.x509.oid import AuthorityInformationAccessOID, ExtendedKeyUsageOID
 
 from gateway.net.tls import TlsError, check_crl, crl_status, load_certificates, load_crls
+from gateway.security.ocsp import Status, ocsp_answer, ocsp_query, ocsp_request
+from gateway.security.sources import distribution_points, fetch, ocsp_url
 
+# (the OCSP and fetching parts live in gateway.security.ocsp and .sources; their names
+# stay importable from here)
 __all__ = [
+    "GuardSettings",
     "RevocationGuard",
     "Status",
     "crl_status",
+    "distribution_points",
     "fetch",
+    "ocsp_answer",
     "ocsp_query",
+    "ocsp_request",
+    "ocsp_url",
 ]
 
 log = logging.getLogger("gateway.security.revocation")
-
-Status = Literal["good", "revoked", "unknown"]
-MAX_BODY = 16 << 20  # a CRL or OCSP response read at most
-
-
-# ------------------------------------------------------------------ pure checks
-
-
-def distribution_points(cert: x509.Certificate) -> list[str]:
-    """The http(s) URLs of the certificate's CRL distribution points."""
-    try:
-        ext = cert.extensions.get_extension_for_class(x509.CRLDistributionPoints).value
-    except x509.ExtensionNotFound:
-        return []
-    urls = []
-    for dp in ext:
-        for name in dp.full_name or ():
-            if isinstance(name, x509.UniformResourceIdentifier) and name.value.startswith("http"):
-                urls.append(name.value)
-    return urls
-
-
-def ocsp_url(cert: x509.Certificate) -> str | None:
-    """The certificate's OCSP responder (authorityInfoAccess), if it names one."""
-    try:
-        aia = cert.extensions.get_extension_for_class(x509.AuthorityInformationAccess).value
-    except x509.ExtensionNotFound:
-        return None
-    for desc in aia:
-        if desc.access_method == AuthorityInformationAccessOID.OCSP and isinstance(
-            desc.access_location, x509.UniformResourceIdentifier
-        ):
-            return desc.access_location.value
-    return None
-
-
-def _verify(public_key: Any, signature: bytes, data: bytes, algo: Any) -> bool:
-    try:
-        if isinstance(public_key, ec.EllipticCurvePublicKey):
-            public_key.verify(signature, data, ec.ECDSA(algo))
-        elif isinstance(public_key, rsa.RSAPublicKey):
-            public_key.verify(signature, data, padding.PKCS1v15(), algo)
-        else:
-            public_key.verify(signature, data)
-    except (InvalidSignature, TypeError, ValueError):
-        return False
-    return True
-
-
-def ocsp_request(cert: x509.Certificate, issuer: x509.Certificate) -> bytes:
-    req = ocsp.OCSPRequestBuilder().add_certificate(cert, issuer, hashes.SHA1()).build()
-    return req.public_bytes(serialization.Encoding.DER)
-
-
-def ocsp_answer(
-    der: bytes, cert: x509.Certificate, issuer: x509.Certificate
-) -> tuple[Status, float | None]:
-    """Status of ``cert`` in the OCSP response ``der`` and its nextUpdate (epoch
-    seconds, None when absent); ValueError when the response is unusable (not
-    successful, badly signed, about another certificate)."""
-    resp = ocsp.load_der_ocsp_response(der)
-    if resp.response_status != ocsp.OCSPResponseStatus.SUCCESSFUL:
-        raise ValueError(f"OCSP responder says {resp.response_status.name.lower()}")
-    signer: x509.Certificate | None = None
-    for candidate in [issuer, *resp.certificates]:
-        if _verify(candidate.public_key(), resp.signature, resp.tbs_response_bytes,
-                   resp.signature_hash_algorithm):
-            signer = candidate
-            break
-    if signer is None:
-        raise ValueError("OCSP response signature does not verify")
-    if signer is not issuer:  # a delegated responder: issued by the CA for OCSP signing
-        try:
-            eku = signer.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
-        except x509.ExtensionNotFound:
-            eku = None
-        if (
-            signer.issuer != issuer.subject
-            or not _verify(issuer.public_key(), signer.signature, signer.tbs_certificate_bytes,
-                           signer.signature_hash_algorithm)
-            or eku is None
-            or ExtendedKeyUsageOID.OCSP_SIGNING not in eku
-        ):
-            raise ValueError("OCSP response signed by a certificate the CA did not delegate")
-    for single in resp.responses:
-        if single.serial_number != cert.serial_number:
-            continue
-        nxt = single.next_update_utc
-        when = nxt.timestamp() if nxt is not None else None
-        if single.certificate_status == ocsp.OCSPCertStatus.REVOKED:
-            return "revoked", when
-        if single.certificate_status == ocsp.OCSPCertStatus.GOOD:
-            return "good", when
-        return "unknown", when
-    raise ValueError("OCSP response is about another certificate")
-
-
-# ------------------------------------------------------------------ network
-
-
-async def fetch(url: str, timeout: float, body: bytes | None = None,
-                content_type: str = "application/ocsp-request") -> bytes:
-    """GET ``url`` (POST ``body`` when given); the body of a 200 answer, else OSError."""
-    import aiohttp
-
-    try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as s:
-            if body is None:
-                req = s.get(url)
-            else:
-                req = s.post(url, data=body, headers={"Content-Type": content_type})
-            async with req as r:
-                data = await r.content.read(MAX_BODY)
-                if r.status != 200:
-                    raise OSError(f"HTTP {r.status} from {url}")
-                return bytes(data)
-    except (aiohttp.ClientError, TimeoutError) as exc:
-        raise OSError(f"{url}: {type(exc).__name__} {exc}".strip()) from None
-
-
-async def ocsp_query(url: str, cert: x509.Certificate, issuer: x509.Certificate,
-                     timeout: float) -> tuple[Status, float | None]:
-    der = await fetch(url, timeout, ocsp_request(cert, issuer))
-    return ocsp_answer(der, cert, issuer)
 
 
 # ------------------------------------------------------------------ the guard

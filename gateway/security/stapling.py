@@ -25,7 +25,8 @@ from cryptography import x509
 from gateway.config.schema import SslListener
 from gateway.net import openssl_ext
 from gateway.net.tls import ReloadableContext, load_certificates
-from gateway.security.revocation import fetch, ocsp_answer, ocsp_request
+from gateway.security.ocsp import ocsp_answer, ocsp_request
+from gateway.security.sources import fetch
 
 __all__ = ["OcspStapling"]
 
