@@ -123,9 +123,10 @@ def _check_ssl_listeners(config: GatewayConfig, path: str | Path | None) -> None
 
 
 def _check_api_tls(config: GatewayConfig, path: str | Path | None) -> None:
-    """``[api] certfile``/``keyfile``: resolved like an ssl listener's and loaded now."""
+    """``[api] certfile``/``keyfile`` (and ``password``/``password_file``): resolved like
+    an ssl listener's and loaded now."""
     api = config.api
-    _resolve(api, ("certfile", "keyfile"), path)
+    _resolve(api, ("certfile", "keyfile", "password_file"), path)
     if api.enable and api.certfile is not None:
         from gateway.net.tls import TlsError, build_context
 
@@ -140,7 +141,8 @@ def api_tls_listener(config: GatewayConfig) -> Any:
     from gateway.config.listeners import SslListener
 
     api = config.api
-    return SslListener(bind=api.bind, certfile=api.certfile, keyfile=api.keyfile)
+    return SslListener(bind=api.bind, certfile=api.certfile, keyfile=api.keyfile,
+                       password=api.password, password_file=api.password_file)
 
 
 def _check_dtls_listeners(config: GatewayConfig, path: str | Path | None) -> None:

@@ -426,7 +426,7 @@ def _check_token(value: str) -> str:
     return value
 
 
-class ApiConfig(_Section):
+class ApiConfig(KeyPassword):
     """``[api]``: the HTTP management API (``/api/v5/...``), Prometheus metrics
     (``/metrics``) and live trace, on one aiohttp server inside ``gatewayd``.
 
@@ -435,7 +435,8 @@ class ApiConfig(_Section):
     empty means the token kept in ``token_file`` (None: ``{node.data_dir}/api.token``),
     generated with mode 0600 at the first start; ``gatewayctl`` reads the same file.
     ``certfile`` and ``keyfile`` (PEM, checked at start like an ssl listener's): the port
-    speaks HTTPS only, so the dashboard can be opened from the LAN.
+    speaks HTTPS only, so the dashboard can be opened from the LAN. An encrypted
+    ``keyfile`` takes ``password`` or ``password_file`` (its first line), as listeners do.
     """
 
     enable: bool = True
@@ -450,6 +451,10 @@ class ApiConfig(_Section):
     def _cert_and_key(self) -> ApiConfig:
         if (self.certfile is None) != (self.keyfile is None):
             raise ValueError("certfile and keyfile go together")
+        if self.certfile is None and (self.password is not None
+                                      or self.password_file is not None):
+            raise ValueError("password/password_file are for the keyfile: set certfile "
+                             "and keyfile too")
         return self
 
     @property
@@ -665,6 +670,10 @@ class BridgeTls(KeyPassword):
     def _cert_and_key(self) -> BridgeTls:
         if (self.certfile is None) != (self.keyfile is None):
             raise ValueError("certfile and keyfile go together")
+        if self.certfile is None and (self.password is not None
+                                      or self.password_file is not None):
+            raise ValueError("password/password_file are for the keyfile: set certfile "
+                             "and keyfile too")
         return self
 
 

@@ -88,3 +88,47 @@ def test_a_broken_api_certificate_is_one_line_and_exit_2(tmp_path: Path, pki: Pa
         "GATEWAY_API__CERTFILE": str(pki / "gateway-api.crt")}),
         capture_output=True, text=True, timeout=60, check=False)
     assert r.returncode == 2 and "certfile and keyfile go together" in r.stderr
+
+
+def _encrypted_key(pki: Path, out: Path, password: bytes) -> Path:
+    from cryptography.hazmat.primitives import serialization
+
+    key = serialization.load_pem_private_key((pki / "gateway-api.key").read_bytes(), None)
+    out.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                      serialization.PrivateFormat.PKCS8,
+                                      serialization.BestAvailableEncryption(password)))
+    return out
+
+
+def test_an_encrypted_api_key_opens_with_password_file(tmp_path: Path, pki: Path) -> None:
+    key = _encrypted_key(pki, tmp_path / "api.key", b"api key secret")
+    secret = tmp_path / "api.pass"
+    secret.write_text("api key secret\n")
+    gw = Gatewayd(tmp_path / "gw", {
+        "GATEWAY_API__CERTFILE": str(pki / "gateway-api.crt"),
+        "GATEWAY_API__KEYFILE": str(key),
+        "GATEWAY_API__PASSWORD_FILE": str(secret)})
+    gw.start()
+    try:
+        assert https(gw, pki, "GET", "/status")[0] == 200
+    finally:
+        gw.stop()
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    ({}, "api.keyfile: "),  # encrypted, no password
+    ({"GATEWAY_API__PASSWORD": "wrong"}, "api.password: wrong password"),
+    ({"GATEWAY_API__PASSWORD": "a", "GATEWAY_API__PASSWORD_FILE": "/x"},
+     "password or password_file, not both"),
+])
+def test_api_key_password_mistakes_are_one_line(tmp_path: Path, pki: Path,
+                                                extra: dict[str, str], message: str) -> None:
+    key = _encrypted_key(pki, tmp_path / "api.key", b"right")
+    r = subprocess.run(gatewayd_command("--check"), env=gatewayd_env({
+        "GATEWAY_NODE__DATA_DIR": str(tmp_path / "data"),
+        "GATEWAY_API__CERTFILE": str(pki / "gateway-api.crt"),
+        "GATEWAY_API__KEYFILE": str(key), **extra}),
+        capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], r.stderr
