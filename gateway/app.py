@@ -195,6 +195,10 @@ class Gateway:
                          len(self.config.cluster.tls.crlfile))
             except TlsError as exc:
                 log.error("cluster TLS not reloaded, keeping the previous files: %s", exc)
+        if self.node is not None and (self.cluster is not None or self.bridges is not None):
+            from gateway.security.links import recheck_links  # live links: revoked ones cut
+
+            recheck_links(self.config, self.cluster, self.bridges, self.node.metrics.incr)
         if self.node is None:
             return
         rules_file = self.config.authorization.rules_file

@@ -218,6 +218,13 @@ class Cluster:
             f"{self.bound[0]}:{self.bound[1]}", self.settings.advertise, len(self.peers),
         )
 
+    def live_links(self) -> list[Link]:
+        """The open links to and from peers (for gateway.security.links: a SIGHUP checks
+        their certificates against the CRLs again and closes revoked ones)."""
+        links = (link for p in self.peers.values()
+                 for link in (p.ctl_out, p.data_out, p.ctl_in, p.data_in))
+        return [link for link in links if link is not None and not link.closed]
+
     async def stop(self) -> None:
         self.stopping = True
         if self.raft is not None:
