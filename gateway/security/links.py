@@ -107,13 +107,16 @@ def _recheck_bridge(name: str, bridge: Any, incr: Callable[[str], None]) -> int:
     except TlsError as exc:
         raise TlsError(f"{key}.{exc.key}", exc.reason) from None
 
-    def close(link: Any) -> Callable[[str], None]:
-        return lambda reason: link.close()
+    client = bridge.client
+    link = client.link
+    if link is None or link.closed or link.transport is None:
+        return 0
 
-    links = [LiveLink(f"bridge {name}", link.transport.get_extra_info("ssl_object"), close(link))
-             for link in dialer.links
-             if not link.closed and link.transport is not None]
-    return cut_revoked(links, list(tls.crlfile), tls.cacertfile, key=key, incr=incr)
+    def close(reason: str) -> None:
+        client.link_lost(link, reason)  # as if the upstream had gone: backoff, reconnect
+
+    live = LiveLink(f"bridge {name}", link.transport.get_extra_info("ssl_object"), close)
+    return cut_revoked([live], list(tls.crlfile), tls.cacertfile, key=key, incr=incr)
 
 
 def _guarded(check: Callable[[], int]) -> int:

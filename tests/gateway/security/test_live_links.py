@@ -1,6 +1,7 @@
-"""A CRL published while cluster links are up: SIGHUP cuts the live links of the revoked
-node (real gatewayd processes over mutual TLS, certificates from ``gatewayctl certs``),
-and the node cannot link again; the node that was not revoked stays linked."""
+"""A CRL published while cluster and bridge links are up: SIGHUP cuts the live links of
+the revoked peer (real gatewayd processes over mutual TLS, mosquitto upstream,
+certificates from ``gatewayctl certs``), and the peer cannot link again; a peer that was
+not revoked stays linked."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.gateway.bridge.support import Gatewayd, Mosquitto, needs_mosquitto
+from tests.gateway.bridge.test_upstream import bridge_config, make_certs
 from tests.gateway.cluster.harness import Node, gatewayctl, make_pki, wait_mesh, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.security]
@@ -45,3 +48,41 @@ def test_sighup_cuts_the_live_links_of_a_revoked_node(tmp_path: Path) -> None:
     finally:
         for n in started:
             n.stop()
+
+
+@needs_mosquitto
+def test_sighup_cuts_a_bridge_whose_upstream_is_revoked(tmp_path: Path) -> None:
+    """A bridge to mosquitto over TLS with a crlfile: the upstream's certificate is
+    revoked while the bridge is connected; SIGHUP cuts the link and the reconnection is
+    refused (the bridge says why); messages wait in the outbox."""
+    pki = tmp_path / "pki"
+    make_certs(pki)
+    assert gatewayctl("certs", "crl", pki).returncode == 0
+    mosq = Mosquitto(tmp_path / "mosquitto", tls={
+        "cafile": pki / "ca.crt", "certfile": pki / "upstream.crt",
+        "keyfile": pki / "upstream.key"}).start()
+    gw: Gatewayd | None = None
+    try:
+        assert mosq.tls_port is not None
+        gw = Gatewayd(tmp_path / "gw", bridge_config(mosq.tls_port, "v4", f"""
+[bridges.mqtt.cloud.tls]
+enable = true
+cacertfile = "{pki / "ca.crt"}"
+crlfile = ["{pki / "crl.pem"}"]
+server_name_indication = "localhost"
+""")).start()
+        gw.wait_bridge("connected", lambda b: b["status"] == "connected")
+        assert gatewayctl("certs", "revoke", pki, "upstream").returncode == 0
+        assert gatewayctl("certs", "crl", pki).returncode == 0
+        assert gw.proc is not None
+        gw.proc.send_signal(signal.SIGHUP)
+        wait_until(lambda: "bridge cloud: peer certificate CN=upstream" in gw.log(),  # type: ignore[union-attr]
+                   what="the cut in the log")
+        # the next attempt's handshake refuses the upstream (the new CRL)
+        view = gw.wait_bridge("refused again", lambda b: b["status"] != "connected"
+                              and "certificate verif" in (b["last_error"] or ""))
+        assert view["connects"] == 1 and "revoked" in view["last_error"], view
+    finally:
+        if gw is not None:
+            gw.stop()
+        mosq.stop()
