@@ -2,7 +2,9 @@
 
 A WebSocket framing channel (:class:`gateway.net.websocket.WebSocketChannel`) around an
 unchanged MQTT channel, on the stream shell; wss gets the assembly's TLS context, like
-the ssl listeners (reloaded by SIGHUP).
+the ssl listeners (reloaded by SIGHUP), and its MQTT channel the client's certificate
+(``peer_cert_as_clientid``, ``peer_cert_as_username``, ``peer_cert_authenticates``), as
+an ssl listener's does.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from gateway.core.node import Node
 from gateway.frontends.base import Assembly, FrontEnd, ListenerSpec, enabled
 from gateway.frontends.mqtt import mqtt_settings
 from gateway.net.stream import StreamShell
+from gateway.net.tls import peer_identity
 from gateway.net.websocket import WebSocketChannel, WebSocketSettings
 from protocols.context import ConnectionHandle
 from protocols.mqtt.channel import MqttChannel, MqttSettings
@@ -39,18 +42,37 @@ def websocket_settings(lst: WsListener | WssListener) -> WebSocketSettings:
 
 
 def ws_channel(
-    node: Node, settings: MqttSettings, ws: WebSocketSettings, monotonic: Callable[[], float]
+    node: Node, settings: MqttSettings, ws: WebSocketSettings, monotonic: Callable[[], float],
+    *, tls: bool = False,
 ) -> Callable[[StreamShell, tuple[str, int] | None], WebSocketChannel]:
-    """A WebSocket framing channel around an unchanged MQTT channel."""
+    """A WebSocket framing channel around an unchanged MQTT channel; with ``tls`` the
+    MQTT channel gets the client's certificate (read when the connection is made)."""
     trusted = ws.networks()
 
     def inner(handle: ConnectionHandle, peer: tuple[str, int] | None) -> MqttChannel:
         return MqttChannel(node, settings, handle, peer=peer, monotonic=monotonic)
 
-    def make(shell: StreamShell, peer: tuple[str, int] | None) -> WebSocketChannel:
-        return WebSocketChannel(ws, shell, peer, inner, trusted)
+    if not tls:
+        def make(shell: StreamShell, peer: tuple[str, int] | None) -> WebSocketChannel:
+            return WebSocketChannel(ws, shell, peer, inner, trusted)
 
-    return make
+        return make
+
+    extra = tuple(
+        f for f in (settings.peer_cert_as_clientid, settings.peer_cert_as_username)
+        if f in ("pem", "crt", "md5")
+    )
+
+    def make_tls(shell: StreamShell, peer: tuple[str, int] | None) -> WebSocketChannel:
+        cert = peer_identity(shell.transport, extra)
+
+        def inner_tls(handle: ConnectionHandle, peer: tuple[str, int] | None) -> MqttChannel:
+            return MqttChannel(node, settings, handle, peer=peer, monotonic=monotonic,
+                               peer_cert=cert)
+
+        return WebSocketChannel(ws, shell, peer, inner_tls, trusted)
+
+    return make_tls
 
 
 def _listeners(config: GatewayConfig) -> list[ListenerSpec]:
@@ -63,9 +85,15 @@ def _listeners(config: GatewayConfig) -> list[ListenerSpec]:
 def _channel(
     assembly: Assembly, spec: ListenerSpec, state: None
 ) -> Callable[[StreamShell, tuple[str, int] | None], WebSocketChannel]:
-    settings = mqtt_settings(assembly.config, spec.id, spec.config.mountpoint)
+    lst = spec.config
+    settings = mqtt_settings(assembly.config, spec.id, lst.mountpoint)
+    if spec.secure:
+        settings.peer_cert_as_clientid = lst.peer_cert_as_clientid
+        settings.peer_cert_as_username = lst.peer_cert_as_username
+        settings.peer_cert_authenticates = lst.peer_cert_authenticates
     return ws_channel(
-        assembly.node, settings, websocket_settings(spec.config), assembly.monotonic
+        assembly.node, settings, websocket_settings(lst), assembly.monotonic,
+        tls=spec.secure,
     )
 
 

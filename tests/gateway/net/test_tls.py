@@ -556,3 +556,40 @@ def test_sighup_rebuilds_the_authorizer_from_the_rules_file(gatewayd: GatewayFac
     assert watcher.receive() == ("a/3", b"still allowed")
     pub.close()
     watcher.close()
+
+
+def test_wss_client_certificate_names_the_client(pki, gatewayd: GatewayFactory):
+    """peer_cert_as_clientid/username on a wss listener (paho over WebSocket and TLS with
+    dev3's certificate): the client id and user name come from the CN, whatever the
+    CONNECT says, so the ``${clientid}`` rule lets it publish under its own name only."""
+    from paho.mqtt.enums import CallbackAPIVersion
+
+    from tests.harness.gatewayd import free_port
+
+    port = free_port()
+    rules = ('[{permission="allow", action="publish", topics=["wss/${clientid}/${username}"]},'
+             ' {permission="deny", action="publish", topics=["wss/#"]}]')
+    env = {"GATEWAY_LISTENERS__WSS__DEFAULT__BIND": f"127.0.0.1:{port}",
+           "GATEWAY_AUTHORIZATION__RULES": rules}
+    env.update({f"GATEWAY_LISTENERS__WSS__DEFAULT__{k.upper()}": v for k, v in server_ssl(
+        pki, cacertfile=str(pki.ca), verify="verify_peer", fail_if_no_peer_cert="true",
+        peer_cert_as_clientid="cn", peer_cert_as_username="cn").items()})
+    gw = gatewayd(server_ssl(pki), env)
+    gw._wait(lambda: "listener wss:default" in gw.log(), "opening wss:default")
+    watcher = Client(gw.tcp).connect()
+    watcher.subscribe("wss/#")
+    c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="someone-else",
+                    transport="websockets", reconnect_on_failure=False)
+    c.ws_set_options(path="/mqtt")
+    c.username_pw_set("not-me")
+    c.tls_set(ca_certs=str(pki.ca), certfile=str(pki.crt("dev3")), keyfile=str(pki.key("dev3")))
+    c.connect("127.0.0.1", port)
+    c.loop_start()
+    try:
+        for topic in ("wss/someone-else/not-me", "wss/dev3/dev3"):
+            assert c.publish(topic, b"x", qos=1).wait_for_publish(10) is None
+        assert watcher.receive() == ("wss/dev3/dev3", b"x")
+    finally:
+        c.loop_stop()
+        c.disconnect()
+        watcher.close()
