@@ -1,6 +1,7 @@
 """What Python's ``ssl`` module does not expose, on the same OpenSSL it links: verify
 depth and server-side OCSP stapling, through ctypes on the ``SSL_CTX`` behind an
-``ssl.SSLContext``.
+``ssl.SSLContext``; and the peer's verified certificate chain of a connection
+(:func:`verified_chain`; Python 3.13 has ``SSLObject.get_verified_chain``, 3.11 not).
 
 The ``SSL_CTX *`` is the first field after ``PyObject_HEAD`` of CPython's ``PySSLContext``
 (``Modules/_ssl.c``, unchanged since 3.4); the functions come from the ``libssl`` that
@@ -15,6 +16,9 @@ Invariants:
 - The stapled response is handed to OpenSSL in a buffer from ``CRYPTO_malloc``, which
   OpenSSL frees with the connection (``SSL_set_tlsext_status_ocsp_resp`` takes
   ownership). The ctypes callback objects live as long as the :class:`Stapler`.
+- :func:`verified_chain` reads the ``SSL *`` of CPython's ``PySSLSocket`` (the field after
+  the ``Socket`` weak reference) only once the field after it is seen to hold that very
+  object's ``SSLContext``; otherwise (another layout) it returns None, never guesses.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import platform
 import ssl
 import sys
 
-__all__ = ["Stapler", "available", "set_verify_depth"]
+__all__ = ["Stapler", "available", "set_verify_depth", "verified_chain"]
 
 log = logging.getLogger("gateway.net.tls")
 
@@ -67,6 +71,17 @@ def _load() -> ctypes.CDLL | None:
         lib.SSL_ctrl.restype = ctypes.c_long
         lib.CRYPTO_malloc.argtypes = [ctypes.c_size_t, ctypes.c_char_p, ctypes.c_int]
         lib.CRYPTO_malloc.restype = ctypes.c_void_p
+        try:
+            lib.SSL_get0_verified_chain.argtypes = [ctypes.c_void_p]
+            lib.SSL_get0_verified_chain.restype = ctypes.c_void_p
+            lib.OPENSSL_sk_num.argtypes = [ctypes.c_void_p]
+            lib.OPENSSL_sk_num.restype = ctypes.c_int
+            lib.OPENSSL_sk_value.argtypes = [ctypes.c_void_p, ctypes.c_int]
+            lib.OPENSSL_sk_value.restype = ctypes.c_void_p
+            lib.i2d_X509.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)]
+            lib.i2d_X509.restype = ctypes.c_int
+        except AttributeError:  # pragma: no cover - OpenSSL < 1.1
+            pass
         return lib
     return None
 
@@ -122,3 +137,42 @@ class Stapler:
         cb = ctypes.cast(self._cb, _GENERIC_CB)
         _LIB.SSL_CTX_callback_ctrl(_ssl_ctx(ctx), _SSL_CTRL_SET_TLSEXT_STATUS_REQ_CB, cb)
         return True
+
+
+def _ssl_ptr(ssl_object: object) -> int | None:
+    """The ``SSL *`` behind an ``ssl.SSLObject`` or ``ssl.SSLSocket`` (module docstring)."""
+    inner = getattr(ssl_object, "_sslobj", None)
+    context = getattr(inner, "context", None)
+    if inner is None or context is None:
+        return None
+    base = id(inner) + object.__basicsize__
+    size = ctypes.sizeof(ctypes.c_void_p)
+    if ctypes.c_void_p.from_address(base + 2 * size).value != id(context):
+        return None  # not the layout we know: PyObject *Socket; SSL *ssl; PySSLContext *ctx
+    return ctypes.c_void_p.from_address(base + size).value or None
+
+
+def verified_chain(ssl_object: object) -> list[bytes] | None:
+    """The DER certificates of the chain OpenSSL verified for the peer (the peer's own
+    first, the trust anchor last); None when it cannot be had (no verification, or see
+    :func:`available`)."""
+    if _LIB is None or not hasattr(_LIB, "SSL_get0_verified_chain"):
+        return None
+    ptr = _ssl_ptr(ssl_object)
+    if ptr is None:
+        return None
+    stack = _LIB.SSL_get0_verified_chain(ptr)
+    if not stack:
+        return None
+    out: list[bytes] = []
+    for i in range(_LIB.OPENSSL_sk_num(stack)):
+        x509 = _LIB.OPENSSL_sk_value(stack, i)
+        size = _LIB.i2d_X509(x509, None)
+        if size <= 0:
+            return None
+        buf = ctypes.create_string_buffer(size)
+        cursor = ctypes.c_void_p(ctypes.addressof(buf))
+        if _LIB.i2d_X509(x509, ctypes.byref(cursor)) != size:
+            return None
+        out.append(buf.raw)
+    return out

@@ -26,8 +26,12 @@ Invariants:
   ``cacertfile``; a fetched CRL that does not is an error (``fail_mode`` applies), never
   "not revoked". OCSP responses are used only when signed by the issuing CA or by a
   responder certificate it issued with the OCSPSigning purpose.
-- Only certificates issued directly by a CA of ``cacertfile`` can be checked (Python 3.11
-  does not give us the verified chain); others are ``unknown`` (``fail_mode``).
+- A certificate is checked against its issuer: a CA of ``cacertfile``, or an
+  intermediate CA from the chain OpenSSL verified for that very connection
+  (:func:`gateway.net.openssl_ext.verified_chain`; remembered, at most ``capacity`` of
+  them, so their CRLs can be checked and their live certificates asked about again). A
+  certificate whose issuer is neither is ``unknown`` (``fail_mode``); so are all those
+  of an intermediate when the chain cannot be read (another Python or OpenSSL).
 - ``fail_mode`` "closed": a connection whose status cannot be learnt is cut; "open": it
   is admitted, and cut later if the answer, once it comes, says revoked.
 - Every refusal and cut is logged (WARNING, with the certificate's subject and serial)
@@ -48,7 +52,9 @@ from pathlib import Path
 from typing import Any
 
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 
+from gateway.net.openssl_ext import verified_chain
 from gateway.net.tls import TlsError, check_crl, crl_status, load_certificates, load_crls
 from gateway.security.ocsp import Status, ocsp_answer, ocsp_query, ocsp_request
 from gateway.security.sources import distribution_points, fetch, ocsp_url
@@ -130,6 +136,8 @@ class RevocationGuard:
         # (issuer subject DER, serial) -> (status, valid until)
         self.ocsp: dict[tuple[bytes, int], tuple[Status, float]] = {}
         self.live: dict[int, Any] = {}  # id(shell) -> shell
+        # intermediate CAs from verified peer chains: subject DER -> certificate
+        self.learned: OrderedDict[bytes, x509.Certificate] = OrderedDict()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._timers: list[asyncio.TimerHandle] = []
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -211,6 +219,8 @@ class RevocationGuard:
             return
         self._prune()
         self.live[id(shell)] = shell
+        if (self.s.enable_crl_check or self.s.ocsp_enable) and self._issuer(cert) is None:
+            self._learn(shell)
         status = self._known_status(cert)
         if status == "revoked":
             self._cut(shell, cert, "refused", "revoked")
@@ -260,7 +270,7 @@ class RevocationGuard:
             hit = self.ocsp.get(key)
             if hit is None or hit[1] <= time.time():
                 if issuer is None:
-                    out.append(("ocsp", _fail(ValueError("issuer not in cacertfile"))))
+                    out.append(("ocsp", _fail(ValueError("issuer neither in cacertfile nor in the verified chain"))))
                 else:
                     out.append(("ocsp", self._ask_ocsp(cert, issuer)))
         return out
@@ -276,7 +286,32 @@ class RevocationGuard:
         return status
 
     def _issuer(self, cert: x509.Certificate) -> x509.Certificate | None:
-        return next((ca for ca in self.cas if ca.subject == cert.issuer), None)
+        """The CA (of ``cacertfile``, or learnt) whose key signed ``cert``."""
+        for ca in (*self.cas, *self.learned.values()):
+            if ca.subject != cert.issuer:
+                continue
+            try:
+                cert.verify_directly_issued_by(ca)
+            except (ValueError, TypeError, InvalidSignature):
+                continue
+            return ca
+        return None
+
+    def _learn(self, shell: Any) -> None:
+        """Remember the intermediate CAs of the chain OpenSSL verified for ``shell``."""
+        transport = shell.transport
+        ssl_object = transport.get_extra_info("ssl_object") if transport is not None else None
+        chain = verified_chain(ssl_object) if ssl_object is not None else None
+        for der in (chain or [])[1:-1]:  # not the peer's own, not the trust anchor
+            ca = x509.load_der_x509_certificate(der)
+            key = ca.subject.public_bytes()
+            if key not in self.learned:
+                log.info("listener %s: intermediate CA %s learnt from a verified chain",
+                         self.name, ca.subject.rfc4514_string())
+            self.learned[key] = ca
+            self.learned.move_to_end(key)
+            while len(self.learned) > self.s.capacity:
+                self.learned.popitem(last=False)
 
     def rescan(self, why: str) -> int:
         """Check every live connection against what is known now; cut the revoked ones.
@@ -327,7 +362,7 @@ class RevocationGuard:
         except ValueError:
             self.incr("tls.crl.fetch_failed")
             raise ValueError(f"no CRL at {url}") from None
-        check_crl("crl", url, crl, self.cas)
+        check_crl("crl", url, crl, [*self.cas, *self.learned.values()])
         self.dp[url] = (crl, time.time())
         self.dp.move_to_end(url)
         while len(self.dp) > self.s.capacity:

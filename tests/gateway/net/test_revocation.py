@@ -432,3 +432,87 @@ def test_wss_listener_refuses_and_cuts_revoked_clients(tmp_path, gatewayd: Gatew
     ca.revoke("dev1")
     assert gone1.wait(10), "dev1 (wss) still connected after its revocation"
     c1.loop_stop()
+
+
+# ------------------------------------------------------------------ intermediate CAs
+
+
+def _root_and_intermediate(tmp_path: Path) -> tuple[Path, Path]:
+    """A root CA (``root.crt``, made here: no path length limit) and an intermediate CA
+    directory of our PKI (``gatewayctl certs`` layout) whose ca.crt the root signed."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    root_key = ec.generate_private_key(ec.SECP256R1())
+    root_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "fleet root CA")])
+    root = (x509.CertificateBuilder().subject_name(root_name).issuer_name(root_name)
+            .public_key(root_key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(hours=1))
+            .not_valid_after(now + datetime.timedelta(days=30))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False,
+                                         False), critical=True)
+            .sign(root_key, hashes.SHA256()))
+    root_path = tmp_path / "root.crt"
+    root_path.write_bytes(root.public_bytes(serialization.Encoding.PEM))
+    inter = tmp_path / "inter"
+    init_ca(inter, common_name="plant intermediate CA")
+    own = x509.load_pem_x509_certificate((inter / "ca.crt").read_bytes())
+    signed = (x509.CertificateBuilder().subject_name(own.subject).issuer_name(root_name)
+              .public_key(own.public_key()).serial_number(x509.random_serial_number())
+              .not_valid_before(now - datetime.timedelta(hours=1))
+              .not_valid_after(now + datetime.timedelta(days=30)))
+    for ext in own.extensions:
+        if not isinstance(ext.value, x509.AuthorityKeyIdentifier):
+            signed = signed.add_extension(ext.value, ext.critical)
+    (inter / "ca.crt").write_bytes(
+        signed.sign(root_key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM))
+    return root_path, inter
+
+
+@needs_openssl
+def test_ocsp_and_distribution_points_for_an_intermediate_ca(tmp_path, gatewayd: GatewayFactory,
+                                                             make_responder):
+    """cacertfile holds only the root; the devices' certificates come from an
+    intermediate CA that they send in their chain. Its OCSP answers and its CRL are
+    checked against the intermediate learnt from the verified chain (before: "issuer
+    not in cacertfile", refused by fail_mode closed)."""
+    ocsp_port, crl_port = free_port(), free_port()
+    server = Ca(tmp_path / "server")  # the listener's own certificate
+    root, inter = _root_and_intermediate(tmp_path)
+    for name in ("dev1", "dev2"):
+        issue(inter, name, server=False, client=True, ocsp_url=f"http://127.0.0.1:{ocsp_port}",
+              crl_urls=[f"http://127.0.0.1:{crl_port}/crl.pem"])
+        (inter / f"{name}.chain").write_bytes(
+            (inter / f"{name}.crt").read_bytes() + (inter / "ca.crt").read_bytes())
+    revoke(inter, "dev2", "keyCompromise")
+    make_crl(inter)
+    make_responder.append(OcspResponder(inter, ocsp_port))
+    crls = CrlServer(inter / "crl.pem", crl_port)
+
+    def refused_here(addr: tuple[str, int], name: str) -> bool:
+        try:
+            Client(addr, client_id=name, cafile=server.ca, cert=inter / f"{name}.chain",
+                   key=inter / f"{name}.key").connect().close()
+        except Refused:
+            return True
+        return False
+
+    try:
+        listener = server.listener(cacertfile=str(root))
+        gw = gatewayd(ssl={**listener, "ocsp_check__enable": "true"})
+        assert not refused_here(gw.ssl, "dev1")
+        assert refused_here(gw.ssl, "dev2")
+        gw._wait(lambda: "refused CN=dev2" in gw.log(), "logging the OCSP refusal")
+        assert "intermediate CA CN=plant intermediate CA learnt" in gw.log()
+        gw2 = gatewayd(ssl={**listener, "enable_crl_check": "true"})
+        assert not refused_here(gw2.ssl, "dev1")
+        assert refused_here(gw2.ssl, "dev2")
+        assert crls.requests >= 1
+    finally:
+        crls.close()

@@ -261,3 +261,41 @@ def test_gatewayctl_certs_revoke_and_crl(ca):
         f"Error: no certificate 'nobody' (neither a file nor {ca}/nobody.crt)"]
     usage = ctl("revoke", str(ca), "n1", "--reason", "bored")
     assert usage.returncode == 2  # click's usage error: not one of the reasons
+
+
+def test_verified_chain_of_a_live_connection(ca):
+    """openssl_ext.verified_chain on both ends of a real loopback handshake: the peer's
+    certificate then the CA; None for what is not an SSL connection."""
+    from gateway.net.openssl_ext import available, verified_chain
+
+    if not available():
+        pytest.skip("no ctypes access to the OpenSSL Python links")
+    seen: dict[str, object] = {}
+
+    async def run() -> None:
+        n1, n2 = node(ca, "n1"), node(ca, "n2")
+
+        async def on_conn(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            seen["server"] = verified_chain(w.get_extra_info("ssl_object"))
+            w.write(b"x")
+            await w.drain()
+            w.close()
+
+        srv = await asyncio.start_server(on_conn, "127.0.0.1", 0, ssl=n1.server)
+        port = srv.sockets[0].getsockname()[1]
+        r, w = await asyncio.open_connection("127.0.0.1", port, ssl=n2.client,
+                                             server_hostname="localhost")
+        seen["client"] = verified_chain(w.get_extra_info("ssl_object"))
+        await r.read(1)
+        w.close()
+        srv.close()
+
+    asyncio.run(asyncio.wait_for(run(), 10))
+
+    def names(chain: object) -> list[str]:
+        assert isinstance(chain, list)
+        return [x509.load_der_x509_certificate(d).subject.rfc4514_string() for d in chain]
+
+    assert names(seen["server"]) == ["CN=n2", "CN=gateway CA"]  # the client's, verified
+    assert names(seen["client"]) == ["CN=n1", "CN=gateway CA"]
+    assert verified_chain(object()) is None
