@@ -196,9 +196,11 @@ class Gateway:
             except TlsError as exc:
                 log.error("cluster TLS not reloaded, keeping the previous files: %s", exc)
         if self.node is not None and (self.cluster is not None or self.bridges is not None):
+            from gateway.bridge.tls import client_context
             from gateway.security.links import recheck_links  # live links: revoked ones cut
 
-            recheck_links(self.config, self.cluster, self.bridges, self.node.metrics.incr)
+            recheck_links(self.config, self.cluster, self.bridges, self.node.metrics.incr,
+                          client_context)
         if self.node is None:
             return
         rules_file = self.config.authorization.rules_file

@@ -90,8 +90,13 @@ class JwksKeys:
     """The keys of a JWKS endpoint, by ``kid`` (keys without one under ``""``)."""
 
     def __init__(self, url: str, *, refresh: float, timeout: float,
-                 loop: asyncio.AbstractEventLoop | None = None) -> None:
+                 loop: asyncio.AbstractEventLoop | None = None,
+                 ssl_context: Any = None, server_hostname: str | None = None) -> None:
         self.url = url
+        # TLS for an https endpoint ([authentication.jwt.ssl]); None: aiohttp's default
+        # (the system's CAs, the URL's host name)
+        self.ssl_context = ssl_context
+        self.server_hostname = server_hostname
         self.refresh = refresh
         self.timeout = timeout
         self.loop = loop
@@ -122,9 +127,14 @@ class JwksKeys:
 
         self.fetched_at = time.monotonic()  # (the time of the last fetch, for the API)
         try:
+            tls: dict[str, Any] = {}
+            if self.ssl_context is not None:
+                tls["ssl"] = self.ssl_context
+                if self.server_hostname:
+                    tls["server_hostname"] = self.server_hostname
             async with aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=self.timeout)
-            ) as s, s.get(self.url) as r:
+            ) as s, s.get(self.url, **tls) as r:
                 if r.status != 200:
                     raise OSError(f"HTTP {r.status}")
                 data = json.loads(await r.content.read(1 << 20))

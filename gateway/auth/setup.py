@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import urllib.parse
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -134,7 +135,15 @@ def _install_jwt(
     """The JWT authenticator, its ACL claim authorizer and its expiry disconnects."""
     j = config.authentication.jwt
     if j.use_jwks:
-        services.jwks = JwksKeys(j.endpoint, refresh=j.refresh_interval, timeout=j.http_timeout)
+        ssl_context, sni = None, None
+        if j.ssl.enable:  # checked by the loader (one --check line per mistake)
+            from gateway.bridge.tls import client_context, server_hostname
+
+            ssl_context = client_context(j.ssl)
+            host = urllib.parse.urlsplit(j.endpoint).hostname or ""
+            sni = server_hostname(j.ssl, host) if j.ssl.server_name_indication else None
+        services.jwks = JwksKeys(j.endpoint, refresh=j.refresh_interval, timeout=j.http_timeout,
+                                 ssl_context=ssl_context, server_hostname=sni)
         services.jwks.start(loop)
     node.hooks.add("client.authenticate", JwtAuthenticator(j, services.jwks,
                                                            incr=node.metrics.incr),

@@ -85,6 +85,7 @@ def load_config(
     _check_ssl_listeners(config, path)
     _check_dtls_listeners(config, path)
     _check_bridge_tls(config, path)
+    _check_jwks_tls(config, path)
     _check_api_tls(config, path)
     return config
 
@@ -179,6 +180,21 @@ def _check_bridge_tls(config: GatewayConfig, path: str | Path | None) -> None:
                 client_context(tls)
             except TlsError as exc:
                 raise ConfigError(f"bridges.mqtt.{name}.tls.{exc.key}: {exc.reason}") from None
+
+
+def _check_jwks_tls(config: GatewayConfig, path: str | Path | None) -> None:
+    """``[authentication.jwt.ssl]`` (TLS for the JWKS fetch), as a bridge's ``tls``."""
+    from gateway.bridge.tls import client_context
+    from gateway.net.tls import TlsError
+
+    jwt = config.authentication.jwt
+    tls = jwt.ssl
+    _resolve(tls, ("certfile", "keyfile", "cacertfile", "password_file", "crlfile"), path)
+    if jwt.enable and jwt.use_jwks and tls.enable:
+        try:
+            client_context(tls)
+        except TlsError as exc:
+            raise ConfigError(f"authentication.jwt.ssl.{exc.key}: {exc.reason}") from None
 
 
 def load_rules_file(path: str | Path) -> list[AuthzRule]:

@@ -293,6 +293,8 @@ class JwtAuthnConfig(_Section):
     ``verify_claims``: claim -> required value, where ``${clientid}`` and ``${username}``
     stand for the client's; ``exp``/``nbf``/``iat`` are always checked.
     ``acl_claim_name``: the claim with the client's publish/subscribe rules.
+    ``ssl`` (EMQX's name; the keys of a bridge's ``tls`` table): TLS for the JWKS fetch,
+    e.g. a private CA (``cacertfile``) or a client certificate; used when ``enable``.
     """
 
     enable: bool = False
@@ -308,6 +310,7 @@ class JwtAuthnConfig(_Section):
     verify_claims: dict[str, str] = Field(default_factory=dict)
     acl_claim_name: str = "acl"
     disconnect_after_expire: bool = True
+    ssl: BridgeTls = Field(default_factory=lambda: BridgeTls())
 
     @model_validator(mode="after")
     def _keys(self) -> JwtAuthnConfig:

@@ -77,10 +77,12 @@ def cut_revoked(links: Iterable[LiveLink], crlfile: list[Path], cacertfile: Path
     return cut
 
 
-def recheck_links(config: Any, cluster: Any, bridges: Any, incr: Callable[[str], None]
-                  ) -> int:
+def recheck_links(config: Any, cluster: Any, bridges: Any, incr: Callable[[str], None],
+                  bridge_context: Callable[[Any], Any] | None = None) -> int:
     """SIGHUP: check the live cluster links (``cluster.live_links()``) and bridge links
-    against the CRL files configured now (module docstring); how many were cut."""
+    against the CRL files configured now (module docstring); how many were cut.
+    ``bridge_context(tls)`` builds a bridge's client context again
+    (``gateway.bridge.tls.client_context``: passed in, gateway.bridge sits above us)."""
     cut = 0
     if cluster is not None:
         tls = config.cluster.tls
@@ -90,22 +92,23 @@ def recheck_links(config: Any, cluster: Any, bridges: Any, incr: Callable[[str],
                                             key="cluster.tls", incr=incr))
     if bridges is not None:
         for name, bridge in bridges.bridges.items():
-            cut += _guarded(functools.partial(_recheck_bridge, name, bridge, incr))
+            cut += _guarded(functools.partial(_recheck_bridge, name, bridge, incr,
+                                              bridge_context))
     return cut
 
 
-def _recheck_bridge(name: str, bridge: Any, incr: Callable[[str], None]) -> int:
-    from gateway.bridge.tls import client_context
-
+def _recheck_bridge(name: str, bridge: Any, incr: Callable[[str], None],
+                    client_context: Callable[[Any], Any] | None) -> int:
     tls = bridge.settings.tls
     if tls is None or not tls.crlfile:
         return 0
     key = f"bridges.mqtt.{name}.tls"
     dialer = bridge.client.dialer
-    try:
-        dialer.ssl_context = client_context(tls)  # the reconnection checks the new CRLs
-    except TlsError as exc:
-        raise TlsError(f"{key}.{exc.key}", exc.reason) from None
+    if client_context is not None:
+        try:
+            dialer.ssl_context = client_context(tls)  # the reconnection checks the new CRLs
+        except TlsError as exc:
+            raise TlsError(f"{key}.{exc.key}", exc.reason) from None
 
     client = bridge.client
     link = client.link
