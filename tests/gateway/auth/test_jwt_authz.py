@@ -5,6 +5,7 @@ served locally over HTTP, paho-mqtt and our own codec as clients."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 import time
@@ -198,9 +199,10 @@ public_key = "{tmp_path / 'jwt.pub'}"
     assert connack(g, "r1", hs256(sub="r1")) in (0x86, 0x87)
 
 
-@pytest.fixture
-def jwks_server() -> Iterator[tuple[str, dict[str, Any]]]:
-    """Serves ``state["jwks"]`` as JSON at /jwks; counts requests in ``state["hits"]``."""
+@contextlib.contextmanager
+def serve_jwks(ssl_context: Any = None) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Serves ``state["jwks"]`` as JSON at /jwks (https with ``ssl_context``); counts
+    requests in ``state["hits"]``."""
     from aiohttp import web
 
     state: dict[str, Any] = {"jwks": {"keys": []}, "hits": 0}
@@ -215,7 +217,7 @@ def jwks_server() -> Iterator[tuple[str, dict[str, Any]]]:
         app.router.add_get("/jwks", handle)
         runner = web.AppRunner(app, shutdown_timeout=0.5)
         await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
+        site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ssl_context)
         await site.start()
         state["port"] = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         state["stop"] = asyncio.Event()
@@ -227,9 +229,18 @@ def jwks_server() -> Iterator[tuple[str, dict[str, Any]]]:
     thread = threading.Thread(target=asyncio.run, args=(main(),), daemon=True)
     thread.start()
     assert ready.wait(TIMEOUT)
-    yield f"http://127.0.0.1:{state['port']}/jwks", state
-    state["loop"].call_soon_threadsafe(state["stop"].set)
-    thread.join(TIMEOUT)
+    scheme = "https" if ssl_context is not None else "http"
+    try:
+        yield f"{scheme}://127.0.0.1:{state['port']}/jwks", state
+    finally:
+        state["loop"].call_soon_threadsafe(state["stop"].set)
+        thread.join(TIMEOUT)
+
+
+@pytest.fixture
+def jwks_server() -> Iterator[tuple[str, dict[str, Any]]]:
+    with serve_jwks() as served:
+        yield served
 
 
 def _jwk(key: Any, kid: str) -> dict[str, Any]:
@@ -267,6 +278,59 @@ refresh_interval = "1h"
     tok3 = jwt.encode({"sub": "j"}, k3, algorithm="RS256", headers={"kid": "three"})
     assert connack(g, "j4", tok3) in (0x86, 0x87)
     assert state["hits"] == hits + 1
+
+
+def test_jwks_over_https_with_a_private_ca(tmp_path, gateways):
+    """[authentication.jwt.ssl] cacertfile: the JWKS of an https endpoint whose
+    certificate comes from a private CA is fetched; without it (the system's CAs) the
+    fetch fails and a token is not accepted; a bad cacertfile is one --check line."""
+    import ssl
+    import subprocess
+
+    from gateway.security.pki import init_ca, issue
+
+    pki = tmp_path / "pki"
+    init_ca(pki)
+    issue(pki, "jwks")  # SANs localhost, 127.0.0.1, ::1
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_ctx.load_cert_chain(pki / "jwks.crt", pki / "jwks.key")
+    key, _ = _rsa()
+    token = jwt.encode({"sub": "j"}, key, algorithm="RS256", headers={"kid": "k"})
+    conf = """
+[authentication]
+allow_anonymous = false
+[authentication.jwt]
+enable = true
+use_jwks = true
+endpoint = "{url}"
+refresh_interval = "1h"
+"""
+    with serve_jwks(server_ctx) as (url, state):
+        state["jwks"] = {"keys": [_jwk(key, "k")]}
+        (tmp_path / "a").mkdir()
+        g = start(tmp_path / "a", conf.format(url=url) + f"""
+[authentication.jwt.ssl]
+enable = true
+cacertfile = "{pki / 'ca.crt'}"
+""")
+        gateways.append(g)
+        assert connack(g, "j1", token) == 0
+        (tmp_path / "b").mkdir()
+        without = start(tmp_path / "b", conf.format(url=url))
+        gateways.append(without)
+        assert connack(without, "j2", token) in (0x86, 0x87)
+        assert "JWKS from" in without.log.read_text()
+    bad = tmp_path / "bad.toml"
+    bad.write_text(conf.format(url="https://127.0.0.1:1/jwks") + """
+[authentication.jwt.ssl]
+enable = true
+cacertfile = "/nonexistent/ca.crt"
+""")
+    r = subprocess.run(gatewayd_command("--config", str(bad), "--check"), capture_output=True,
+                       text=True, timeout=60, check=False)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "authentication.jwt.ssl.cacertfile" in lines[0], r.stderr
 
 
 def test_jwt_config_errors_are_one_line(tmp_path):
