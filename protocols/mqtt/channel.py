@@ -424,7 +424,20 @@ class MqttChannel:
 
     def connection_lost(self) -> None:
         """The socket is gone (any reason). Tell the core once; the will goes unless
-        the client said a normal DISCONNECT."""
+        the client said a normal DISCONNECT. While an authorization decision is pending,
+        what the client sent before it went (a publish, then DISCONNECT: what a one-shot
+        publisher does) is still handled, once the answer is there; then the end."""
+        wait = self._authz_wait
+        if wait is not None and self.state is _CONNECTED:
+            pending = wait[0]
+
+            def answered(allowed: bool) -> None:
+                self.authz_result(pending, allowed)  # (no socket: its effects go nowhere)
+                if self.state is not _CLOSED:
+                    self.connection_lost()
+
+            pending.add_callback(answered)
+            return
         self.state = State.CLOSED
         if self.info is not None:  # the peer closed the socket (or it broke)
             tls = self.info.listener.startswith(("ssl:", "wss:"))

@@ -131,6 +131,25 @@ def test_mqtt_answer_after_the_client_left_is_dropped(node: Node, clock, asker):
     assert "a" not in node.sessions
 
 
+def test_mqtt_one_shot_publisher_gone_before_the_answer(node: Node, clock, asker):
+    """PUBLISH, DISCONNECT, then the socket closes (mosquitto_pub -q 0) while the
+    decision is pending: the message still goes out once allowed, and no will."""
+    from protocols.mqtt.packets import Disconnect, Will
+
+    watcher = client(node, clock, "watcher")
+    watcher.send(Subscribe(1, (Sub("#", qos=0),)))
+    watcher.take()
+    a = client(node, clock, "a", will=Will("will/a", b"gone"))
+    a.send(Publish("ask/once", b"last words", qos=0))
+    a.send(Disconnect())
+    a.closed = "socket closed"  # the peer is gone: nothing more is written to it
+    a.channel.connection_lost()
+    assert "a" in node.sessions  # its input waits for the answer
+    asker.answer(True)
+    assert pubs(watcher) == [("ask/once", b"last words")]
+    assert "a" not in node.sessions
+
+
 def test_mqtt_deny_disconnect_on_a_later_denial(clock, asker):
     from protocols.mqtt.settings import MqttSettings
 
