@@ -32,6 +32,7 @@ Invariants:
 from __future__ import annotations
 
 import logging
+import re
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -49,6 +50,7 @@ __all__ = ["HttpAuthorizer", "install_http_authz"]
 log = logging.getLogger("gateway.auth")
 
 Decision = Stop[bool] | None
+_PLACEHOLDER = re.compile(r"\$\{([^}]+)\}")
 
 
 class HttpAuthorizer:
@@ -101,20 +103,28 @@ class HttpAuthorizer:
     # -- the request ---------------------------------------------------------------
 
     def _values(self, client: ClientInfo, action: str, topic: str) -> dict[str, str]:
-        return {
+        values = {
             "clientid": client.client_id, "username": client.username or "",
             "peerhost": client.peer_host or "", "action": action, "topic": topic,
             "protocol": client.protocol, "mountpoint": client.mountpoint,
             "qos": "", "retain": "",
         }
+        attrs = client.attrs.get("client_attrs")
+        if attrs:  # a JWT's client_attrs: ${client_attrs.NAME}
+            values.update({f"client_attrs.{k}": v for k, v in attrs.items()})
+        return values
 
     def _render(self, values: dict[str, str]) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for k, v in self.source.body.items():
-            for name, value in values.items():
-                v = v.replace("${" + name + "}", value)
-            out[k] = v
-        return out
+        """The body template with its placeholders replaced, in one pass (a value is
+        never substituted into again); ``${client_attrs.NAME}`` the client does not have
+        is empty, any other unknown placeholder stays as it is."""
+
+        def one(m: re.Match[str]) -> str:
+            name = m.group(1)
+            default = "" if name.startswith("client_attrs.") else m.group(0)
+            return values.get(name, default)
+
+        return {k: _PLACEHOLDER.sub(one, v) for k, v in self.source.body.items()}
 
     def _request(self, key: tuple[Any, ...], body: dict[str, Any],
                  out: Deferred[Answer]) -> None:

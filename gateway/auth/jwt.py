@@ -9,7 +9,11 @@ CONNECT's password (or username, ``from``). Outcomes, as EMQX decides them:
   ``verify_claims`` do not match: refused with 0x86, bad user name or password (3.1.1:
   return code 4);
 - otherwise accepted: ``client.attrs`` gets ``authn = "jwt"``, ``jwt_exp`` (when the
-  token has ``exp``) and ``jwt_acl`` (the compiled rules of the ACL claim, if any).
+  token has ``exp``), ``jwt_acl`` (the compiled rules of the ACL claim, if any) and
+  ``client_attrs`` (EMQX 5.7's claim of that name: an object of string keys and values,
+  at most :data:`MAX_CLIENT_ATTRS` of them; a claim of another shape refuses the token,
+  0x86). The HTTP authorization source's templates read them as
+  ``${client_attrs.NAME}``.
 
 :class:`JwtAcl` (``client.authorize``) applies ``jwt_acl``: the first matching rule
 decides; no match leaves the decision to the other sources. :class:`JwtExpiry`
@@ -55,6 +59,7 @@ HMAC_ALGS = ["HS256", "HS384", "HS512"]
 PUBLIC_ALGS = ["RS256", "RS384", "RS512", "PS256", "PS384", "PS512",
                "ES256", "ES384", "ES512", "EdDSA"]
 MIN_REFETCH = 10.0
+MAX_CLIENT_ATTRS = 32  # attributes a token may set (client_attrs)
 _ACTIONS = {"publish": "publish", "pub": "publish", "subscribe": "subscribe",
             "sub": "subscribe", "all": "all"}
 
@@ -253,6 +258,16 @@ class JwtAuthenticator:
                 client.set_attr("jwt_acl", Authorizer(parse_acl(acl_claim), "deny"))
             except (ValueError, TypeError) as exc:
                 return self._deny(client, f"bad {self.cfg.acl_claim_name} claim: {exc}")
+        attrs = claims.get("client_attrs")
+        if attrs is not None:
+            if (not isinstance(attrs, dict) or len(attrs) > MAX_CLIENT_ATTRS
+                    or not all(isinstance(k, str) and isinstance(v, str) and k
+                               and len(k) <= 64 and len(v) <= 1024
+                               for k, v in attrs.items())):
+                return self._deny(client, "client_attrs must be an object of at most "
+                                  f"{MAX_CLIENT_ATTRS} strings (names up to 64 characters, "
+                                  "values up to 1024)")
+            client.set_attr("client_attrs", dict(attrs))
         if isinstance(claims.get("exp"), int | float):
             client.set_attr("jwt_exp", float(claims["exp"]))
         client.set_attr("authn", "jwt")

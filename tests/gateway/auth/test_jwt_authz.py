@@ -457,3 +457,42 @@ request_timeout = "60s"
         finally:
             for s in (watcher, a, b):
                 s.close()
+
+
+def test_jwt_client_attrs_reach_the_http_authorization_template(tmp_path, gateways):
+    """EMQX 5.7's ``client_attrs`` claim: ``${client_attrs.role}`` in the HTTP source's
+    body carries the token's attribute (empty when the token has none); a claim that is
+    not an object of strings refuses the token (0x86)."""
+    async def by_role(body: dict[str, Any]) -> tuple[int, Any]:
+        return 200, {"result": "allow" if body["role"] == "admin" else "deny"}
+
+    with http_service(by_role) as (url, received):
+        g = start(tmp_path, f"""
+[authentication]
+allow_anonymous = false
+[authentication.jwt]
+enable = true
+secret = "{SECRET}"
+[[authorization.sources]]
+type = "http"
+url = "{url}"
+[authorization.sources.body]
+clientid = "${{clientid}}"
+topic = "${{topic}}"
+role = "${{client_attrs.role}}"
+""")
+        gateways.append(g)
+        admin = Session(g, "a1", hs256(sub="a1", client_attrs={"role": "admin", "sn": "7"}))
+        viewer = Session(g, "v1", hs256(sub="v1", client_attrs={"role": "viewer"}))
+        plain = Session(g, "p1", hs256(sub="p1"))
+        try:
+            assert admin.publish("cmd/x") in (0, 0x10)
+            assert received[-1] == {"clientid": "a1", "topic": "cmd/x", "role": "admin"}
+            assert viewer.publish("cmd/x") == 0x87
+            assert plain.publish("cmd/x") == 0x87
+            assert received[-1]["role"] == ""
+        finally:
+            for s in (admin, viewer, plain):
+                s.close()
+        assert connack(g, "b1", hs256(sub="b1", client_attrs=["role", "admin"])) == 0x86
+        assert connack(g, "b2", hs256(sub="b2", client_attrs={"n": 1})) == 0x86
