@@ -33,7 +33,9 @@ certificate chain and key (``certfile``, ``keyfile``; EC or RSA), and with
 ``verify = "verify_peer"`` the clients' CA (``cacertfile``). mbedTLS (2.28) speaks DTLS
 1.2 only. :class:`DtlsServer` holds a listener's current context; SIGHUP re-reads the
 files (:meth:`DtlsServer.reload`): new handshakes use the new context, established
-sessions keep theirs, and a reload that fails keeps the previous one.
+sessions keep theirs, and a reload that fails keeps the previous one; a session whose
+client certificate the reloaded CRLs revoke is closed (close_notify, then the inner
+channel's end as when the peer goes; logged).
 
 python-mbedtls does not say which PSK identity a handshake used, so the key store is a
 :class:`PskStore` that remembers the last identity mbedTLS looked up successfully; every
@@ -44,6 +46,7 @@ before and reads it after, so no other peer's lookup can come in between.
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -249,6 +252,8 @@ class DtlsServer:
         self.name = name
         self.listener = listener
         self.current = current
+        # sessions with a verified client certificate, checked again by a reload
+        self.live: weakref.WeakSet[DtlsChannel] = weakref.WeakSet()
 
     @classmethod
     def from_listener(cls, name: str, listener: DtlsListener) -> DtlsServer:
@@ -267,7 +272,27 @@ class DtlsServer:
             return False
         self.current = ctx
         log.info("listener %s: DTLS reloaded: %s", self.name, ctx.description)
+        self.rescan()
         return True
+
+    def rescan(self) -> int:
+        """Close the live sessions whose client certificate the current CRLs revoke
+        (through the session's own handle, so the close is sealed and carried out by its
+        shell); how many."""
+        crls = list(self.current.crls)
+        if not crls:
+            return 0
+        cut = 0
+        for channel in list(self.live):
+            cert = channel.peer_cert
+            if channel.closed or cert is None or crl_status(cert, crls) != "revoked":
+                continue
+            log.warning("listener %s: disconnected %s (serial %x) from %s:%d: certificate "
+                        "revoked (CRL file)", self.name, cert.subject.rfc4514_string(),
+                        cert.serial_number, *channel.addr)
+            channel.handle.call_channel(channel.revoked)
+            cut += 1
+        return cut
 
 
 # ------------------------------------------------------------------ identity
@@ -382,6 +407,7 @@ class DtlsChannel:
         self.buffer = self._new_buffer()
         self.inner: Any = None
         self.identity: dict[str, str] = {}
+        self.peer_cert: x509.Certificate | None = None  # a verified client certificate
         self.closed = False
 
     def _new_buffer(self) -> Any:
@@ -459,6 +485,12 @@ class DtlsChannel:
             return [Close(f"kicked (0x{reason_code:02X})")]
         return self._seal(self.inner.kick(reason_code))
 
+    def revoked(self) -> list[Effect]:
+        """The client certificate was revoked (:meth:`DtlsServer.rescan`): close_notify
+        and close; the inner channel hears of it as of a peer that went
+        (``connection_lost``), so it tells the core."""
+        return [] if self.closed else self._close("dtls: client certificate revoked")
+
     # -- DTLS -------------------------------------------------------------------------
 
     @staticmethod
@@ -511,6 +543,8 @@ class DtlsChannel:
                         *self.addr, cert.subject.rfc4514_string(), cert.serial_number)
             return "client certificate revoked (crlfile)"
         self.identity = identity_of(cert)
+        self.peer_cert = cert
+        self.server.live.add(self)
         return None
 
     def _drain(self, out: list[Effect]) -> None:

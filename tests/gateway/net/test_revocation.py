@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives import serialization
@@ -358,7 +359,7 @@ def test_dtls_crlfile_refuses_a_revoked_device(tmp_path, gatewayd: GatewayFactor
     })
     gw._wait(lambda: "listener coap:dtls:sec" in gw.log(), "opening coap:dtls:sec")
 
-    def post(name: str) -> Code | None:
+    def session(name: str) -> Any:
         key = serialization.load_pem_private_key(ca.key(name).read_bytes(), None)
         der = key.private_bytes(serialization.Encoding.DER, serialization.PrivateFormat.PKCS8,
                                 serialization.NoEncryption())
@@ -370,24 +371,43 @@ def test_dtls_crlfile_refuses_a_revoked_device(tmp_path, gatewayd: GatewayFactor
         raw = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         raw.settimeout(3)
         sock = tls.ClientContext(conf).wrap_socket(raw, server_hostname="localhost")
+        sock.connect(("127.0.0.1", port))
+        sock.do_handshake()
+        return sock
+
+    def ask(sock: Any, mid: int) -> Code | None:
         try:
-            sock.connect(("127.0.0.1", port))
-            sock.do_handshake()
-            m = make(CON, Code.POST, 1, b"t", b"x")
+            m = make(CON, Code.POST, mid, b"t", b"x")
             m.opt.uri_path = ("ps", "t")
             sock.send(encode(m))
             return Code(decode(sock.recv(2048)).code)
         except (OSError, TLSError):
             return None  # closed or no answer: refused
+
+    def post(name: str) -> Code | None:
+        try:
+            sock = session(name)
+        except (OSError, TLSError):
+            return None
+        try:
+            return ask(sock, 1)
         finally:
             sock.close()
 
     assert post("dev1") == Code.CHANGED
     assert post("dev2") is None
     gw._wait(lambda: "refused CN=dev2" in gw.log(), "logging the refusal")
+    live = session("dev3")  # a session that stays up across the revocation
+    assert ask(live, 1) == Code.CHANGED
     ca.revoke("dev1")  # SIGHUP re-reads the CRL for new handshakes
+    ca.revoke("dev3")  # ... and cuts the live session of a revoked device
     gw.hup("DTLS reloaded")
     assert post("dev1") is None
+    gw._wait(lambda: "disconnected CN=dev3" in gw.log(), "logging the cut")
+    try:
+        assert ask(live, 2) is None  # close_notify came: no answer any more
+    finally:
+        live.close()
 
 
 # ------------------------------------------------------------------ wss
