@@ -270,7 +270,8 @@ class RevocationGuard:
             hit = self.ocsp.get(key)
             if hit is None or hit[1] <= time.time():
                 if issuer is None:
-                    out.append(("ocsp", _fail(ValueError("issuer neither in cacertfile nor in the verified chain"))))
+                    unknown = ValueError("issuer neither in cacertfile nor in the verified chain")
+                    out.append(("ocsp", _fail(unknown)))
                 else:
                     out.append(("ocsp", self._ask_ocsp(cert, issuer)))
         return out

@@ -467,7 +467,7 @@ def _root_and_intermediate(tmp_path: Path) -> tuple[Path, Path]:
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
 
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     root_key = ec.generate_private_key(ec.SECP256R1())
     root_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "fleet root CA")])
     root = (x509.CertificateBuilder().subject_name(root_name).issuer_name(root_name)
