@@ -59,12 +59,13 @@ class _AuthzWait:
     """A pending decision, what acts on it, and what came after it, in order: a datagram
     (``bytes``) or a later decision (``(info, action, topic, then)``)."""
 
-    __slots__ = ("later", "pending", "then")
+    __slots__ = ("dropped", "later", "pending", "then")
 
     def __init__(self, pending: PendingDecision, then: Callable[[bool], None]) -> None:
         self.pending = pending
         self.then = then
         self.later: list[bytes | tuple[ClientInfo, str, str, Callable[[bool], None]]] = []
+        self.dropped = 0  # datagrams beyond MAX_HELD (logged once per wait)
 
 
 class ChannelBase:
@@ -169,8 +170,10 @@ class ChannelBase:
             wait.later.append(data)
         else:
             self.context.incr("packets.dropped.authz_pending")
-            log.warning("%s: datagram dropped: %d wait for an authorization decision",
-                        self._who(), MAX_HELD)
+            wait.dropped += 1
+            if wait.dropped == 1:
+                log.warning("%s: datagrams dropped: %d wait for an authorization decision "
+                            "already", self._who(), MAX_HELD)
         return True
 
     def authz_result(self, pending: PendingDecision, allowed: bool) -> list[Effect]:
