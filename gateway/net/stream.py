@@ -349,11 +349,16 @@ async def start_stream_listener(
     limits: ListenerLimits,
     factory: ChannelFactory,
     gate: CommitGate | None = None,
+    *,
+    backlog: int = 4096,
     **kwargs: Any,
 ) -> asyncio.Server:
+    """Listen on ``bind`` with a listen(2) queue of ``backlog`` (the kernel caps it at
+    ``net.core.somaxconn``; asyncio's own default of 100 overflows under a reconnect
+    storm, and an overflow costs the client a SYN retransmit: 1 s, then 2 s, ...)."""
     host, port = split_bind(bind)
     loop = asyncio.get_running_loop()
     site = StreamSite(limits, factory, gate, loop)
     return await loop.create_server(
-        lambda: StreamShell(site), host, port, reuse_address=True, **kwargs
+        lambda: StreamShell(site), host, port, reuse_address=True, backlog=backlog, **kwargs
     )
