@@ -254,6 +254,8 @@ class Gatewayd(Broker):
     # use_gatewayd_commit); the project's .venv provides the dependencies either way.
     src: Path = REPO
     source: str = ""
+    # configuration overrides as GATEWAY_* variables (bench.run --gatewayd-set)
+    settings: dict[str, str] = {}  # noqa: RUF012 - set once by bench.run, for every run
 
     # Optional sections, each written only when the version under test knows it (an
     # unknown key is an error): the management API moves off its fixed port 18083 so that
@@ -306,6 +308,7 @@ class Gatewayd(Broker):
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
         env["PYTHONPATH"] = str(self.src)
+        env.update(self.settings)
         return env
 
     @classmethod

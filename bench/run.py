@@ -26,7 +26,14 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from bench.brokers import BROKERS, Broker, machine_busy_seconds, setup, use_gatewayd_commit
+from bench.brokers import (
+    BROKERS,
+    Broker,
+    Gatewayd,
+    machine_busy_seconds,
+    setup,
+    use_gatewayd_commit,
+)
 from bench.scenarios import (
     DURABILITY_SCENARIOS,
     EXTRA_SCENARIOS,
@@ -407,6 +414,14 @@ def main(argv: list[str] | None = None) -> int:
         "harness's), e.g. 0:1; 'auto' = 0:1 on a machine of 2 or more cores; 'none' = "
         "not pinned. Multi-process brokers (gatewayd-2w) are never pinned",
     )
+    ap.add_argument(
+        "--gatewayd-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a configuration key for every gatewayd broker, e.g. "
+        "listeners.tcp.default.backlog=1024 (as a GATEWAY_* variable; repeatable)",
+    )
     ap.add_argument("--workers", type=int, help="load-generator processes")
     ap.add_argument("--clients", type=int, help="N of fan-in/fan-out/p2p")
     ap.add_argument("--duration", type=float, help="seconds of publishing per scenario")
@@ -476,6 +491,11 @@ def main(argv: list[str] | None = None) -> int:
         os.sched_setaffinity(0, loadgen_cpus)  # the harness polls: keep it off the broker
         pinning = f"broker on CPU {bcpus}, load generator and harness on CPU {lcpus}"
 
+    for item in args.gatewayd_set:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            ap.error(f"--gatewayd-set wants KEY=VALUE, got {item!r}")
+        Gatewayd.settings["GATEWAY_" + key.strip().upper().replace(".", "__")] = value
     if args.gatewayd_commit:
         use_gatewayd_commit(args.gatewayd_commit)
     setup(brokers)
