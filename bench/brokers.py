@@ -3,8 +3,9 @@
 - ``gatewayd``: this project, ``<repo>/.venv/bin/python -m gateway.cli.gatewayd`` with a
   generated TOML file (defaults, except the bind address and a temporary data directory).
 - ``mosquitto``: Debian's package (installed with apt-get when missing), generated config:
-  one listener on 127.0.0.1, ``allow_anonymous true``, ``persistence false``, defaults
-  otherwise.
+  one listener on 127.0.0.1, ``allow_anonymous true``, ``persistence false``,
+  ``max_queued_messages 0`` (unbounded, as gatewayd's ``max_mqueue_len = 0`` here),
+  defaults otherwise.
 - ``amqtt``: PyPI's amqtt 0.12, from the project's environment when the ``bench`` extra
   is installed there (``pip install -e .[bench]``), else from its own virtualenv
   ``bench/.venv-amqtt`` (created when missing); generated YAML config: one TCP listener
@@ -260,7 +261,9 @@ class Gatewayd(Broker):
     # Optional sections, each written only when the version under test knows it (an
     # unknown key is an error): the management API moves off its fixed port 18083 so that
     # it never collides with another gatewayd on the machine.
-    OPTIONAL_CONFIG = ('[api]\nbind = "127.0.0.1:0"\n',)
+    # [mqtt] max_mqueue_len = 0: unbounded offline/in-flight queues, like mosquitto's
+    # max_queued_messages 0 below (issue 23: both unlimited, so no broker wins by dropping)
+    OPTIONAL_CONFIG = ('[api]\nbind = "127.0.0.1:0"\n', "[mqtt]\nmax_mqueue_len = 0\n")
     _supported: dict[tuple[Path, str], bool] = {}  # noqa: RUF012 - a cache shared on purpose
 
     def _gatewayd(self, conf: Path, *extra: str) -> list[str]:
@@ -371,6 +374,7 @@ class Mosquitto(Broker):
             "log_dest stderr",
             "log_type error",
             "log_type warning",
+            "max_queued_messages 0",
             f"listener {self.port} {self.host}",
             "allow_anonymous true",
         ]
