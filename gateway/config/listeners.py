@@ -28,7 +28,6 @@ from gateway.config.values import (
     parse_bind,
 )
 
-
 # The default listen backlog: a reconnect storm of 5,000 devices at once is absorbed
 # without a SYN retransmit on a 2-core unit (bench/README.md, "Connection rate"); the kernel
 # caps it at net.core.somaxconn (4096 since Linux 5.4; systemd/sysctl.d profiles set it).

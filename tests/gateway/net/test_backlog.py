@@ -53,7 +53,7 @@ def test_backlog_reaches_listen() -> None:
 
 def test_default_backlog_is_not_asyncios_100() -> None:
     # asyncio's and uvloop's create_server default is 100: a storm of reconnects overflows it
-    assert DEFAULT_BACKLOG == GatewayConfig().listeners.tcp["default"].backlog
+    assert GatewayConfig().listeners.tcp["default"].backlog == DEFAULT_BACKLOG
     assert listen_with(None) == min(DEFAULT_BACKLOG, somaxconn()) > 100
 
 
