@@ -1,15 +1,18 @@
-"""Run the benchmark scenarios against gatewayd, mosquitto and amqtt and print a table.
+"""Run the benchmark scenarios against gatewayd, mosquitto and amqtt and print tables.
 
-    .venv/bin/python -m bench.run --quick          # about 2 minutes, every broker
-    .venv/bin/python -m bench.run                  # the full run (about 8 minutes)
+    .venv/bin/python -m bench.run --quick          # 3 interleaved runs, about 10 minutes
+    .venv/bin/python -m bench.run --quick --runs 1 # one run, about 3 minutes
     .venv/bin/python -m bench.run --brokers gatewayd --scenarios fanin-qos0,p2p-qos1
     .venv/bin/python -m bench.run --json results.json
 
-Each scenario runs against a freshly started broker (one at a time, on a free loopback
-port). The table gives each broker's figure, the ratios ours/mosquitto and ours/amqtt, the
-target of issue 4 and whether it is met, and the messages lost; a second table gives broker
-and load-generator CPU during each run (a broker near 100 % while the load generator has
-headroom means the broker is the bottleneck).
+Each run of a scenario uses a freshly started broker (one at a time, on a free loopback
+port), pinned to CPU 0 while the load generator and this harness run on CPU 1 (--pin).
+Scenarios run --runs times, interleaved across brokers; the tables give the median and
+± half the range of each figure, the ratios ours/mosquitto and ours/amqtt, issue 23's
+target and whether it is met, the messages lost, the broker's CPU time per message (the
+figure that compares across machines), the latency percentiles, and the kernel's
+listen-queue counters of the connection scenarios; the machine and its load average head
+every table.
 """
 
 from __future__ import annotations

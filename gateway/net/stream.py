@@ -325,7 +325,8 @@ class StreamShell(EffectLoop, asyncio.Protocol):
         self._flush()
         transport = self.transport
         assert transport is not None
-        log.debug("closing %s: %s", transport.get_extra_info("peername"), reason)
+        if log.isEnabledFor(logging.DEBUG):  # the peer lookup is a call per close
+            log.debug("closing %s: %s", transport.get_extra_info("peername"), reason)
         if transport.can_write_eof():
             try:
                 transport.write_eof()
