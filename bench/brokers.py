@@ -6,10 +6,10 @@
   one listener on 127.0.0.1, ``allow_anonymous true``, ``persistence false``,
   ``max_queued_messages 0`` (unbounded, as gatewayd's ``max_mqueue_len = 0`` here),
   defaults otherwise.
-- ``amqtt``: PyPI's amqtt 0.12, from the project's environment when the ``bench`` extra
-  is installed there (``pip install -e .[bench]``), else from its own virtualenv
-  ``bench/.venv-amqtt`` (created when missing); generated YAML config: one TCP listener
-  on 127.0.0.1 and the anonymous-authentication plugin only.
+- ``amqtt``: PyPI's amqtt 0.12 in its own virtualenv ``bench/.venv-amqtt`` (created when
+  missing: amqtt pins ``websockets==15.0.1``, which would break gatewayd's WebSocket
+  listener in the project's environment); generated YAML config: one TCP listener on
+  127.0.0.1 and the anonymous-authentication plugin only.
 
 Each :class:`Broker` is one process whose pid is the broker itself (no shell in between),
 so ``/proc/<pid>/status`` (VmRSS) and ``/proc/<pid>/stat`` (CPU ticks) describe it. It
@@ -103,19 +103,11 @@ def ensure_mosquitto() -> str:
     return path
 
 
-def _project_amqtt() -> Path | None:
-    """The ``amqtt`` script of the project's environment (the ``bench`` extra), if there."""
-    script = Path(sys.executable).parent / "amqtt"
-    return script if script.exists() else None
-
-
 def ensure_amqtt() -> Path:
-    """The bin directory holding ``python`` and ``amqtt``: the project's environment when
-    the ``bench`` extra is installed (amqtt 0.12), else ``bench/.venv-amqtt``, created
-    (and amqtt installed) when missing."""
-    script = _project_amqtt()
-    if script is not None:
-        return script.parent
+    """The bin directory of ``bench/.venv-amqtt`` (``python`` and ``amqtt``), created and
+    amqtt installed when missing. Never the project's environment: amqtt 0.12 pins
+    ``websockets==15.0.1``, and gatewayd's WebSocket listener needs websockets 16 or later
+    (installing amqtt there downgraded it and broke the WebSocket tests)."""
     python = AMQTT_VENV / "bin" / "python"
     if (AMQTT_VENV / "bin" / "amqtt").exists():
         return python.parent
@@ -416,9 +408,7 @@ class Amqtt(Broker):
             "  amqtt.plugins.authentication.AnonymousAuthPlugin:\n"
             "    allow_anonymous: true\n"
         )
-        here = Path(sys.executable)
-        python = here if bindir == here.parent else bindir / "python"
-        return [str(python), str(bindir / "amqtt"), "-c", str(conf)]
+        return [str(bindir / "python"), str(bindir / "amqtt"), "-c", str(conf)]
 
     def _tls_listener(self) -> str:
         if not self.tls:
@@ -435,7 +425,7 @@ class Amqtt(Broker):
 
     @classmethod
     def version(cls) -> str:
-        python = Path(sys.executable) if _project_amqtt() else AMQTT_VENV / "bin" / "python"
+        python = AMQTT_VENV / "bin" / "python"
         if not python.exists():
             return "?"
         out = subprocess.run(
