@@ -3,11 +3,13 @@
 - ``gatewayd``: this project, ``<repo>/.venv/bin/python -m gateway.cli.gatewayd`` with a
   generated TOML file (defaults, except the bind address and a temporary data directory).
 - ``mosquitto``: Debian's package (installed with apt-get when missing), generated config:
-  one listener on 127.0.0.1, ``allow_anonymous true``, ``persistence false``, defaults
-  otherwise.
-- ``amqtt``: PyPI's amqtt in its own virtualenv ``bench/.venv-amqtt`` (created when
-  missing, so its dependencies never touch the project's), generated YAML config: one TCP
-  listener on 127.0.0.1 and the anonymous-authentication plugin only.
+  one listener on 127.0.0.1, ``allow_anonymous true``, ``persistence false``,
+  ``max_queued_messages 0`` (unbounded, as gatewayd's ``max_mqueue_len = 0`` here),
+  defaults otherwise.
+- ``amqtt``: PyPI's amqtt 0.12 in its own virtualenv ``bench/.venv-amqtt`` (created when
+  missing: amqtt pins ``websockets==15.0.1``, which would break gatewayd's WebSocket
+  listener in the project's environment); generated YAML config: one TCP listener on
+  127.0.0.1 and the anonymous-authentication plugin only.
 
 Each :class:`Broker` is one process whose pid is the broker itself (no shell in between),
 so ``/proc/<pid>/status`` (VmRSS) and ``/proc/<pid>/stat`` (CPU ticks) describe it. It
@@ -36,7 +38,7 @@ __all__ = ["BROKERS", "HOST", "Broker", "free_port", "free_port_run", "running",
 
 REPO = Path(__file__).resolve().parents[1]
 AMQTT_VENV = REPO / "bench" / ".venv-amqtt"
-AMQTT_REQUIREMENT = "amqtt"
+AMQTT_REQUIREMENT = "amqtt==0.12.*"
 READY_TIMEOUT = 20.0
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -102,24 +104,53 @@ def ensure_mosquitto() -> str:
 
 
 def ensure_amqtt() -> Path:
-    """The amqtt virtualenv's python, created (and amqtt installed) when missing."""
+    """The bin directory of ``bench/.venv-amqtt`` (``python`` and ``amqtt``), created and
+    amqtt installed when missing. Never the project's environment: amqtt 0.12 pins
+    ``websockets==15.0.1``, and gatewayd's WebSocket listener needs websockets 16 or later
+    (installing amqtt there downgraded it and broke the WebSocket tests)."""
     python = AMQTT_VENV / "bin" / "python"
     if (AMQTT_VENV / "bin" / "amqtt").exists():
-        return python
+        return python.parent
     _say(f"creating {AMQTT_VENV} and installing {AMQTT_REQUIREMENT} (once)")
     subprocess.run([sys.executable, "-m", "venv", "--clear", str(AMQTT_VENV)], check=True)
     subprocess.run([str(python), "-m", "pip", "install", "-q", AMQTT_REQUIREMENT], check=True)
-    return python
+    return python.parent
 
 
 # ------------------------------------------------------------------------------ brokers
 
 
+_CERT: list[tuple[Path, Path]] = []
+
+
+def bench_certificate() -> tuple[Path, Path]:
+    """A self-signed ECDSA P-256 certificate and key for 127.0.0.1 (made once per
+    harness with the openssl CLI, removed at exit): every broker's TLS listener uses it."""
+    if not _CERT:
+        d = Path(tempfile.mkdtemp(prefix="bench-tls-"))
+        atexit.register(shutil.rmtree, d, ignore_errors=True)
+        cert, key = d / "cert.pem", d / "key.pem"
+        subprocess.run(
+            ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
+             "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1", "-keyout", str(key),
+             "-out", str(cert)],
+            check=True, capture_output=True,
+        )
+        _CERT.append((cert, key))
+    return _CERT[0]
+
+
 class Broker:
     name = "broker"
+    # CPUs the broker process (all its threads) is pinned to with taskset, e.g. "0";
+    # None: not pinned (bench.run sets it for the single-process brokers)
+    cpus: str | None = None
+    pinnable = True  # False: a multi-process broker that must spread over the cores
 
-    def __init__(self) -> None:
+    def __init__(self, tls: bool = False) -> None:
         self.port = free_port()
+        self.tls = tls  # also open a TLS listener on tls_port (bench_certificate)
+        self.tls_port = 0
         self.host = HOST
         self.tmp = Path(tempfile.mkdtemp(prefix=f"bench-{self.name}-"))
         self.log_path = self.tmp / "broker.log"
@@ -142,12 +173,22 @@ class Broker:
 
     def start(self) -> None:
         self.port = free_port()
+        if self.tls:
+            self.tls_port = free_port()
         self.launch()
+
+    def full_command(self) -> list[str]:
+        cmd = self.command()
+        if self.cpus is not None and self.pinnable:
+            # taskset execs the broker: the pid stays the broker's, and every thread it
+            # starts inherits the affinity
+            return ["taskset", "-c", self.cpus, *cmd]
+        return cmd
 
     def launch(self) -> None:
         """Start the broker on ``self.port`` and wait until it answers."""
         self.process = GatewaydProcess(
-            self.tmp, self.env(), command=self.command(), log_path=self.log_path,
+            self.tmp, self.env(), command=self.full_command(), log_path=self.log_path,
             ready=lambda: mqtt_ping(self.host, self.port, "bench-ready") is None,
             ready_timeout=READY_TIMEOUT, what=self.name,
         )
@@ -206,11 +247,15 @@ class Gatewayd(Broker):
     # use_gatewayd_commit); the project's .venv provides the dependencies either way.
     src: Path = REPO
     source: str = ""
+    # configuration overrides as GATEWAY_* variables (bench.run --gatewayd-set)
+    settings: dict[str, str] = {}  # noqa: RUF012 - set once by bench.run, for every run
 
     # Optional sections, each written only when the version under test knows it (an
     # unknown key is an error): the management API moves off its fixed port 18083 so that
     # it never collides with another gatewayd on the machine.
-    OPTIONAL_CONFIG = ('[api]\nbind = "127.0.0.1:0"\n',)
+    # [mqtt] max_mqueue_len = 0: unbounded offline/in-flight queues, like mosquitto's
+    # max_queued_messages 0 below (issue 23: both unlimited, so no broker wins by dropping)
+    OPTIONAL_CONFIG = ('[api]\nbind = "127.0.0.1:0"\n', "[mqtt]\nmax_mqueue_len = 0\n")
     _supported: dict[tuple[Path, str], bool] = {}  # noqa: RUF012 - a cache shared on purpose
 
     def _gatewayd(self, conf: Path, *extra: str) -> list[str]:
@@ -242,12 +287,23 @@ class Gatewayd(Broker):
             "[listeners.tcp.default]\n"
             f'bind = "{self.host}:{self.port}"\n'
             + "".join(section for section in self.OPTIONAL_CONFIG if self._accepts(section))
+            + self._tls_section()
         )
         return self._gatewayd(conf)
+
+    def _tls_section(self) -> str:
+        if not self.tls:
+            return ""
+        cert, key = bench_certificate()
+        return (
+            f'[listeners.ssl.default]\nbind = "{self.host}:{self.tls_port}"\n'
+            f'certfile = "{cert}"\nkeyfile = "{key}"\n'
+        )
 
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
         env["PYTHONPATH"] = str(self.src)
+        env.update(self.settings)
         return env
 
     @classmethod
@@ -310,9 +366,17 @@ class Mosquitto(Broker):
             "log_dest stderr",
             "log_type error",
             "log_type warning",
+            "max_queued_messages 0",
             f"listener {self.port} {self.host}",
             "allow_anonymous true",
         ]
+        if self.tls:
+            cert, key = bench_certificate()
+            lines += [
+                f"listener {self.tls_port} {self.host}",
+                f"certfile {cert}",
+                f"keyfile {key}",
+            ]
         if os.geteuid() == 0:
             lines.insert(0, "user root")
         conf.write_text("\n".join(lines) + "\n")
@@ -332,23 +396,32 @@ class Amqtt(Broker):
     name = "amqtt"
 
     def command(self) -> list[str]:
-        ensure_amqtt()
+        bindir = ensure_amqtt()
         conf = self.tmp / "amqtt.yaml"
         conf.write_text(
             "listeners:\n"
             "  default:\n"
             "    type: tcp\n"
             f"    bind: {self.host}:{self.port}\n"
-            "plugins:\n"
+            + self._tls_listener()
+            + "plugins:\n"
             "  amqtt.plugins.authentication.AnonymousAuthPlugin:\n"
             "    allow_anonymous: true\n"
         )
-        return [
-            str(AMQTT_VENV / "bin" / "python"),
-            str(AMQTT_VENV / "bin" / "amqtt"),
-            "-c",
-            str(conf),
-        ]
+        return [str(bindir / "python"), str(bindir / "amqtt"), "-c", str(conf)]
+
+    def _tls_listener(self) -> str:
+        if not self.tls:
+            return ""
+        cert, key = bench_certificate()
+        return (
+            "  tls:\n"
+            "    type: tcp\n"
+            f"    bind: {self.host}:{self.tls_port}\n"
+            "    ssl: true\n"
+            f"    certfile: {cert}\n"
+            f"    keyfile: {key}\n"
+        )
 
     @classmethod
     def version(cls) -> str:
@@ -397,6 +470,7 @@ class GatewaydWorkers(Gatewayd):
 
     name = "gatewayd-2w"
     WORKERS = 2
+    pinnable = False
 
     def command(self) -> list[str]:
         cmd = super().command()

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import ssl
 import time
 from array import array
 from collections.abc import Sequence
@@ -87,6 +88,9 @@ class WorkerSpec:
     concurrency: int = 32
     client_prefix: str = "c"
     keepalive: int = 60
+    clean: bool = True  # connrate: clean sessions, or new persistent ones
+    tls: bool = False  # connect with TLS (no certificate check: the broker's is self-signed)
+    cpus: tuple[int, ...] = ()  # CPUs this worker is pinned to (empty: any)
 
 
 class Shared:
@@ -255,6 +259,20 @@ class Client(asyncio.Protocol):
             tr.close()
 
 
+_TLS: list[ssl.SSLContext] = []
+
+
+def _client_tls() -> ssl.SSLContext:
+    """One client context per worker: TLS 1.2/1.3, no certificate check, no session
+    resumption (every connect is a full handshake, the reconnect-storm case)."""
+    if not _TLS:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+        _TLS.append(ctx)
+    return _TLS[0]
+
+
 async def open_client(
     loop: asyncio.AbstractEventLoop,
     spec: WorkerSpec,
@@ -268,6 +286,7 @@ async def open_client(
             spec.host,
             spec.port,
             local_addr=(spec.source_ip, 0),
+            ssl=_client_tls() if spec.tls else None,
         ),
         CONNECT_TIMEOUT,
     )
@@ -516,7 +535,7 @@ async def _connrate(pipe: Connection, ws: WorkerSpec) -> dict[str, Any]:
                 return
             cid = f"{ws.client_prefix}{i}"
             try:
-                c = await open_client(loop, ws, cid)
+                c = await open_client(loop, ws, cid, ws.clean)
             except (TimeoutError, OSError, ConnectionError) as exc:
                 failed += 1
                 if len(errors) < 5:
@@ -536,8 +555,12 @@ async def _idle(pipe: Connection, ws: WorkerSpec) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
     inbox = _Inbox(loop, pipe)
     ids = [f"{ws.client_prefix}{i}" for i in range(ws.count)]
+    t0 = monotonic_ns()
     clients, failed, errors = await _connect_many(loop, ws, ids, ws.concurrency)
-    pipe.send(("ready", {"ok": len(clients), "failed": failed, "errors": errors}))
+    seconds = (monotonic_ns() - t0) / 1e9
+    pipe.send(
+        ("ready", {"ok": len(clients), "failed": failed, "errors": errors, "seconds": seconds})
+    )
     await inbox.get("stop")
     dropped = sum(1 for c in clients if c.lost.done())
     for c in clients:
@@ -552,6 +575,8 @@ def worker_main(pipe: Connection, ws: WorkerSpec, shared: Shared | None) -> None
 
     # the parent may have run an event loop before forking: start from a clean slate
     asyncio.set_event_loop_policy(None)
+    if ws.cpus:
+        os.sched_setaffinity(0, ws.cpus)
 
     async def main() -> dict[str, Any]:
         if ws.mode == "traffic":

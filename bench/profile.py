@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import os
 import shutil
 import signal
 import subprocess
@@ -25,9 +26,9 @@ import sys
 import time
 from pathlib import Path
 
-from bench.brokers import REPO, Gatewayd, use_gatewayd_commit
+from bench.brokers import REPO, Broker, Gatewayd, use_gatewayd_commit
 from bench.run import _markdown, renice
-from bench.scenarios import Params, run_scenario
+from bench.scenarios import Params, needs_tls, run_scenario
 
 
 def ensure_py_spy() -> str:
@@ -74,7 +75,7 @@ def profile(
     lines: bool = False,
 ) -> str:
     py_spy = ensure_py_spy()
-    broker = Gatewayd()
+    broker = Gatewayd(tls=needs_tls(scenario))
     kind = (".native" if native else "") + (".lines" if lines else "")
     raw_path = out / f"{scenario}{kind}.collapsed.txt"
     try:
@@ -147,6 +148,12 @@ def main(argv: list[str] | None = None) -> int:
         "--lines", action="store_true", help="samples per source line, not per function"
     )
     ap.add_argument("--nice", type=int, default=0, help="as in bench.run (e.g. -20)")
+    ap.add_argument(
+        "--no-pin",
+        action="store_true",
+        help="do not pin (default on 2+ cores: gatewayd on CPU 0; the load generator, "
+        "py-spy and this harness on CPU 1, as bench.run does)",
+    )
     args = ap.parse_args(argv)
     if args.nice:
         renice(args.nice)
@@ -154,6 +161,10 @@ def main(argv: list[str] | None = None) -> int:
         use_gatewayd_commit(args.gatewayd_commit)
     print(f"gatewayd {Gatewayd.version()}\n")
     params = Params(duration=args.duration, latency_duration=args.duration)
+    if not args.no_pin and (os.cpu_count() or 1) >= 2:
+        Broker.cpus = "0"
+        params.loadgen_cpus = (1,)
+        os.sched_setaffinity(0, (1,))  # py-spy, started from here, inherits it
     args.out.mkdir(parents=True, exist_ok=True)
     for scenario in args.scenarios.split(","):
         print(

@@ -15,6 +15,13 @@ Scenarios (``name``: what it measures):
 - ``p2p-qos{0,1}``: N pairs, publisher i -> subscriber i on its own topic.
 - ``connrate``: CONNECT/CONNACK/DISCONNECT cycles, ``concurrency`` at a time per worker;
   connects/s.
+- ``connrate-{clean,persist}[-tls]-{50,1000}``: the same with clean sessions or new
+  persistent ones (clean session 0, fresh client ids), over TCP or TLS (a full handshake
+  each, ECDSA P-256), with 50 or 1,000 connects in flight.
+- ``storm-5000``: 5,000 devices connecting at once and staying (a reconnect storm after a
+  power cut); connects/s, and the kernel's ``TcpExt`` ListenOverflows, ListenDrops and
+  TCPSynRetrans counters (``/proc/net/netstat``) before and after: an overflowing listen
+  backlog shows there as drops and SYN retransmits (1 s, 3 s, ... of delay per device).
 - ``idle-memory``: K idle connections; broker RSS growth per connection (VmRSS before and
   after, after a warm-up of a few connections).
 - ``latency-qos{0,1}``: N pairs publishing timestamped messages at a fixed total rate
@@ -56,6 +63,8 @@ class Params:
     latency_rate: float = 10_000.0  # messages/s offered, total
     latency_pairs: int = 4
     latency_duration: float = 5.0
+    storm_conns: int = 5000  # storm-5000: connections opened at once
+    loadgen_cpus: tuple[int, ...] = ()  # CPUs the load-generator workers are pinned to
 
     @classmethod
     def quick(cls) -> Params:
@@ -88,6 +97,7 @@ class Params:
             latency_rate=500.0,
             latency_pairs=2,
             latency_duration=0.5,
+            storm_conns=50,
         )
 
 
@@ -110,7 +120,14 @@ SCENARIOS = [
     "fanout-qos1",
     "p2p-qos0",
     "p2p-qos1",
-    "connrate",
+    "connrate-clean-50",
+    "connrate-clean-1000",
+    "connrate-persist-50",
+    "connrate-persist-1000",
+    "connrate-clean-tls-50",
+    "connrate-clean-tls-1000",
+    "connrate-persist-tls-1000",
+    "storm-5000",
     "idle-memory",
     "latency-qos0",
     "latency-qos1",
@@ -119,6 +136,30 @@ SCENARIOS = [
 # Not in the default run: QoS 1 to persistent sessions (clean session 0), whose every
 # message is journaled by a durable broker; compare brokers gatewayd and gatewayd-memory.
 DURABILITY_SCENARIOS = ["fanin-qos1-persistent", "fanout-qos1-persistent", "p2p-qos1-persistent"]
+# Also accepted: "connrate" (issue 4's: 48 at a time per worker, clean, TCP).
+EXTRA_SCENARIOS = ["connrate"]
+
+
+def needs_tls(scenario: str) -> bool:
+    return "-tls" in scenario
+
+
+TCPEXT_COUNTERS = ("ListenOverflows", "ListenDrops", "TCPSynRetrans")
+
+
+def tcpext() -> dict[str, int]:
+    """The kernel's TcpExt counters of /proc/net/netstat (this network namespace)."""
+    with open("/proc/net/netstat") as f:
+        lines = f.read().splitlines()
+    for names, values in zip(lines[::2], lines[1::2], strict=False):
+        if names.startswith("TcpExt:"):
+            return dict(zip(names.split()[1:], map(int, values.split()[1:]), strict=False))
+    return {}
+
+
+def tcpext_delta(before: dict[str, int]) -> dict[str, int]:
+    after = tcpext()
+    return {k: after.get(k, 0) - before.get(k, 0) for k in TCPEXT_COUNTERS}
 
 _run_counter = random.randrange(250)
 
@@ -244,6 +285,7 @@ def _assign(
             duration=duration,
             window=params.window,
             inflight=params.inflight,
+            cpus=params.loadgen_cpus,
         )
         for w in range(nw)
     ]
@@ -342,6 +384,7 @@ def run_traffic(
         "seconds": round(elapsed, 3),
         "delivered_per_s": round(recv_total / elapsed, 1),
         "broker_cpu_pct": round(100 * (cpu1 - cpu0) / wall, 1),
+        "broker_cpu_us_per_msg": round(1e6 * (cpu1 - cpu0) / max(1, recv_total), 3),
         "loadgen_cpu_pct": round(100 * sum(r.get("cpu", 0.0) for r in results) / wall, 1),
         "machine_cpu_pct": round(100 * (busy1 - busy0) / wall, 1),
         "disconnected": sum(r.get("disconnected", 0) for r in results),
@@ -363,7 +406,12 @@ def run_traffic(
             def pct(q: float) -> float:
                 return round(values[min(len(values) - 1, int(q * len(values)))] / 1e6, 3)
 
-            details.update(p50_ms=pct(0.50), p99_ms=pct(0.99), max_ms=round(values[-1] / 1e6, 3))
+            details.update(
+                p50_ms=pct(0.50),
+                p99_ms=pct(0.99),
+                p999_ms=pct(0.999),
+                max_ms=round(values[-1] / 1e6, 3),
+            )
         value = details.get("p99_ms")
     else:
         value = details["delivered_per_s"]
@@ -375,27 +423,42 @@ def run_traffic(
 # ------------------------------------------------------------------------------ connections
 
 
-def run_connrate(broker: Broker, params: Params) -> Result:
+def run_connrate(
+    broker: Broker,
+    params: Params,
+    name: str = "connrate",
+    *,
+    clean: bool = True,
+    tls: bool = False,
+    at_once: int | None = None,
+) -> Result:
+    """Connect cycles; ``at_once`` connects in flight in all (None: ``conn_concurrency``
+    per worker)."""
     global _run_counter
     _run_counter += 1
     nw = params.workers
     per = params.conn_count // nw
+    concurrency = params.conn_concurrency if at_once is None else max(1, at_once // nw)
     specs = [
         WorkerSpec(
             "connrate",
             broker.host,
-            broker.port,
+            broker.tls_port if tls else broker.port,
             _source_ip(w),
             duration=params.conn_duration,
             count=per,
-            concurrency=params.conn_concurrency,
+            concurrency=concurrency,
             client_prefix=f"cr{_run_counter}w{w}-",
+            clean=clean,
+            tls=tls,
+            cpus=params.loadgen_cpus,
         )
         for w in range(nw)
     ]
     workers = _Workers(specs, None)
     workers.collect("ready", 30.0)
     go = time.monotonic_ns() + 50_000_000
+    net0 = tcpext()
     cpu0 = broker.cpu_seconds()
     busy0 = machine_busy_seconds()
     workers.send(("go", go))
@@ -413,18 +476,76 @@ def run_connrate(broker: Broker, params: Params) -> Result:
     details = {
         "connects": ok,
         "failed": failed,
+        "at_once": concurrency * nw,
         "seconds": round(elapsed, 3),
         "broker_cpu_pct": round(100 * (cpu1 - cpu0) / wall, 1),
+        "broker_cpu_us_per_msg": round(1e6 * (cpu1 - cpu0) / max(1, ok), 3),
         "loadgen_cpu_pct": round(100 * sum(r.get("cpu", 0.0) for r in results) / wall, 1),
         "machine_cpu_pct": round(100 * (busy1 - busy0) / wall, 1),
         "errors": errors,
+        **tcpext_delta(net0),
     }
     err = _first_error(results) or (f"{failed} connects failed: {errors}" if failed else None)
     return Result(
-        "connrate",
+        name,
         broker.name,
         "connects",
         round(ok / elapsed, 1),
+        "conn/s",
+        lost=failed,
+        details=details,
+        error=err,
+    )
+
+
+def run_storm(broker: Broker, params: Params, name: str = "storm-5000") -> Result:
+    """``storm_conns`` connections opened at once (one connect attempt in flight per
+    device) and held; connects/s over the time until the last CONNACK."""
+    global _run_counter
+    _run_counter += 1
+    mqtt_ping(broker.host, broker.port, f"warm{_run_counter}")
+    nw = params.workers
+    total = params.storm_conns
+    counts = [total // nw + (1 if w < total % nw else 0) for w in range(nw)]
+    specs = [
+        WorkerSpec(
+            "idle",
+            broker.host,
+            broker.port,
+            _source_ip(w),
+            count=counts[w],
+            concurrency=counts[w],
+            client_prefix=f"storm{_run_counter}w{w}-",
+            keepalive=600,
+            cpus=params.loadgen_cpus,
+        )
+        for w in range(nw)
+    ]
+    net0 = tcpext()
+    cpu0 = broker.cpu_seconds()
+    workers = _Workers(specs, None)
+    ready = workers.collect("ready", 120.0)
+    cpu1 = broker.cpu_seconds() if broker.alive() else cpu0
+    net = tcpext_delta(net0)
+    workers.finish()
+    ok = sum(r.get("ok", 0) for r in ready)
+    failed = sum(r.get("failed", 0) for r in ready)
+    seconds = max((r.get("seconds", 0.0) for r in ready), default=0.0)
+    errors = [e for r in ready for e in r.get("errors", [])][:3]
+    details = {
+        "connections": ok,
+        "failed": failed,
+        "seconds": round(seconds, 3),
+        "broker_cpu_us_per_msg": round(1e6 * (cpu1 - cpu0) / max(1, ok), 3),
+        "errors": errors,
+        **net,
+    }
+    err = _first_error(ready) or (f"{failed} connects failed: {errors}" if failed else None)
+    return Result(
+        name,
+        broker.name,
+        "connects",
+        round(ok / seconds, 1) if seconds else None,
         "conn/s",
         lost=failed,
         details=details,
@@ -451,6 +572,7 @@ def run_idle_memory(broker: Broker, params: Params) -> Result:
             concurrency=params.conn_concurrency,
             client_prefix=f"idle{_run_counter}w{w}-",
             keepalive=600,
+            cpus=params.loadgen_cpus,
         )
         for w in range(nw)
     ]
@@ -488,6 +610,14 @@ def run_idle_memory(broker: Broker, params: Params) -> Result:
 def run_scenario(name: str, broker: Broker, params: Params) -> Result:
     if name == "connrate":
         return run_connrate(broker, params)
+    if name.startswith("connrate-"):
+        parts = name.split("-")
+        return run_connrate(
+            broker, params, name, clean=parts[1] == "clean", tls="tls" in parts,
+            at_once=int(parts[-1]),
+        )
+    if name.startswith("storm-"):
+        return run_storm(broker, params, name)
     if name == "idle-memory":
         return run_idle_memory(broker, params)
     kind, _, q = name.partition("-qos")

@@ -28,11 +28,20 @@ from gateway.config.values import (
     parse_bind,
 )
 
+# The default listen backlog: a reconnect storm of 5,000 devices at once is absorbed
+# without a SYN retransmit on a 2-core unit (bench/README.md, "Connection rate"); the kernel
+# caps it at net.core.somaxconn (4096 since Linux 5.4; systemd/sysctl.d profiles set it).
+DEFAULT_BACKLOG = 4096
+MAX_BACKLOG = 65535  # listen(2) stores it in 16 bits; somaxconn cannot exceed it either
+
 
 class TcpListener(_Section):
     enable: bool = True
     bind: Bind = "0.0.0.0:1883"
     max_connections: int = Field(default=1_024_000, ge=1)
+    # listen(2) backlog: connections the kernel completes and queues before we accept
+    # them (EMQX's tcp_options.backlog); the kernel caps it at net.core.somaxconn
+    backlog: int = Field(default=DEFAULT_BACKLOG, ge=1, le=MAX_BACKLOG)
     allow: Annotated[list[Network], BeforeValidator(_split_commas)] = Field(default_factory=list)
     deny: Annotated[list[Network], BeforeValidator(_split_commas)] = Field(default_factory=list)
     mountpoint: str = ""

@@ -81,7 +81,9 @@ async def open_listener(
             factory = guard_listener(assembly, spec, tls, factory)
             options["ssl"] = tls.server_context
             options["ssl_handshake_timeout"] = assembly.config.mqtt.idle_timeout
-        server = await start_stream_listener(spec.config.bind, limits, factory, gate, **options)
+        server = await start_stream_listener(
+            spec.config.bind, limits, factory, gate, backlog=spec.config.backlog, **options
+        )
         addresses = [fmt_address(s.getsockname()) for s in server.sockets]
         detail = describe(spec.config) if spec.secure else ""
         return Opened(spec, limits, addresses, server=server, tls=tls, detail=detail)

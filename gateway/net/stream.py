@@ -325,7 +325,8 @@ class StreamShell(EffectLoop, asyncio.Protocol):
         self._flush()
         transport = self.transport
         assert transport is not None
-        log.debug("closing %s: %s", transport.get_extra_info("peername"), reason)
+        if log.isEnabledFor(logging.DEBUG):  # the peer lookup is a call per close
+            log.debug("closing %s: %s", transport.get_extra_info("peername"), reason)
         if transport.can_write_eof():
             try:
                 transport.write_eof()
@@ -349,11 +350,16 @@ async def start_stream_listener(
     limits: ListenerLimits,
     factory: ChannelFactory,
     gate: CommitGate | None = None,
+    *,
+    backlog: int = 4096,
     **kwargs: Any,
 ) -> asyncio.Server:
+    """Listen on ``bind`` with a listen(2) queue of ``backlog`` (the kernel caps it at
+    ``net.core.somaxconn``; asyncio's own default of 100 overflows under a reconnect
+    storm, and an overflow costs the client a SYN retransmit: 1 s, then 2 s, ...)."""
     host, port = split_bind(bind)
     loop = asyncio.get_running_loop()
     site = StreamSite(limits, factory, gate, loop)
     return await loop.create_server(
-        lambda: StreamShell(site), host, port, reuse_address=True, **kwargs
+        lambda: StreamShell(site), host, port, reuse_address=True, backlog=backlog, **kwargs
     )

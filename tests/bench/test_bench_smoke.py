@@ -44,4 +44,13 @@ def test_tiny_run_against_gatewayd(tmp_path: Path) -> None:
     for r in traffic:
         d = r["details"]
         assert d["expected"] > 0 and d["received"] == d["expected"], r
+    for r in results:  # the machine-stable figure, and the kernel's listen counters
+        d = r["details"]
+        if r["scenario"] != "idle-memory":
+            assert d["broker_cpu_us_per_msg"] >= 0, r
+        if r["scenario"].startswith(("connrate", "storm")):
+            assert {"ListenOverflows", "ListenDrops", "TCPSynRetrans"} <= d.keys(), r
+        if r["scenario"].startswith("latency"):
+            assert d["p50_ms"] <= d["p99_ms"] <= d["p999_ms"] <= d["max_ms"], r
     assert "| fanin-qos0" in proc.stdout  # the table was printed
+    assert "load average" in proc.stdout and "broker on CPU 0" in proc.stdout

@@ -217,6 +217,18 @@ class Lwm2mApp:
     def next(self) -> tuple[str, dict[str, Any]]:
         return self.q.get(timeout=self.timeout)
 
+    async def next_async(self) -> tuple[str, dict[str, Any]]:
+        """``next`` for a test running the device simulator on an event loop."""
+        return await asyncio.to_thread(self.next)
+
+    async def roundtrip(self, req_id: int, msg_type: str, **data: Any) -> dict[str, Any]:
+        """Send a command and return the ``data`` of the answer, which must be its answer."""
+        self.command(req_id, msg_type, **data)
+        topic, resp = await self.next_async()
+        assert topic == f"lwm2m/{self.ep}/up/resp", resp
+        assert resp["reqID"] == req_id and resp["msgType"] == msg_type, resp
+        return resp["data"]  # type: ignore[no-any-return]
+
     def close(self) -> None:
         self.c.disconnect()
         self.c.loop_stop()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
@@ -35,7 +34,7 @@ def lgw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Gateway, int
 async def _scenario(gw: Gateway, port: int, app: Lwm2mApp, ep: str, senml: bool) -> None:
     dev = Lwm2mClient(("127.0.0.1", port), ep, senml=senml)
     await dev.start()
-    nxt = lambda: asyncio.to_thread(app.next)  # noqa: E731
+    nxt = app.next_async
     try:
         r = await dev.register()
         assert str(r.code) == "2.01 Created" and dev.location == ("rd", ep)
@@ -43,12 +42,7 @@ async def _scenario(gw: Gateway, port: int, app: Lwm2mApp, ep: str, senml: bool)
         assert topic == f"lwm2m/{ep}/up/resp" and ev["msgType"] == "register"
         assert "/3/0" in ev["data"]["objectList"]
 
-        async def roundtrip(req_id: int, msg_type: str, **data: Any) -> dict[str, Any]:
-            app.command(req_id, msg_type, **data)
-            topic, resp = await nxt()
-            assert topic == f"lwm2m/{ep}/up/resp", resp
-            assert resp["reqID"] == req_id and resp["msgType"] == msg_type, resp
-            return resp["data"]
+        roundtrip = app.roundtrip
 
         d = await roundtrip(1, "read", path="/3/0/0")
         assert d["code"] == "2.05"
@@ -107,18 +101,13 @@ def test_device_every_command(lgw: tuple[Gateway, int], uid: str, senml: bool) -
 async def _composite(port: int, app: Lwm2mApp, ep: str) -> None:
     dev = Lwm2mClient(("127.0.0.1", port), ep, version="1.1", senml=True)
     await dev.start()
-    nxt = lambda: asyncio.to_thread(app.next)  # noqa: E731
+    nxt = app.next_async
     try:
         await dev.register()
         topic, ev = await nxt()
         assert ev["data"]["lwm2m"] == "1.1"
 
-        async def roundtrip(req_id: int, msg_type: str, **data: Any) -> dict[str, Any]:
-            app.command(req_id, msg_type, **data)
-            topic, resp = await nxt()
-            assert topic == f"lwm2m/{ep}/up/resp", resp
-            assert resp["reqID"] == req_id and resp["msgType"] == msg_type, resp
-            return resp["data"]
+        roundtrip = app.roundtrip
 
         d = await roundtrip(1, "read-composite", paths=["/3/0/0", "/1/0/1"])
         assert d["code"] == "2.05" and d["content"] == [
@@ -159,7 +148,7 @@ async def _large_notification(port: int, app: Lwm2mApp, ep: str) -> None:
     dev = Lwm2mClient(("127.0.0.1", port), ep)
     dev.values["/3/0/2"] = "s" * 3000  # serial number: larger than a block
     await dev.start()
-    nxt = lambda: asyncio.to_thread(app.next)  # noqa: E731
+    nxt = app.next_async
     try:
         await dev.register()
         await nxt()

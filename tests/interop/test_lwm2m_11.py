@@ -55,18 +55,13 @@ async def _scenario(port: int, app: Lwm2mApp, ep: str) -> None:
     dev = Lwm2mClient(("127.0.0.1", port), ep, version="1.1", formats=(JSON,),
                       list_formats=False)
     await dev.start()
-    nxt = lambda: asyncio.to_thread(app.next)  # noqa: E731
+    nxt = app.next_async
     try:
         await dev.register()
         _, ev = await nxt()
         assert ev["msgType"] == "register" and ev["data"]["lwm2m"] == "1.1"
 
-        async def roundtrip(req_id: int, msg_type: str, **data: Any) -> dict[str, Any]:
-            app.command(req_id, msg_type, **data)
-            topic, resp = await nxt()
-            assert topic == f"lwm2m/{ep}/up/resp", resp
-            assert resp["reqID"] == req_id and resp["msgType"] == msg_type, resp
-            return resp["data"]
+        roundtrip = app.roundtrip
 
         d = await roundtrip(1, "read", path="/3/0")
         assert d["code"] == "2.05" and {"path": "/3/0/9", "value": 100} in d["content"]
@@ -97,17 +92,12 @@ async def _cbor_device(port: int, app: Lwm2mApp, sys: SysEvents, ep: str) -> Non
     # wakaama's 1.1 client lists ct=112 and reads SenML CBOR (and JSON), no TLV here
     dev = Lwm2mClient(("127.0.0.1", port), ep, version="1.1", formats=(CBOR, JSON))
     await dev.start()
-    nxt = lambda: asyncio.to_thread(app.next)  # noqa: E731
+    nxt = app.next_async
     try:
         await dev.register()
         await nxt()
 
-        async def roundtrip(req_id: int, msg_type: str, **data: Any) -> dict[str, Any]:
-            app.command(req_id, msg_type, **data)
-            topic, resp = await nxt()
-            assert topic == f"lwm2m/{ep}/up/resp", resp
-            assert resp["reqID"] == req_id and resp["msgType"] == msg_type, resp
-            return resp["data"]
+        roundtrip = app.roundtrip
 
         d = await roundtrip(1, "observe", path="/3/0/9")
         assert d["code"] == "2.05" and d["content"] == [{"path": "/3/0/9", "value": 100}]
