@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from gateway.core.node import Node
 from protocols.context import ClientInfo, SubOptions, subscribe_refused
@@ -104,25 +105,45 @@ class AutoSubscribe:
         if not templates:
             return
         node = self.node
-        metrics = node.metrics
         made: list[tuple[str, SubOptions, bool]] = []
         for t in templates:
             topic = fill(t.topic, client)
             if topic is None:
-                metrics.incr("auto_subscribe.skipped")
-                continue
-            if not node.authorize(client, "subscribe", topic):
-                metrics.incr("auto_subscribe.denied")
+                node.metrics.incr("auto_subscribe.skipped")
                 continue
             opts = t.options()
-            existed = node.subscribe(client, topic, opts)
-            if subscribe_refused(existed):
-                metrics.incr("auto_subscribe.denied")
-                continue
-            metrics.incr("auto_subscribe.subscribed")
-            made.append((topic, opts, existed is True))
+            allowed = node.authorize(client, "subscribe", topic, wait=True)
+            if allowed is True or allowed is False:
+                entry = self._subscribe(client, topic, opts, allowed)
+                if entry is not None:
+                    made.append(entry)
+            else:  # an authorization service is being asked: subscribe when it answers
+                allowed.add_callback(partial(self._answered, client, topic, opts))
         if made:
             node.scheduler.call_later(0, lambda: self._retained(client, made))
+
+    def _subscribe(self, client: ClientInfo, topic: str, opts: SubOptions,
+                   allowed: bool) -> tuple[str, SubOptions, bool] | None:
+        metrics = self.node.metrics
+        if not allowed:
+            metrics.incr("auto_subscribe.denied")
+            return None
+        existed = self.node.subscribe(client, topic, opts)
+        if subscribe_refused(existed):
+            metrics.incr("auto_subscribe.denied")
+            return None
+        metrics.incr("auto_subscribe.subscribed")
+        return topic, opts, existed is True
+
+    def _answered(self, client: ClientInfo, topic: str, opts: SubOptions, ok: bool) -> None:
+        """A decision that came later: subscribe if the same connection still holds the
+        session, and send the retained messages at once (we are past connect)."""
+        session = self.node.sessions.get(client.client_id)
+        if session is None or session.info is not client:
+            return
+        entry = self._subscribe(client, topic, opts, ok)
+        if entry is not None:
+            self._retained(client, [entry])
 
     def _retained(self, client: ClientInfo, made: list[tuple[str, SubOptions, bool]]) -> None:
         session = self.node.sessions.get(client.client_id)

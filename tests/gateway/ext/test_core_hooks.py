@@ -4,6 +4,7 @@ property tests of their parsers (``$delayed/``, rewrite rules, topic matching)."
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -12,6 +13,8 @@ from hypothesis import strategies as st
 from gateway.config.extensions import AutoSubscribeTopic, RewriteRule
 from gateway.core.authz import Authorizer, from_config
 from gateway.core.clock import VirtualScheduler
+from gateway.core.deferred import Deferred
+from gateway.core.hooks import Priority, Stop
 from gateway.core.node import CoreSettings, Node
 from gateway.core.topic_index import topic_matches
 from gateway.ext.auto_subscribe import AutoSubscribe, TopicTemplate, fill
@@ -246,6 +249,38 @@ def test_auto_subscribe_on_connect_and_resume(node: Node, clock: VirtualSchedule
     _, _, present = connect(node, "d1", clean=False, expiry=300)
     assert present and len(node.sessions["d1"].subscriptions) == 2
     assert node.broker.subscription_count() == 2
+
+
+def test_auto_subscribe_waits_for_an_authorization_that_answers_later(
+        node: Node, clock: VirtualScheduler) -> None:
+    asked: list[tuple[str, Deferred[Any]]] = []
+
+    def ask(client: ClientInfo, action: str, topic: str, acc: bool) -> Any:
+        d: Deferred[Any] = Deferred()  # an HTTP authorization service, asked
+        asked.append((topic, d))
+        return d
+
+    node.hooks.add("client.authorize", ask, Priority.AUTHZ)
+    node.retainer.on_publish(Message("cmd/d1", b"kept", 1, True))
+    AutoSubscribe(node, [TopicTemplate("cmd/${clientid}", 1),
+                         TopicTemplate("no/${clientid}", 0)]).attach()
+    info, h, _ = connect(node, "d1", expiry=300)
+    assert [t for t, _ in asked] == ["cmd/d1", "no/d1"]
+    assert node.sessions["d1"].subscriptions == {}  # nothing before the answers
+    asked[0][1].resolve(Stop(True))
+    asked[1][1].resolve(Stop(False))
+    assert node.sessions["d1"].subscriptions == {"cmd/d1": SubOptions(1)}
+    assert h.topics() == ["cmd/d1"]  # the retained message, once allowed
+    assert node.metrics.get("auto_subscribe.denied") == 1
+    # an answer for a connection that has gone subscribes nothing
+    handle = node.sessions["d1"].handle
+    assert handle is not None
+    node.close(info, handle, send_will=False)
+    connect(node, "d1", expiry=300)
+    stale = asked[2][1]
+    connect(node, "d1", expiry=300)  # taken over before the first answer came
+    stale.resolve(Stop(True))
+    assert node.metrics.get("auto_subscribe.subscribed") == 1
 
 
 def test_fill_placeholders() -> None:
