@@ -18,7 +18,7 @@ by all its rules) and then, rule by rule:
   evaluation: the statement runs once per event, each rule counts it and runs its own
   actions (a second rule's actions get shallow copies of the outputs);
 - updates the rule's metrics and runs its actions, exactly as the closures would
-  (``matched``; then ``failed`` with ``last_error``, ``no_result`` or ``passed``; each
+  (``failed`` with ``last_error``, ``no_result`` or ``passed``, whose sum is ``matched``; each
   action's success or failure).
 
 Invariants:
@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -115,6 +116,21 @@ def _act(rule: Rule, outputs: list[dict[str, Any]], columns: Columns) -> None:
                 m.actions_success += 1
 
 
+def _act1(rule: Rule, output: dict[str, Any], columns: Columns) -> None:
+    m = rule.metrics
+    for slot in rule.actions:
+        try:
+            slot.run(output, columns)
+        except Exception as exc:
+            slot.failed += 1
+            m.actions_failed += 1
+            m.last_error = f"{slot.function}: {type(exc).__name__}: {exc}"
+            log.debug("rule %s action %s failed: %s", rule.id, slot.function, exc)
+        else:
+            slot.success += 1
+            m.actions_success += 1
+
+
 def _act_copy(rule: Rule, outputs: list[dict[str, Any]], columns: Columns) -> None:
     _act(rule, [dict(o) for o in outputs], columns)
 
@@ -156,6 +172,8 @@ class _Writer:
         self.n = 0
         self.columns = columns or {}  # column -> the local holding it (read up front)
         self.shared: dict[tuple[str, ...], str] = {}  # payload key path -> its local
+        self.ints: set[str] = set()  # locals always holding an int (a message's qos)
+        self.bools: set[str] = set()  # expressions written here that are always a bool
 
     def prelude(self) -> list[str]:
         """Lines that start the shared locals (before the first rule)."""
@@ -225,6 +243,10 @@ class _Writer:
         if (e.op in _NUMERIC_ORDER and isinstance(e.right, Lit)
                 and type(e.right.value) in (int, float)):
             # number on the right: the native comparison when the left is a number too
+            if left in self.ints:
+                code = f"({left} {e.op} {right})"
+                self.bools.add(code)
+                return code
             self.n += 1
             t = f"_t{self.n}"
             return (f"({t} {e.op} {right} if (type({t} := {left}) is int or type({t}) is "
@@ -232,8 +254,11 @@ class _Writer:
         return f"{op}({left}, {right})"
 
 
-def _statement_code(w: _Writer, st: Statement, program_run: Any, out: str) -> list[str]:
-    """Lines setting ``out`` to the statement's outputs (a list), or the exception."""
+def _statement_code(w: _Writer, st: Statement, program_run: Any, out: str,
+                    fail: str | None = None) -> list[str]:
+    """Lines setting ``out`` to the statement's outputs (a list), or the exception (with
+    ``fail``, a rule's local: the exception is counted as that rule's failure instead, and
+    the lines end in an ``else:`` the caller completes)."""
     lines = ["    try:"]
     if inlinable(st):
         fields = ", ".join(
@@ -249,7 +274,29 @@ def _statement_code(w: _Writer, st: Statement, program_run: Any, out: str) -> li
             lines.append(f"        {out} = [{{{fields}}}] if ({cond}) is True else _EMPTY")
     else:
         lines.append(f"        {out} = {w.name(program_run, '_p')}(c)")
-    lines += ["    except Exception as exc:", f"        {out} = exc"]
+    if fail is None:
+        lines += ["    except Exception as exc:", f"        {out} = exc"]
+    else:
+        lines += ["    except Exception as exc:", f"        _fail({fail}, exc)", "    else:"]
+    return lines
+
+
+def _single_code(w: _Writer, st: Statement, out: str, rule: str) -> list[str]:
+    """An inlinable statement of one rule: ``out`` = its output dict, or None when the
+    WHERE does not hold; an exception is counted as ``rule``'s failure; the lines end in
+    an ``else:`` the caller completes."""
+    fields = ", ".join(
+        f"{_output_keys(f)[0]!r}: {w.expr(f.expr)}" for f in st.fields if isinstance(f, Field)
+    )
+    lines = ["    try:"]
+    if st.where is None:
+        lines.append(f"        {out} = {{{fields}}}")
+    else:
+        cond = w.name(st.where.value) if isinstance(st.where, Lit) else w.expr(st.where)
+        test = cond if cond in w.bools else f"({cond}) is True"
+        lines += [f"        if {test}:", f"            {out} = {{{fields}}}",
+                  "        else:", f"            {out} = None"]
+    lines += ["    except Exception as exc:", f"        _fail({rule}, exc)", "    else:"]
     return lines
 
 
@@ -257,7 +304,7 @@ def make_plan(rules: tuple[Rule, ...], kind: str, node: str,
               lookup: Callable[[str], Any], now: Callable[[], float]) -> Plan:
     """The plan running ``rules`` (enabled, in this order) for events of hook ``kind``."""
     ns: dict[str, Any] = {
-        "_EMPTY": [], "_U": _UNSET, "_fail": _fail, "_act": _act, "_act_copy": _act_copy,
+        "_EMPTY": [], "_U": _UNSET, "_fail": _fail, "_act": _act, "_act1": _act1, "_act_copy": _act_copy,
         "_pk": _pk, "_walk": _walk, "_num": _num, "bool": bool, "type": type, "int": int,
         "float": float, "list": list, "_Columns": Columns, "_new": dict.__new__,
         "_G": publish_getters(node, lookup, now) if kind == "message.publish"
@@ -276,13 +323,41 @@ def make_plan(rules: tuple[Rule, ...], kind: str, node: str,
             "    c['clientid'] = v_clientid = msg.publisher",
         ]
         w.columns = {"topic": "v_topic", "qos": "v_qos", "clientid": "v_clientid"}
+        w.ints = {"v_qos"}
     else:
         lines = ["def run(ev):", "    c = _Columns(_G, ev)"]
     head = len(lines)
     groups: dict[str, str] = {}  # SQL text -> the local holding its outputs
+    sharing = Counter(rule.sql.strip() for rule in rules)
     for rule in rules:
         r = w.name(rule, "_r")
         key = rule.sql.strip()
+        if sharing[key] == 1 and inlinable(rule.program.statement):
+            # the only rule with this SQL, inlined: its one output is a dict (or None)
+            out = f"o{len(groups)}"
+            groups[key] = out
+            lines += _single_code(w, rule.program.statement, out, r)
+            lines += [
+                f"        if {out} is None:",
+                f"            {r}.metrics.no_result += 1",
+                "        else:",
+                f"            {r}.metrics.passed += 1",
+                *([f"            _act1({r}, {out}, c)"] if rule.actions else []),
+            ]
+            continue
+        if sharing[key] == 1:
+            # the only rule with this SQL: its accounting goes in the statement's try
+            out = f"o{len(groups)}"
+            groups[key] = out
+            lines += _statement_code(w, rule.program.statement, rule.program.run, out, r)
+            lines += [
+                f"        if {out}:",
+                f"            {r}.metrics.passed += 1",
+                *([f"            _act({r}, {out}, c)"] if rule.actions else []),
+                "        else:",
+                f"            {r}.metrics.no_result += 1",
+            ]
+            continue
         out = groups.get(key)
         again = out is not None
         if out is None:
@@ -291,7 +366,6 @@ def make_plan(rules: tuple[Rule, ...], kind: str, node: str,
         act = "_act_copy" if again else "_act"
         lines += [
             f"    mt = {r}.metrics",
-            "    mt.matched += 1",
             f"    if type({out}) is list:",
             f"        if {out}:",
             "            mt.passed += 1",
