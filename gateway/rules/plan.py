@@ -304,7 +304,8 @@ def make_plan(rules: tuple[Rule, ...], kind: str, node: str,
               lookup: Callable[[str], Any], now: Callable[[], float]) -> Plan:
     """The plan running ``rules`` (enabled, in this order) for events of hook ``kind``."""
     ns: dict[str, Any] = {
-        "_EMPTY": [], "_U": _UNSET, "_fail": _fail, "_act": _act, "_act1": _act1, "_act_copy": _act_copy,
+        "_EMPTY": [], "_U": _UNSET, "_fail": _fail, "_act": _act, "_act1": _act1,
+        "_act_copy": _act_copy,
         "_pk": _pk, "_walk": _walk, "_num": _num, "bool": bool, "type": type, "int": int,
         "float": float, "list": list, "_Columns": Columns, "_new": dict.__new__,
         "_G": publish_getters(node, lookup, now) if kind == "message.publish"
