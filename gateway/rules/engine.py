@@ -339,7 +339,10 @@ class RuleEngine:
 
     def on_acked(self, client: ClientInfo | None, message: Message) -> None:
         if not message.topic.startswith("$SYS/"):
-            self._on("message.acked", client=client, message=message)
+            # the acknowledgement's properties: there while the channel handles it only
+            props = client.attrs.get("puback_props") if client is not None else None
+            self._on("message.acked", client=client, message=message,
+                     extra={"puback_props": props_map(props)} if props is not None else None)
 
     def on_dropped(self, message: Message, reason: str) -> None:
         if not message.topic.startswith("$SYS/"):

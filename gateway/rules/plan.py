@@ -359,11 +359,13 @@ def make_plan(rules: tuple[Rule, ...], kind: str, node: str,
                 f"            {r}.metrics.no_result += 1",
             ]
             continue
-        out = groups.get(key)
-        again = out is not None
-        if out is None:
+        shared = groups.get(key)
+        again = shared is not None
+        if shared is None:
             out = groups[key] = f"o{len(groups)}"
             lines += _statement_code(w, rule.program.statement, rule.program.run, out)
+        else:
+            out = shared
         act = "_act_copy" if again else "_act"
         lines += [
             f"    mt = {r}.metrics",
