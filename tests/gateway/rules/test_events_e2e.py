@@ -177,10 +177,11 @@ def _read_publish_id(s: socket.socket) -> int:
     """The packet id of the next PUBLISH (QoS 1) on ``s``, skipping other packets."""
     buf = b""
     while True:
-        while len(buf) < 2 or any(b & 0x80 for b in buf[1:2]) and len(buf) < 5:
-            buf += s.recv(4096)
-        length, shift, i = 0, 0, 1
-        while True:
+        length = shift = 0
+        i = 1
+        while True:  # the remaining length (a variable byte integer)
+            while len(buf) <= i:
+                buf += s.recv(4096)
             length |= (buf[i] & 0x7F) << shift
             shift += 7
             i += 1
