@@ -213,7 +213,7 @@ class Hooks:
             except Exception:
                 logger.exception("hook %s: callback %r failed", name, callback)
                 continue
-            if result is None:
+            if result is None or result is acc:  # unchanged (the common answer)
                 continue
             if isinstance(result, Stop):
                 value: T = result.value
