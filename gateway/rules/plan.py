@@ -21,8 +21,15 @@ by all its rules) and then, rule by rule:
   (``failed`` with ``last_error``, ``no_result`` or ``passed``, whose sum is ``matched``; each
   action's success or failure).
 
+The plan has two entry points over the same body: ``run(x)`` for one event and
+``many(batch)`` for a list of events (the engine queues a loop turn's events of one plan
+as one batch): one call and one loop for the batch, the rules' ``passed``/``no_result``
+counted in locals and added to their metrics once, at the end of the batch.
+
 Invariants:
 
+- ``many(batch)`` gives the same outputs, action calls and (once it returns) metrics as
+  ``run`` on each event of the batch in order.
 - A plan gives the same outputs, metrics and action calls, in the same order, as running
   each rule's ``Program.run`` over the event's columns (the property test
   ``tests/gateway/rules/test_plan.py`` checks it over random statements and payloads).
@@ -83,13 +90,15 @@ class Plan:
     """The rules of one event kind and the function that runs them (``run(x)``: ``x`` is
     the message for ``message.publish``, the :class:`Event` otherwise)."""
 
-    __slots__ = ("rules", "kind", "run", "source")
+    __slots__ = ("rules", "kind", "run", "source", "many")
 
     def __init__(self, rules: tuple[Rule, ...], kind: str, run: Callable[[Any], None],
-                 source: str) -> None:
+                 source: str, many: Callable[[list[Any]], None]) -> None:
         self.rules = rules
         self.kind = kind
-        self.run = run
+        self.run = run  # one event
+        # a list of events, in order: ``run`` on each, the counts added once at the end
+        self.many = many
         self.source = source
 
 
@@ -300,6 +309,22 @@ def _single_code(w: _Writer, st: Statement, out: str, rule: str) -> list[str]:
     return lines
 
 
+class _Count:
+    """A line of a plan's body that counts one event in a rule's metrics (``field``:
+    passed or no_result): written ``R.metrics.FIELD += 1`` in ``run``, a local counter in
+    ``many`` (added to the metrics once per batch)."""
+
+    __slots__ = ("indent", "rule", "field")
+
+    def __init__(self, indent: int, rule: str, field: str) -> None:
+        self.indent = indent
+        self.rule = rule
+        self.field = field
+
+
+_Line = str | _Count
+
+
 def make_plan(rules: tuple[Rule, ...], kind: str, node: str,
               lookup: Callable[[str], Any], now: Callable[[], float]) -> Plan:
     """The plan running ``rules`` (enabled, in this order) for events of hook ``kind``."""
@@ -312,9 +337,10 @@ def make_plan(rules: tuple[Rule, ...], kind: str, node: str,
         else GETTERS[kind],
     }
     w = _Writer(ns)
+    body: list[_Line]
     if kind == "message.publish":
-        lines = [
-            "def run(msg):",
+        arg = "msg"
+        body = [
             "    c = _new(_Columns)",  # Columns(_G, msg) without the __init__ call
             "    c.getters = _G",
             "    c.source = msg",
@@ -326,8 +352,9 @@ def make_plan(rules: tuple[Rule, ...], kind: str, node: str,
         w.columns = {"topic": "v_topic", "qos": "v_qos", "clientid": "v_clientid"}
         w.ints = {"v_qos"}
     else:
-        lines = ["def run(ev):", "    c = _Columns(_G, ev)"]
-    head = len(lines)
+        arg = "ev"
+        body = ["    c = _Columns(_G, ev)"]
+    head = len(body)
     groups: dict[str, str] = {}  # SQL text -> the local holding its outputs
     sharing = Counter(rule.sql.strip() for rule in rules)
     for rule in rules:
@@ -337,12 +364,12 @@ def make_plan(rules: tuple[Rule, ...], kind: str, node: str,
             # the only rule with this SQL, inlined: its one output is a dict (or None)
             out = f"o{len(groups)}"
             groups[key] = out
-            lines += _single_code(w, rule.program.statement, out, r)
-            lines += [
+            body += _single_code(w, rule.program.statement, out, r)
+            body += [
                 f"        if {out} is None:",
-                f"            {r}.metrics.no_result += 1",
+                _Count(12, r, "no_result"),
                 "        else:",
-                f"            {r}.metrics.passed += 1",
+                _Count(12, r, "passed"),
                 *([f"            _act1({r}, {out}, c)"] if rule.actions else []),
             ]
             continue
@@ -350,35 +377,55 @@ def make_plan(rules: tuple[Rule, ...], kind: str, node: str,
             # the only rule with this SQL: its accounting goes in the statement's try
             out = f"o{len(groups)}"
             groups[key] = out
-            lines += _statement_code(w, rule.program.statement, rule.program.run, out, r)
-            lines += [
+            body += _statement_code(w, rule.program.statement, rule.program.run, out, r)
+            body += [
                 f"        if {out}:",
-                f"            {r}.metrics.passed += 1",
+                _Count(12, r, "passed"),
                 *([f"            _act({r}, {out}, c)"] if rule.actions else []),
                 "        else:",
-                f"            {r}.metrics.no_result += 1",
+                _Count(12, r, "no_result"),
             ]
             continue
         shared = groups.get(key)
         again = shared is not None
         if shared is None:
             out = groups[key] = f"o{len(groups)}"
-            lines += _statement_code(w, rule.program.statement, rule.program.run, out)
+            body += _statement_code(w, rule.program.statement, rule.program.run, out)
         else:
             out = shared
         act = "_act_copy" if again else "_act"
-        lines += [
-            f"    mt = {r}.metrics",
+        body += [
             f"    if type({out}) is list:",
             f"        if {out}:",
-            "            mt.passed += 1",
+            _Count(12, r, "passed"),
             *([f"            {act}({r}, {out}, c)"] if rule.actions else []),
             "        else:",
-            "            mt.no_result += 1",
+            _Count(12, r, "no_result"),
             "    else:",
             f"        _fail({r}, {out})",
         ]
-    lines[head:head] = w.prelude()
-    source = "\n".join(lines) + "\n"
+    body[head:head] = w.prelude()
+    source = _render(arg, body)
     exec(compile(source, f"<rule plan {kind}>", "exec"), ns)
-    return Plan(rules, kind, ns["run"], source)
+    return Plan(rules, kind, ns["run"], source, ns["many"])
+
+
+def _render(arg: str, body: list[_Line]) -> str:
+    """``run(arg)`` (one event) and ``many(batch)`` (the same body in a loop over a list
+    of events, the counts kept in locals and added to the metrics once, at the end)."""
+    run = [f"def run({arg}):"]
+    counters: dict[tuple[str, str], str] = {}
+    loop = []
+    for line in body:
+        if isinstance(line, _Count):
+            run.append(f"{' ' * line.indent}{line.rule}.metrics.{line.field} += 1")
+            name = counters.setdefault((line.rule, line.field), f"n{len(counters)}")
+            loop.append(f"{' ' * (line.indent + 8)}{name} += 1")
+        else:
+            loop.append(f"        {line}")
+            run.append(line)
+    many = ["def many(batch):", *(f"    {n} = 0" for n in counters.values()),
+            "    try:", f"        for {arg} in batch:", *loop, "    finally:",
+            *(f"        {r}.metrics.{f} += {n}" for (r, f), n in counters.items()),
+            *([] if counters else ["        pass"])]
+    return "\n".join(run) + "\n\n\n" + "\n".join(many) + "\n"

@@ -304,7 +304,7 @@ class RulesService:
             self._poll_timer = None
         engine = self.engine
         engine.detach()
-        left = len(engine.pending)
+        left = engine.waiting
         while engine.pending:  # what the rules accepted reaches the queues
             engine.drain()
         if engine.rules:
@@ -449,7 +449,7 @@ class RulesCollector:
         yield from fams.values()
         yield actions
         yield GaugeMetricFamily("gateway_rules_pending", "Events waiting for the rules.",
-                                value=len(engine.pending))
+                                value=engine.waiting)
         yield CounterMetricFamily("gateway_rules_dropped", "Events dropped (engine overloaded).",
                                   value=engine.dropped)
         depth = GaugeMetricFamily("gateway_webhook_queue_depth", "Requests queued.",
