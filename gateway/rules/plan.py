@@ -65,7 +65,7 @@ from gateway.rules.ast import (
     Statement,
     Var,
 )
-from gateway.rules.columns import _UNSET, Columns
+from gateway.rules.columns import _UNSET, Columns, decode_json_container
 from gateway.rules.compiler import (
     _BINARY,
     _names,
@@ -152,6 +152,16 @@ def _pk(c: Columns, key: str) -> Any:
     return doc.get(key) if type(doc) is dict else None
 
 
+def _pkp(c: Columns, key: str) -> Any:
+    """``_pk`` of a ``message.publish`` plan: the JSON straight from the message's bytes
+    (what ``Columns.payload_json`` computes through the ``$payload_json`` getter, without
+    its three calls)."""
+    doc = c._json
+    if doc is _UNSET:
+        doc = c._json = decode_json_container(c.source.payload)
+    return doc.get(key) if type(doc) is dict else None
+
+
 def inlinable(st: Statement) -> bool:
     """Whether a SELECT can be written into a plan as expressions over the columns (see
     the module docstring); mirrors the fast paths of ``compiler._compile_fields`` and
@@ -182,6 +192,7 @@ class _Writer:
         self.columns = columns or {}  # column -> the local holding it (read up front)
         self.shared: dict[tuple[str, ...], str] = {}  # payload key path -> its local
         self.ints: set[str] = set()  # locals always holding an int (a message's qos)
+        self.pk = "_pk"  # the function reading payload.KEY (``_pkp`` for message.publish)
         self.bools: set[str] = set()  # expressions written here that are always a bool
 
     def prelude(self) -> list[str]:
@@ -226,7 +237,7 @@ class _Writer:
         if isinstance(e.root, Var):
             first_key, first_arg = steps[0]
             if e.root.name == "payload" and first_key:
-                head = f"_pk(c, {self.name(first_arg)})"
+                head = f"{self.pk}(c, {self.name(first_arg)})"
                 rest = steps[1:]
                 value = f"_walk({head}, {self.name(rest)}, c)" if rest else head
                 if all(is_key for is_key, _ in steps):
@@ -330,8 +341,8 @@ def make_plan(rules: tuple[Rule, ...], kind: str, node: str,
     """The plan running ``rules`` (enabled, in this order) for events of hook ``kind``."""
     ns: dict[str, Any] = {
         "_EMPTY": [], "_U": _UNSET, "_fail": _fail, "_act": _act, "_act1": _act1,
-        "_act_copy": _act_copy,
-        "_pk": _pk, "_walk": _walk, "_num": _num, "bool": bool, "type": type, "int": int,
+        "_act_copy": _act_copy, "_pk": _pk, "_pkp": _pkp,
+        "_walk": _walk, "_num": _num, "bool": bool, "type": type, "int": int,
         "float": float, "list": list, "_Columns": Columns, "_new": dict.__new__,
         "_G": publish_getters(node, lookup, now) if kind == "message.publish"
         else GETTERS[kind],
@@ -351,6 +362,7 @@ def make_plan(rules: tuple[Rule, ...], kind: str, node: str,
         ]
         w.columns = {"topic": "v_topic", "qos": "v_qos", "clientid": "v_clientid"}
         w.ints = {"v_qos"}
+        w.pk = "_pkp"
     else:
         arg = "ev"
         body = ["    c = _Columns(_G, ev)"]
