@@ -10,7 +10,11 @@ message still matches every rule), so no two rules share an evaluation. ``--pin`
 broker on core 0 (``taskset -c 0``) and the harness with its load-generator workers on
 core 1. ``--repeat N`` runs the whole set N times (the brokers interleaved within each
 round, so contention hits them alike) and prints, per scenario, the median figure of each
-broker and the median of the per-round ratios with rules / without.
+broker and the median of the per-round ratios with rules / without; then each broker's
+median CPU time per message (its CPU seconds over the run / messages; less sensitive to
+other processes' load than msg/s, which on a shared machine drops with the broker's share
+of a core) and the ratio of those medians (rule-less / with rules: the throughput ratio
+a broker with a core of its own would show).
 
 Each rule is ``SELECT clientid, topic, qos, payload.n AS n FROM "#" WHERE qos < 3``
 (every message matches it, the payload is decoded, and it has no action, so the figure is
@@ -101,8 +105,14 @@ def summary(rounds: list[dict[str, Any]], brokers: list[str]) -> str:
     of each rules broker to the rule-less one."""
     figures: dict[tuple[str, str], list[float]] = {}
     ratios: dict[tuple[str, str], list[float]] = {}
+    cpu: dict[tuple[str, str], list[float]] = {}  # broker CPU µs per message
     for doc in rounds:
         by = {(r["scenario"], r["broker"]): r["value"] for r in doc["results"]}
+        for r in doc["results"]:
+            pct = (r.get("details") or {}).get("broker_cpu_pct")
+            if r["value"] and pct:
+                cpu.setdefault((r["scenario"], r["broker"]), []).append(
+                    pct / 100 / r["value"] * 1e6)
         for (scenario, broker), value in by.items():
             if value is None:
                 continue
@@ -112,7 +122,9 @@ def summary(rounds: list[dict[str, Any]], brokers: list[str]) -> str:
                 ratios.setdefault((scenario, broker), []).append(value / base)
     scenarios = sorted({s for s, _ in figures})
     head = ["scenario", *(f"{b} (median)" for b in brokers),
-            *(f"{b} / {brokers[0]}" for b in brokers[1:])]
+            *(f"{b} / {brokers[0]}" for b in brokers[1:]),
+            *(f"CPU µs/msg {b}" for b in brokers),
+            *(f"CPU ratio {b}" for b in brokers[1:])]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for s in scenarios:
         row = [s]
@@ -124,6 +136,10 @@ def summary(rounds: list[dict[str, Any]], brokers: list[str]) -> str:
             row.append(
                 f"{statistics.median(v):.2f}x ({min(v):.2f}-{max(v):.2f})" if v else "-"
             )
+        med = {b: statistics.median(cpu[(s, b)]) for b in brokers if cpu.get((s, b))}
+        row += [f"{med[b]:.2f}" if b in med else "-" for b in brokers]
+        row += [f"{med[brokers[0]] / med[b]:.2f}x" if b in med and brokers[0] in med else "-"
+                for b in brokers[1:]]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 

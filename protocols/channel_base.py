@@ -246,6 +246,15 @@ class ChannelBase:
 
     # -- the core ------------------------------------------------------------------------
 
+    def _set_reason(self, reason: str) -> None:
+        """Why the session ends, for ``client.disconnected`` (the rules' ``reason``, the
+        ``reason`` of ``$SYS/.../disconnected``), in EMQX's words (``keepalive_timeout``,
+        ``asleep_timeout``, ``deregistered``, ...). The first reason given wins: the core
+        names a takeover (``takenover``/``discarded``), the admin API a kick, before the
+        channel hears of it."""
+        if self.info is not None and reason and "disconnect_reason" not in self.info.attrs:
+            self.info.set_attr("disconnect_reason", reason)
+
     def _notify_core_closed(self) -> None:
         """Tell the core the session ended (once; nothing when there is none)."""
         if self._core_closed or self.info is None or self.session is None:

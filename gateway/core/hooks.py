@@ -207,13 +207,29 @@ class Hooks:
         if callbacks is None:
             self._check(name)
             return acc
+        if not args:
+            # (``message.publish``, on the publish path) ``callback(acc)``: no argument
+            # tuple built per call, as ``callback(*args, acc)`` does (a third of the cost)
+            for callback in callbacks:
+                try:
+                    result = callback(acc)
+                except Exception:
+                    logger.exception("hook %s: callback %r failed", name, callback)
+                    continue
+                if result is None or result is acc:
+                    continue
+                if isinstance(result, Stop):
+                    stopped: T = result.value
+                    return stopped
+                acc = result
+            return acc
         for callback in callbacks:
             try:
                 result = callback(*args, acc)
             except Exception:
                 logger.exception("hook %s: callback %r failed", name, callback)
                 continue
-            if result is None:
+            if result is None or result is acc:  # unchanged (the common answer)
                 continue
             if isinstance(result, Stop):
                 value: T = result.value

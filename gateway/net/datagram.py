@@ -65,6 +65,16 @@ class DatagramPeer(EffectLoop):
     def _writable(self) -> bool:
         return self.shell.open
 
+    def sockname(self) -> str | None:
+        """The listener's local address, ``host:port`` (the rules' ``sockname``; a
+        listener on ``0.0.0.0`` shows that: a datagram socket has no per-peer address)."""
+        transport = self.shell.transport
+        try:
+            addr = transport.get_extra_info("sockname") if transport is not None else None
+        except Exception:  # a closed socket, on some event loops
+            return None
+        return f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) and len(addr) >= 2 else None
+
     def _write_all(self, writes: list[bytes]) -> None:
         self.shell.send_to(writes, self.addr)
 

@@ -373,6 +373,11 @@ class _InnerHandle:
         outer = self.outer
         outer.handle.call_channel(lambda: outer._seal(fn()))
 
+    def sockname(self) -> str | None:
+        """The listener's local address, ``host:port`` (the rules' ``sockname``)."""
+        get = getattr(self.outer.handle, "sockname", None)
+        return get() if get is not None else None
+
 
 InnerFactory = Callable[[ConnectionHandle, Address, Mapping[str, str]], Any]
 

@@ -3,8 +3,11 @@
 Hook callbacks only classify and queue: ``message.publish`` finds the rules whose FROM
 filters match the topic (a topic index of every rule's filters, a trie, never a scan of
 the rules; the answer is cached per topic until the rules change) and, when there are
-some, appends ``(plan, message)`` to ``pending``; the ``$events/...`` hooks do the same
-for the rules naming them. A *plan* (:mod:`gateway.rules.plan`) is one generated function
+some, queues the message for that plan in ``pending``; the ``$events/...`` hooks do the
+same for the rules naming them. ``pending`` holds ``(plan, batch)``: consecutive events
+of one plan share one batch (a list), which the plan runs in one call (``Plan.many``: one
+loop, the rules' counts added once per batch; in a fan-in every message of a loop turn
+goes through the same plan). A *plan* (:mod:`gateway.rules.plan`) is one generated function
 running exactly that tuple of rules, made once per tuple. The callback always returns the
 message unchanged, so a rule can never change, delay or drop a delivery; a message no
 rule wants costs a dict lookup. ``pending`` is drained by a callback
@@ -25,7 +28,9 @@ Invariants:
 
 - Hooks are registered only for sources some enabled rule uses (``message.delivered``
   costs nothing while no rule reads ``$events/message_delivered``).
-- ``pending`` holds at most ``max_pending`` events; past that an event is counted in
+- Events run in the order they were queued (a batch only ever holds consecutive events
+  of one plan; a batch being run takes no more events).
+- ``pending`` holds at most ``max_pending`` events (``waiting``); past that an event is counted in
   ``rules.dropped`` (node metrics) and a warning logged once per overload.
 - Rule changes (``put``/``delete``) replace the rule object and drop the cached plans:
   an event queued before the change runs against the rules it matched when it was queued.
@@ -99,7 +104,10 @@ class RuleEngine:
         self._hook_plans: dict[str, Plan] = {}
         self._hooks: Hooks | None = None
         self._registered: dict[str, Callable[..., Any]] = {}
-        self.pending: deque[tuple[Plan, Any]] = deque()
+        self.pending: deque[tuple[Plan, list[Any]]] = deque()
+        self.waiting = 0  # events in pending
+        self._tail_plan: Plan | None = None  # the plan of pending's last, still open, batch
+        self._tail: list[Any] = []
         self._scheduled = False
         self._overloaded = False
         self.dropped = 0
@@ -258,15 +266,21 @@ class RuleEngine:
         return plan
 
     def _queue(self, plan: Plan, x: Any) -> None:
-        if len(self.pending) >= self.max_pending:
+        if self.waiting >= self.max_pending:
             self.dropped += 1
             self.metrics.incr("rules.dropped")
             if not self._overloaded:
                 self._overloaded = True
                 log.warning("rule engine overloaded: %d events waiting; new events are "
-                            "dropped (counted in rules.dropped)", len(self.pending))
+                            "dropped (counted in rules.dropped)", self.waiting)
             return
-        self.pending.append((plan, x))
+        self.waiting += 1
+        if plan is self._tail_plan:
+            self._tail.append(x)
+            return
+        self._tail_plan = plan
+        self._tail = batch = [x]
+        self.pending.append((plan, batch))
         if not self._scheduled:
             self._scheduled = True
             if self._call_soon is not None:
@@ -286,9 +300,15 @@ class RuleEngine:
                     return message
                 if len(rules) != len(cast(Plan, plan).rules):
                     plan = self.plan("message.publish", rules)
-            pending = self.pending  # _queue, inlined: this runs for every message
-            if len(pending) < self.max_pending:
-                pending.append((cast(Plan, plan), message))
+            # _queue, inlined: this runs for every message
+            if self.waiting < self.max_pending and plan is self._tail_plan:
+                self.waiting += 1
+                self._tail.append(message)  # the same plan as the last: the same batch
+            elif self.waiting < self.max_pending:
+                self.waiting += 1
+                self._tail_plan = cast(Plan, plan)
+                self._tail = batch = [message]
+                self.pending.append((cast(Plan, plan), batch))
                 if not self._scheduled:
                     self._scheduled = True
                     if self._call_soon is not None:
@@ -339,7 +359,10 @@ class RuleEngine:
 
     def on_acked(self, client: ClientInfo | None, message: Message) -> None:
         if not message.topic.startswith("$SYS/"):
-            self._on("message.acked", client=client, message=message)
+            # the acknowledgement's properties: there while the channel handles it only
+            props = client.attrs.get("puback_props") if client is not None else None
+            self._on("message.acked", client=client, message=message,
+                     extra={"puback_props": props_map(props)} if props is not None else None)
 
     def on_dropped(self, message: Message, reason: str) -> None:
         if not message.topic.startswith("$SYS/"):
@@ -348,13 +371,19 @@ class RuleEngine:
     # -- running ----------------------------------------------------------------------
 
     def drain(self) -> None:
-        """Run up to :data:`BATCH` pending events; reschedule if more wait."""
+        """Run the batches pending now (up to about :data:`BATCH` events: what the rules'
+        own actions queue meanwhile waits for the next call); reschedule if more wait."""
+        self._tail_plan = None  # the batches taken here take no more events
         pending = self.pending
-        n = min(len(pending), BATCH)
         popleft = pending.popleft
-        for _ in range(n):
-            plan, x = popleft()
-            plan.run(x)
+        n = 0
+        for _ in range(len(pending)):
+            plan, batch = popleft()
+            self.waiting -= len(batch)
+            n += len(batch)
+            plan.many(batch)
+            if n >= BATCH:
+                break
         self.events_run += n
         if pending:
             if self._call_soon is not None:

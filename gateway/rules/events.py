@@ -16,8 +16,10 @@ socket without DISCONNECT), ``keepalive_timeout``, ``kicked`` (the management AP
 over / started clean), or the name of the reason code the broker closed with
 (``protocol_error``, ``malformed_packet``, ``packet_too_large``, ...). The ``*_props``
 fields are the MQTT 5 properties of the packet behind the event (CONNECT, DISCONNECT,
-PUBLISH, SUBSCRIBE, UNSUBSCRIBE) with EMQX's hyphenated names; ``puback_props`` is always
-empty (a PUBACK's properties are not kept).
+PUBLISH, SUBSCRIBE, UNSUBSCRIBE) with EMQX's hyphenated names; ``puback_props`` of
+``message_acked`` are those of the subscriber's PUBACK (QoS 1) or PUBCOMP (QoS 2: the
+acknowledgement that ends the delivery here; EMQX shows the PUBREC's), ``{}`` without
+any (MQTT 3, or none sent).
 """
 
 from __future__ import annotations
@@ -319,7 +321,7 @@ GETTERS: dict[str, dict[str, _M]] = {
         "clientid": _cli(lambda c: c.client_id),
         "username": _cli(lambda c: c.username),
         "peerhost": _cli(lambda c: c.peer_host),
-        "puback_props": lambda e: {},
+        "puback_props": lambda e: e.extra.get("puback_props", {}),
     },
     "message.dropped": {
         **_PUBLISH,

@@ -18,11 +18,18 @@ by all its rules) and then, rule by rule:
   evaluation: the statement runs once per event, each rule counts it and runs its own
   actions (a second rule's actions get shallow copies of the outputs);
 - updates the rule's metrics and runs its actions, exactly as the closures would
-  (``matched``; then ``failed`` with ``last_error``, ``no_result`` or ``passed``; each
+  (``failed`` with ``last_error``, ``no_result`` or ``passed``, whose sum is ``matched``; each
   action's success or failure).
+
+The plan has two entry points over the same body: ``run(x)`` for one event and
+``many(batch)`` for a list of events (the engine queues a loop turn's events of one plan
+as one batch): one call and one loop for the batch, the rules' ``passed``/``no_result``
+counted in locals and added to their metrics once, at the end of the batch.
 
 Invariants:
 
+- ``many(batch)`` gives the same outputs, action calls and (once it returns) metrics as
+  ``run`` on each event of the batch in order.
 - A plan gives the same outputs, metrics and action calls, in the same order, as running
   each rule's ``Program.run`` over the event's columns (the property test
   ``tests/gateway/rules/test_plan.py`` checks it over random statements and payloads).
@@ -39,6 +46,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -57,7 +65,7 @@ from gateway.rules.ast import (
     Statement,
     Var,
 )
-from gateway.rules.columns import _UNSET, Columns
+from gateway.rules.columns import _UNSET, Columns, decode_json_container
 from gateway.rules.compiler import (
     _BINARY,
     _names,
@@ -82,13 +90,15 @@ class Plan:
     """The rules of one event kind and the function that runs them (``run(x)``: ``x`` is
     the message for ``message.publish``, the :class:`Event` otherwise)."""
 
-    __slots__ = ("rules", "kind", "run", "source")
+    __slots__ = ("rules", "kind", "run", "source", "many")
 
     def __init__(self, rules: tuple[Rule, ...], kind: str, run: Callable[[Any], None],
-                 source: str) -> None:
+                 source: str, many: Callable[[list[Any]], None]) -> None:
         self.rules = rules
         self.kind = kind
-        self.run = run
+        self.run = run  # one event
+        # a list of events, in order: ``run`` on each, the counts added once at the end
+        self.many = many
         self.source = source
 
 
@@ -115,6 +125,21 @@ def _act(rule: Rule, outputs: list[dict[str, Any]], columns: Columns) -> None:
                 m.actions_success += 1
 
 
+def _act1(rule: Rule, output: dict[str, Any], columns: Columns) -> None:
+    m = rule.metrics
+    for slot in rule.actions:
+        try:
+            slot.run(output, columns)
+        except Exception as exc:
+            slot.failed += 1
+            m.actions_failed += 1
+            m.last_error = f"{slot.function}: {type(exc).__name__}: {exc}"
+            log.debug("rule %s action %s failed: %s", rule.id, slot.function, exc)
+        else:
+            slot.success += 1
+            m.actions_success += 1
+
+
 def _act_copy(rule: Rule, outputs: list[dict[str, Any]], columns: Columns) -> None:
     _act(rule, [dict(o) for o in outputs], columns)
 
@@ -124,6 +149,16 @@ def _pk(c: Columns, key: str) -> Any:
     doc = c._json
     if doc is _UNSET:
         doc = c.payload_json()
+    return doc.get(key) if type(doc) is dict else None
+
+
+def _pkp(c: Columns, key: str) -> Any:
+    """``_pk`` of a ``message.publish`` plan: the JSON straight from the message's bytes
+    (what ``Columns.payload_json`` computes through the ``$payload_json`` getter, without
+    its three calls)."""
+    doc = c._json
+    if doc is _UNSET:
+        doc = c._json = decode_json_container(c.source.payload)
     return doc.get(key) if type(doc) is dict else None
 
 
@@ -156,6 +191,9 @@ class _Writer:
         self.n = 0
         self.columns = columns or {}  # column -> the local holding it (read up front)
         self.shared: dict[tuple[str, ...], str] = {}  # payload key path -> its local
+        self.ints: set[str] = set()  # locals always holding an int (a message's qos)
+        self.pk = "_pk"  # the function reading payload.KEY (``_pkp`` for message.publish)
+        self.bools: set[str] = set()  # expressions written here that are always a bool
 
     def prelude(self) -> list[str]:
         """Lines that start the shared locals (before the first rule)."""
@@ -199,7 +237,7 @@ class _Writer:
         if isinstance(e.root, Var):
             first_key, first_arg = steps[0]
             if e.root.name == "payload" and first_key:
-                head = f"_pk(c, {self.name(first_arg)})"
+                head = f"{self.pk}(c, {self.name(first_arg)})"
                 rest = steps[1:]
                 value = f"_walk({head}, {self.name(rest)}, c)" if rest else head
                 if all(is_key for is_key, _ in steps):
@@ -225,6 +263,10 @@ class _Writer:
         if (e.op in _NUMERIC_ORDER and isinstance(e.right, Lit)
                 and type(e.right.value) in (int, float)):
             # number on the right: the native comparison when the left is a number too
+            if left in self.ints:
+                code = f"({left} {e.op} {right})"
+                self.bools.add(code)
+                return code
             self.n += 1
             t = f"_t{self.n}"
             return (f"({t} {e.op} {right} if (type({t} := {left}) is int or type({t}) is "
@@ -232,8 +274,11 @@ class _Writer:
         return f"{op}({left}, {right})"
 
 
-def _statement_code(w: _Writer, st: Statement, program_run: Any, out: str) -> list[str]:
-    """Lines setting ``out`` to the statement's outputs (a list), or the exception."""
+def _statement_code(w: _Writer, st: Statement, program_run: Any, out: str,
+                    fail: str | None = None) -> list[str]:
+    """Lines setting ``out`` to the statement's outputs (a list), or the exception (with
+    ``fail``, a rule's local: the exception is counted as that rule's failure instead, and
+    the lines end in an ``else:`` the caller completes)."""
     lines = ["    try:"]
     if inlinable(st):
         fields = ", ".join(
@@ -249,24 +294,64 @@ def _statement_code(w: _Writer, st: Statement, program_run: Any, out: str) -> li
             lines.append(f"        {out} = [{{{fields}}}] if ({cond}) is True else _EMPTY")
     else:
         lines.append(f"        {out} = {w.name(program_run, '_p')}(c)")
-    lines += ["    except Exception as exc:", f"        {out} = exc"]
+    if fail is None:
+        lines += ["    except Exception as exc:", f"        {out} = exc"]
+    else:
+        lines += ["    except Exception as exc:", f"        _fail({fail}, exc)", "    else:"]
     return lines
+
+
+def _single_code(w: _Writer, st: Statement, out: str, rule: str) -> list[str]:
+    """An inlinable statement of one rule: ``out`` = its output dict, or None when the
+    WHERE does not hold; an exception is counted as ``rule``'s failure; the lines end in
+    an ``else:`` the caller completes."""
+    fields = ", ".join(
+        f"{_output_keys(f)[0]!r}: {w.expr(f.expr)}" for f in st.fields if isinstance(f, Field)
+    )
+    lines = ["    try:"]
+    if st.where is None:
+        lines.append(f"        {out} = {{{fields}}}")
+    else:
+        cond = w.name(st.where.value) if isinstance(st.where, Lit) else w.expr(st.where)
+        test = cond if cond in w.bools else f"({cond}) is True"
+        lines += [f"        if {test}:", f"            {out} = {{{fields}}}",
+                  "        else:", f"            {out} = None"]
+    lines += ["    except Exception as exc:", f"        _fail({rule}, exc)", "    else:"]
+    return lines
+
+
+class _Count:
+    """A line of a plan's body that counts one event in a rule's metrics (``field``:
+    passed or no_result): written ``R.metrics.FIELD += 1`` in ``run``, a local counter in
+    ``many`` (added to the metrics once per batch)."""
+
+    __slots__ = ("indent", "rule", "field")
+
+    def __init__(self, indent: int, rule: str, field: str) -> None:
+        self.indent = indent
+        self.rule = rule
+        self.field = field
+
+
+_Line = str | _Count
 
 
 def make_plan(rules: tuple[Rule, ...], kind: str, node: str,
               lookup: Callable[[str], Any], now: Callable[[], float]) -> Plan:
     """The plan running ``rules`` (enabled, in this order) for events of hook ``kind``."""
     ns: dict[str, Any] = {
-        "_EMPTY": [], "_U": _UNSET, "_fail": _fail, "_act": _act, "_act_copy": _act_copy,
-        "_pk": _pk, "_walk": _walk, "_num": _num, "bool": bool, "type": type, "int": int,
+        "_EMPTY": [], "_U": _UNSET, "_fail": _fail, "_act": _act, "_act1": _act1,
+        "_act_copy": _act_copy, "_pk": _pk, "_pkp": _pkp,
+        "_walk": _walk, "_num": _num, "bool": bool, "type": type, "int": int,
         "float": float, "list": list, "_Columns": Columns, "_new": dict.__new__,
         "_G": publish_getters(node, lookup, now) if kind == "message.publish"
         else GETTERS[kind],
     }
     w = _Writer(ns)
+    body: list[_Line]
     if kind == "message.publish":
-        lines = [
-            "def run(msg):",
+        arg = "msg"
+        body = [
             "    c = _new(_Columns)",  # Columns(_G, msg) without the __init__ call
             "    c.getters = _G",
             "    c.source = msg",
@@ -276,32 +361,83 @@ def make_plan(rules: tuple[Rule, ...], kind: str, node: str,
             "    c['clientid'] = v_clientid = msg.publisher",
         ]
         w.columns = {"topic": "v_topic", "qos": "v_qos", "clientid": "v_clientid"}
+        w.ints = {"v_qos"}
+        w.pk = "_pkp"
     else:
-        lines = ["def run(ev):", "    c = _Columns(_G, ev)"]
-    head = len(lines)
+        arg = "ev"
+        body = ["    c = _Columns(_G, ev)"]
+    head = len(body)
     groups: dict[str, str] = {}  # SQL text -> the local holding its outputs
+    sharing = Counter(rule.sql.strip() for rule in rules)
     for rule in rules:
         r = w.name(rule, "_r")
         key = rule.sql.strip()
-        out = groups.get(key)
-        again = out is not None
-        if out is None:
+        if sharing[key] == 1 and inlinable(rule.program.statement):
+            # the only rule with this SQL, inlined: its one output is a dict (or None)
+            out = f"o{len(groups)}"
+            groups[key] = out
+            body += _single_code(w, rule.program.statement, out, r)
+            body += [
+                f"        if {out} is None:",
+                _Count(12, r, "no_result"),
+                "        else:",
+                _Count(12, r, "passed"),
+                *([f"            _act1({r}, {out}, c)"] if rule.actions else []),
+            ]
+            continue
+        if sharing[key] == 1:
+            # the only rule with this SQL: its accounting goes in the statement's try
+            out = f"o{len(groups)}"
+            groups[key] = out
+            body += _statement_code(w, rule.program.statement, rule.program.run, out, r)
+            body += [
+                f"        if {out}:",
+                _Count(12, r, "passed"),
+                *([f"            _act({r}, {out}, c)"] if rule.actions else []),
+                "        else:",
+                _Count(12, r, "no_result"),
+            ]
+            continue
+        shared = groups.get(key)
+        again = shared is not None
+        if shared is None:
             out = groups[key] = f"o{len(groups)}"
-            lines += _statement_code(w, rule.program.statement, rule.program.run, out)
+            body += _statement_code(w, rule.program.statement, rule.program.run, out)
+        else:
+            out = shared
         act = "_act_copy" if again else "_act"
-        lines += [
-            f"    mt = {r}.metrics",
-            "    mt.matched += 1",
+        body += [
             f"    if type({out}) is list:",
             f"        if {out}:",
-            "            mt.passed += 1",
+            _Count(12, r, "passed"),
             *([f"            {act}({r}, {out}, c)"] if rule.actions else []),
             "        else:",
-            "            mt.no_result += 1",
+            _Count(12, r, "no_result"),
             "    else:",
             f"        _fail({r}, {out})",
         ]
-    lines[head:head] = w.prelude()
-    source = "\n".join(lines) + "\n"
+    body[head:head] = w.prelude()
+    source = _render(arg, body)
     exec(compile(source, f"<rule plan {kind}>", "exec"), ns)
-    return Plan(rules, kind, ns["run"], source)
+    return Plan(rules, kind, ns["run"], source, ns["many"])
+
+
+def _render(arg: str, body: list[_Line]) -> str:
+    """``run(arg)`` (one event) and ``many(batch)`` (the same body in a loop over a list
+    of events, the counts kept in locals and added to the metrics once, at the end)."""
+    run = [f"def run({arg}):"]
+    counters: dict[tuple[str, str], str] = {}
+    loop = []
+    for line in body:
+        if isinstance(line, _Count):
+            run.append(f"{' ' * line.indent}{line.rule}.metrics.{line.field} += 1")
+            name = counters.setdefault((line.rule, line.field), f"n{len(counters)}")
+            loop.append(f"{' ' * (line.indent + 8)}{name} += 1")
+        else:
+            loop.append(f"        {line}")
+            run.append(line)
+    many = ["def many(batch):", *(f"    {n} = 0" for n in counters.values()),
+            "    try:", f"        for {arg} in batch:", *loop, "    finally:",
+            *(f"        {r}.metrics.{f} += {n}" for (r, f), n in counters.items()),
+            *([] if counters else ["        pass"])]
+    return "\n".join(run) + "\n\n\n" + "\n".join(many) + "\n"

@@ -17,13 +17,20 @@ from gateway.rules.compiler import Program
 
 @dataclass(slots=True)
 class RuleMetrics:
-    matched: int = 0
+    """A rule's counters. Every event a rule matched ends in exactly one of ``passed``,
+    ``failed`` (the statement raised) and ``no_result``, so ``matched`` is their sum (not
+    a counter of its own: one increment less per rule and event)."""
+
     passed: int = 0
     failed: int = 0
     no_result: int = 0
     actions_success: int = 0
     actions_failed: int = 0
     last_error: str | None = None
+
+    @property
+    def matched(self) -> int:
+        return self.passed + self.failed + self.no_result
 
     def as_dict(self) -> dict[str, Any]:
         return {

@@ -19,8 +19,10 @@ Invariants:
   (``gateway.shared_dir``), shared by the workers of a multi-worker node. Each worker
   polls it (``PRAGMA data_version``, every :data:`POLL` seconds) and before every API
   operation, and applies what another worker committed: a rule made, changed or deleted
-  through one worker's API runs in every worker within :data:`POLL` seconds. Metrics
-  (and webhook queues) are per worker.
+  through one worker's API runs in every worker within :data:`POLL` seconds. Rule
+  metrics are the node's totals (:mod:`gateway.rules.node_metrics`: each worker writes
+  its counts to ``{data_dir}/rule_metrics.db`` every :data:`POLL` seconds and before a
+  read, and a read sums every worker's); webhook queues are per worker.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from gateway.config import GatewayConfig
 from gateway.core.node import Node
-from gateway.rules.engine import Rule, RuleEngine, RuleMetrics
+from gateway.rules.engine import Rule, RuleEngine
+from gateway.rules.node_metrics import SharedMetrics, Totals, local_totals, zero_counts
 from gateway.rules.sinks.base import Sink
 from gateway.rules.sinks.metrics import SinksCollector
 from gateway.rules.sinks.registry import make_sink
@@ -88,6 +91,9 @@ class Gateway(Protocol):
     @property
     def shared_dir(self) -> Path: ...
 
+    @property
+    def worker(self) -> int | None: ...
+
 __all__ = ["RulesService", "rule_view", "start_rules"]
 
 log = logging.getLogger("gateway.rules")
@@ -95,6 +101,7 @@ log = logging.getLogger("gateway.rules")
 _ID_RE = re.compile(r"[A-Za-z0-9_\-]{1,64}")
 DB_NAME = QUEUE_DB_NAME
 POLL = 1.0  # seconds between looks at the shared rule store
+METRICS_DB_NAME = "rule_metrics.db"  # the node's summed rule metrics (workers > 1)
 
 
 def _rfc3339(t: float) -> str:
@@ -103,17 +110,20 @@ def _rfc3339(t: float) -> str:
     return datetime.datetime.fromtimestamp(t, datetime.UTC).isoformat(timespec="milliseconds")
 
 
-def _action_view(a: Any, webhooks: dict[str, Webhook]) -> dict[str, Any]:
-    view = {"function": a.function, "success": a.success, "failed": a.failed}
+def _action_view(a: Any, counts: tuple[int, int], webhooks: dict[str, Webhook]
+                 ) -> dict[str, Any]:
+    view = {"function": a.function, "success": counts[0], "failed": counts[1]}
     if a.function.startswith("webhook:") and a.function[8:] in webhooks:
         view["queue_depth"] = webhooks[a.function[8:]].queue.depth
     return view
 
 
-def rule_view(rule: Rule, node: str, webhooks: dict[str, Webhook] | None = None
-              ) -> dict[str, Any]:
+def rule_view(rule: Rule, node: str, webhooks: dict[str, Webhook] | None = None,
+              totals: Totals | None = None) -> dict[str, Any]:
     """A rule in EMQX 5's JSON shape (plus ``origin``, per-action metrics and, for a
-    webhook action, its queue's depth)."""
+    webhook action, its queue's depth); the counts are ``totals`` (default: this
+    process's)."""
+    t = totals if totals is not None else local_totals(rule)
     return {
         "id": rule.id,
         "name": rule.id,
@@ -124,9 +134,10 @@ def rule_view(rule: Rule, node: str, webhooks: dict[str, Webhook] | None = None
         "created_at": _rfc3339(rule.created_at),
         "from": list(rule.program.sources),
         "origin": rule.origin,
-        "metrics": rule.metrics.as_dict(),
-        "node_metrics": [{"node": node, "metrics": rule.metrics.as_dict()}],
-        "action_metrics": [_action_view(a, webhooks or {}) for a in rule.actions],
+        "metrics": t.metrics.as_dict(),
+        "node_metrics": [{"node": node, "metrics": t.metrics.as_dict()}],
+        "action_metrics": [_action_view(a, c, webhooks or {})
+                           for a, c in zip(rule.actions, t.actions, strict=True)],
         "last_error": rule.metrics.last_error,
     }
 
@@ -154,6 +165,12 @@ class RulesService:
         )
         self._store_version = -1
         self._poll_timer: asyncio.TimerHandle | None = None
+        # the node's rule metrics, summed over its workers (gateway.rules.node_metrics)
+        worker = getattr(gateway, "worker", None)
+        self.shared_metrics: SharedMetrics | None = None
+        if worker is not None and config.rule_engine.enable:
+            self.shared_metrics = SharedMetrics(
+                open_db(Path(gateway.shared_dir) / METRICS_DB_NAME), worker)
         self.webhooks: dict[str, Webhook] = {}
         if self.db is not None:
             self.webhooks = {
@@ -234,6 +251,11 @@ class RulesService:
             self.refresh()
         except Exception:
             log.exception("reading the shared rule store failed")
+        if self.shared_metrics is not None:
+            try:
+                self.shared_metrics.flush(self.engine.rules)
+            except Exception:
+                log.exception("writing the node's rule metrics failed")
         self._poll_timer = self.loop.call_later(POLL, self._poll)
 
     def _alarm(self, name: str, message: str | None) -> None:
@@ -282,7 +304,7 @@ class RulesService:
             self._poll_timer = None
         engine = self.engine
         engine.detach()
-        left = len(engine.pending)
+        left = engine.waiting
         while engine.pending:  # what the rules accepted reaches the queues
             engine.drain()
         if engine.rules:
@@ -296,6 +318,11 @@ class RulesService:
             self.db.close()  # commits the queues' last writes (joins the writer thread)
         if self._store is not None:
             self._store.conn.close()
+        if self.shared_metrics is not None:
+            try:
+                self.shared_metrics.flush(self.engine.rules)
+            finally:
+                self.shared_metrics.conn.close()
 
     # -- operations (API, gatewayctl) ----------------------------------------------------
 
@@ -306,14 +333,28 @@ class RulesService:
             except Exception:
                 log.exception("reading the shared rule store failed")
 
+    def totals(self) -> dict[str, Totals]:
+        """Each rule's counts: the node's (every worker's) on a multi-worker node."""
+        rules = self.engine.rules
+        if self.shared_metrics is not None:
+            try:
+                return self.shared_metrics.totals(rules)
+            except Exception:
+                log.exception("reading the node's rule metrics failed; this worker's shown")
+        return {rid: local_totals(r) for rid, r in rules.items()}
+
     def views(self) -> list[dict[str, Any]]:
         self._refresh_quietly()
-        return [rule_view(r, self.node_name, self.webhooks) for r in self.engine.rules.values()]
+        totals = self.totals()
+        return [rule_view(r, self.node_name, self.webhooks, totals[r.id])
+                for r in self.engine.rules.values()]
 
     def get(self, rule_id: str) -> dict[str, Any] | None:
         self._refresh_quietly()
         r = self.engine.rules.get(rule_id)
-        return None if r is None else rule_view(r, self.node_name, self.webhooks)
+        if r is None:
+            return None
+        return rule_view(r, self.node_name, self.webhooks, self.totals()[rule_id])
 
     def create(self, spec: dict[str, Any]) -> dict[str, Any]:
         self._refresh_quietly()
@@ -350,6 +391,8 @@ class RulesService:
             return False
         self.store.save(rule_id, None)
         self.engine.delete(rule_id)
+        if self.shared_metrics is not None:
+            self.shared_metrics.forget(rule_id)
         log.info("rule %s deleted", rule_id)
         return True
 
@@ -357,9 +400,10 @@ class RulesService:
         r = self.engine.rules.get(rule_id)
         if r is None:
             return False
-        r.metrics = RuleMetrics()
-        for a in r.actions:
-            a.success = a.failed = 0
+        if self.shared_metrics is not None:
+            self.shared_metrics.reset(r)  # every worker's counts
+        else:
+            zero_counts(r)
         return True
 
     def webhooks_view(self) -> list[dict[str, Any]]:
@@ -384,6 +428,7 @@ class RulesCollector:
 
     def collect(self) -> Iterator[Metric]:
         engine = self.service.engine
+        totals = self.service.totals()  # the node's, on a multi-worker node
         fams = {
             k: CounterMetricFamily(f"gateway_rule_{k}", f"Rule events: {k}.", labels=["rule"])
             for k in ("matched", "passed", "failed", "no_result")
@@ -391,19 +436,20 @@ class RulesCollector:
         actions = CounterMetricFamily("gateway_rule_actions", "Rule action runs.",
                                       labels=["rule", "action", "result"])
         for r in engine.rules.values():
-            m = r.metrics
+            t = totals[r.id]
+            m = t.metrics
             fams["matched"].add_metric([r.id], m.matched)
             fams["passed"].add_metric([r.id], m.passed)
             fams["failed"].add_metric([r.id], m.failed)
             fams["no_result"].add_metric([r.id], m.no_result)
-            for i, a in enumerate(r.actions):
+            for i, (a, (ok, failed)) in enumerate(zip(r.actions, t.actions, strict=True)):
                 label = f"{i}:{a.function}"
-                actions.add_metric([r.id, label, "success"], a.success)
-                actions.add_metric([r.id, label, "failed"], a.failed)
+                actions.add_metric([r.id, label, "success"], ok)
+                actions.add_metric([r.id, label, "failed"], failed)
         yield from fams.values()
         yield actions
         yield GaugeMetricFamily("gateway_rules_pending", "Events waiting for the rules.",
-                                value=len(engine.pending))
+                                value=engine.waiting)
         yield CounterMetricFamily("gateway_rules_dropped", "Events dropped (engine overloaded).",
                                   value=engine.dropped)
         depth = GaugeMetricFamily("gateway_webhook_queue_depth", "Requests queued.",

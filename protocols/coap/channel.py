@@ -235,9 +235,11 @@ class CoapChannel(CoapEndpoint):
         s = self.settings
         return s.heartbeat * 1.5 if self.conn_token is not None else s.idle_timeout
 
-    def _close(self, reason: str) -> None:
+    def _close(self, reason: str, event: str = "") -> None:
+        """End the channel; ``event``: why, for ``client.disconnected`` (EMQX's name)."""
         if self.state is State.CLOSED:
             return
+        self._set_reason(event)
         self.state = State.CLOSED
         self._settle_all()
         self._notify_core_closed()
@@ -346,12 +348,12 @@ class CoapChannel(CoapEndpoint):
             return
         if self.conn_token is not None:
             self.context.incr("client.keepalive_timeout")
-            self._close("no heartbeat")
+            self._close("no heartbeat", "keepalive_timeout")
         elif self.observations:
             self._probe = True  # the next notification goes CON: is anybody there?
             self._out.append(SetTimer("idle", limit))
         else:
-            self._close("idle")
+            self._close("idle", "idle_timeout")
 
     # -- requests ------------------------------------------------------------------
 
@@ -549,6 +551,7 @@ class CoapChannel(CoapEndpoint):
                 self._respond(msg, Code.SERVICE_UNAVAILABLE)
                 return
             if self.state is State.OPEN:  # a new connection replaces the old session
+                self._set_reason("discarded")
                 self._drop_session()
             password = q.get("password")
             self._authenticate(msg, cid, username,
@@ -567,7 +570,7 @@ class CoapChannel(CoapEndpoint):
             self._respond(msg, Code.CHANGED)
             return
         self._respond(msg, Code.DELETED)
-        self._close("connection deleted")
+        self._close("connection deleted", "normal")
 
     def _drop_session(self) -> None:
         self._settle_all()

@@ -164,12 +164,6 @@ class Lwm2mChannel(Exchange):
     def _who(self) -> str:
         return f"lwm2m endpoint {self.ep!r}" if self.ep else self._peer_name()
 
-    def _set_reason(self, event: str) -> None:
-        """Why the session ends, for ``client.disconnected`` (the ``reason`` of ``$SYS
-        .../disconnected``): the first reason given wins (the admin API sets "kicked")."""
-        if self.info is not None and event and "disconnect_reason" not in self.info.attrs:
-            self.info.set_attr("disconnect_reason", event)
-
     def _kicked(self, reason_code: int) -> None:
         event = "takeover" if reason_code == 0x8E else "kicked"
         self._close(f"{event} (0x{reason_code:02X})", event=event)

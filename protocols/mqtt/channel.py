@@ -323,6 +323,9 @@ class MqttChannel:
                     break
                 if type(packet) is PubAck and self.state is _CONNECTED:
                     assert self.session is not None
+                    if packet.properties is not NO_PROPERTIES:  # (MQTT 5, rare)
+                        acked = self._acked_with_props(packet, False) or acked
+                        continue
                     acked = self.session.puback(packet.packet_id, drain=False) or acked
                     continue
                 self._dispatch(packet)
@@ -597,13 +600,19 @@ class MqttChannel:
         if isinstance(packet, Publish):
             self._on_publish(packet)
         elif isinstance(packet, PubAck):
-            session.puback(packet.packet_id)
+            if packet.properties is not NO_PROPERTIES:
+                self._acked_with_props(packet, True)
+            else:
+                session.puback(packet.packet_id)
         elif isinstance(packet, PubRec):
             self._on_pubrec(packet)
         elif isinstance(packet, PubRel):
             self._on_pubrel(packet)
         elif isinstance(packet, PubComp):
-            session.pubcomp(packet.packet_id)
+            if packet.properties is not NO_PROPERTIES:
+                self._acked_with_props(packet, True)
+            else:
+                session.pubcomp(packet.packet_id)
         elif isinstance(packet, Subscribe):
             self._on_subscribe(packet)
         elif isinstance(packet, Unsubscribe):
@@ -1049,6 +1058,20 @@ class MqttChannel:
         found = self.session.complete_rel(p.packet_id)
         code = 0 if found or self.version != MQTT_5 else RC.PACKET_IDENTIFIER_NOT_FOUND
         self._ack(PubComp, 0x70, p.packet_id, code)
+
+    def _acked_with_props(self, p: PubAck | PubComp, drain: bool) -> bool:
+        """A PUBACK or PUBCOMP with MQTT 5 properties: while the session handles it (and
+        runs ``message.acked``), ``attrs["puback_props"]`` holds them (the rules'
+        ``puback_props``, as EMQX shows them)."""
+        info, session = self.info, self.session
+        assert info is not None and session is not None
+        info.set_attr("puback_props", p.properties)
+        try:
+            if type(p) is PubAck:
+                return session.puback(p.packet_id, drain=drain)
+            return session.pubcomp(p.packet_id)
+        finally:
+            info.attrs.pop("puback_props", None)
 
     def _on_pubrec(self, p: PubRec) -> None:
         session = self.session

@@ -229,11 +229,11 @@ class MqttSnChannel(ChannelBase):
             idle = now - self.last_rx
             if idle >= limit:
                 self.context.incr("client.keepalive_timeout")
-                self._lost("keepalive timeout")
+                self._lost("keepalive timeout", "keepalive_timeout")
             else:
                 self._out.append(SetTimer("keepalive", limit - idle))
         elif name == "asleep" and self.state in (State.ASLEEP, State.AWAKE):
-            self._lost("did not wake up within its sleep duration")
+            self._lost("did not wake up within its sleep duration", "asleep_timeout")
         elif name == "retry":
             self._retry(now)
         return self._leave(outer)
@@ -285,9 +285,11 @@ class MqttSnChannel(ChannelBase):
         if was_connected:
             log.info("%s: closed: %s", self._who(), reason)
 
-    def _lost(self, why: str) -> None:
-        """The client is gone without a DISCONNECT: its will goes, the session ends."""
+    def _lost(self, why: str, reason: str) -> None:
+        """The client is gone without a DISCONNECT: its will goes, the session ends
+        (``reason``: EMQX's name of why, for ``client.disconnected``)."""
         log.info("%s: lost: %s", self._who(), why)
+        self._set_reason(reason)
         self._publish_will()
         self._notify_core_closed()
         self._close(why)
@@ -347,7 +349,10 @@ class MqttSnChannel(ChannelBase):
             if p.client_id == info.client_id and not p.clean_session and not p.will:
                 self._reactivate(p)  # back from sleep, or a lost CONNACK
                 return
-            self._notify_core_closed()  # a new connection replaces the old one
+            # a new connection replaces the old one (from the same address)
+            same = p.client_id == info.client_id and not p.clean_session
+            self._set_reason("takenover" if same else "discarded")
+            self._notify_core_closed()
             self._reset()
         if p.protocol_id != PROTOCOL_ID:
             self._send(ConnAck(RC.NOT_SUPPORTED))
@@ -534,6 +539,7 @@ class MqttSnChannel(ChannelBase):
             return
         self.will_topic = None  # a normal DISCONNECT: no will
         self._send(Disconnect())
+        self._set_reason("normal")
         self._notify_core_closed()
         self._close("client disconnected")
 
@@ -834,7 +840,8 @@ class MqttSnChannel(ChannelBase):
                 continue
             if out.attempts >= s.max_retries:
                 self.context.incr("messages.retry_exhausted")
-                self._lost(f"no acknowledgement after {s.max_retries} retransmissions")
+                self._lost(f"no acknowledgement after {s.max_retries} retransmissions",
+                           "reached_max_retry_times")
                 return
             out.attempts += 1
             out.due = now + s.retry_interval

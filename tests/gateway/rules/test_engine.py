@@ -60,7 +60,7 @@ def test_rules_run_after_the_hook_returns_and_count() -> None:
     pub(hooks, "a/1", b'{"x": 2}')
     pub(hooks, "a/1", b'{"x": 0}')
     pub(hooks, "b/1", b'{"x": 5}')  # no rule for it: not even queued
-    assert len(eng.pending) == 2 and published == []
+    assert eng.waiting == 2 and published == []
     loop.run()
     assert [(m.topic, m.payload, m.publisher) for m in published] == [
         ("out/2", b'{"x":2}', "r")]
@@ -120,8 +120,9 @@ def test_event_sources() -> None:
     from gateway.rules.compiler import Columns
     from gateway.rules.events import GETTERS
 
-    for plan, event in list(eng.pending):
-        outputs.append(plan.rules[0].program.run(Columns(GETTERS[event.kind], event))[0])
+    for plan, batch in list(eng.pending):
+        for event in batch:
+            outputs.append(plan.rules[0].program.run(Columns(GETTERS[event.kind], event))[0])
     assert len(outputs) == 3
     c, s, d = outputs
     assert (c["event"], c["clientid"], c["peername"], c["keepalive"]) == (
@@ -136,7 +137,7 @@ def test_overload_is_counted_never_silent(caplog: pytest.LogCaptureFixture) -> N
     add(eng, "r", 'SELECT * FROM "t"')
     for _ in range(5):
         pub(hooks, "t")
-    assert len(eng.pending) == 3 and eng.dropped == 2
+    assert eng.waiting == 3 and eng.dropped == 2
     assert eng.metrics.snapshot().get("rules.dropped") == 2
     assert "rule engine overloaded" in caplog.text
     loop.run()

@@ -1,6 +1,6 @@
 """Event fields end to end (a real gatewayd, paho and raw sockets): why a connection
 ended (``client_disconnected.reason`` for each way a connection ends), ``sockname`` and
-the MQTT 5 ``*_props`` of CONNECT, DISCONNECT and SUBSCRIBE, as EMQX names them."""
+the MQTT 5 ``*_props`` of CONNECT, DISCONNECT, SUBSCRIBE and PUBACK, as EMQX names them."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from paho.mqtt.properties import Properties as PahoProperties
 from paho.mqtt.reasoncodes import ReasonCode as PahoReasonCode
 
 from protocols.mqtt.encoder import encode
-from protocols.mqtt.packets import Connect
+from protocols.mqtt.packets import MQTT_5, Connect, Properties, PubAck, Subscribe, Subscription
 from tests.gateway.admin.gatewayd import WAIT, Client, Gatewayd
 
 API = "/api/v5"
@@ -37,6 +37,11 @@ RULES = {
         "WHERE topic = 'props/t'",
     "GATEWAY_RULE_ENGINE__RULES__SUB__ACTIONS":
         '[{function = "republish", args = {topic = "sub/${clientid}", payload = ""}}]',
+    "GATEWAY_RULE_ENGINE__RULES__ACK__SQL":
+        'SELECT clientid, qos, payload, puback_props FROM "$events/message_acked" '
+        "WHERE topic = 'acked/t'",
+    "GATEWAY_RULE_ENGINE__RULES__ACK__ACTIONS":
+        '[{function = "republish", args = {topic = "ack/${clientid}", payload = ""}}]',
 }
 
 
@@ -53,6 +58,7 @@ def watch(gw: Gatewayd) -> Iterator[Client]:
     w = Client(gw, f"watch-{time.monotonic_ns()}").subscribe("dis/#", 0)
     w.subscribe("con/#", 0)
     w.subscribe("sub/#", 0)
+    w.subscribe("ack/#", 0)
     yield w
     w.close()
 
@@ -165,3 +171,48 @@ def test_sub_props(gw: Gatewayd, watch: Client) -> None:
     assert s["sub_props"]["Subscription-Identifier"] == 7
     assert s["sub_props"]["User-Property"] == {"k": "v"}
     c.close()
+
+
+def _read_publish_id(s: socket.socket) -> int:
+    """The packet id of the next PUBLISH (QoS 1) on ``s``, skipping other packets."""
+    buf = b""
+    while True:
+        length = shift = 0
+        i = 1
+        while True:  # the remaining length (a variable byte integer)
+            while len(buf) <= i:
+                buf += s.recv(4096)
+            length |= (buf[i] & 0x7F) << shift
+            shift += 7
+            i += 1
+            if not buf[i - 1] & 0x80:
+                break
+        while len(buf) < i + length:
+            buf += s.recv(4096)
+        first, body, buf = buf[0], buf[i:i + length], buf[i + length:]
+        if first >> 4 == 3:
+            topic_len = int.from_bytes(body[:2], "big")
+            return int.from_bytes(body[2 + topic_len:4 + topic_len], "big")
+
+
+def test_puback_props(gw: Gatewayd, watch: Client) -> None:
+    """A PUBACK's properties are message_acked's puback_props; without any, ``{}``."""
+    s = socket.create_connection(("127.0.0.1", gw.mqtt_port), timeout=WAIT)
+    s.sendall(encode(Connect("ev-ack", MQTT_5), MQTT_5))
+    assert s.recv(64)[:1] == b"\x20"  # CONNACK
+    s.sendall(encode(Subscribe(1, (Subscription("acked/t", 1),)), MQTT_5))
+    assert s.recv(64)[:1] == b"\x90"  # SUBACK
+    pub = Client(gw, "ev-ack-pub")
+    pub.publish("acked/t", "one", qos=1)
+    props = Properties(reason_string="seen", user_properties=(("k", "v"),))
+    s.sendall(encode(PubAck(_read_publish_id(s), 0, props), MQTT_5))
+    a = event(watch, "ack/ev-ack")
+    assert (a["clientid"], a["qos"], a["payload"]) == ("ev-ack", 1, "one")
+    assert a["puback_props"]["Reason-String"] == "seen"
+    assert a["puback_props"]["User-Property"] == {"k": "v"}
+    pub.publish("acked/t", "two", qos=1)
+    s.sendall(encode(PubAck(_read_publish_id(s)), MQTT_5))
+    a = event(watch, "ack/ev-ack")
+    assert (a["payload"], a["puback_props"]) == ("two", {})
+    pub.close()
+    s.close()

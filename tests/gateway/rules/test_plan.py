@@ -58,7 +58,6 @@ def _reference(rules: list[Rule], message: Message, log: list[Any]) -> None:
     cols.update(topic=message.topic, qos=message.qos, clientid=message.publisher)
     for rule in rules:
         m = rule.metrics
-        m.matched += 1
         try:
             outputs = rule.program.run(cols)
         except Exception as exc:
@@ -86,14 +85,15 @@ def _state(rules: list[Rule]) -> list[Any]:
     return [(r.metrics, [(a.success, a.failed) for a in r.actions]) for r in rules]
 
 
-seen = {"inlined": 0, "closures": 0, "passed": 0, "failed": 0}
+seen = {"inlined": 0, "closures": 0, "passed": 0, "failed": 0, "no_result": 0,
+        "alone": 0, "shared": 0}
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.lists(st.tuples(fields, wheres), min_size=1, max_size=3), st.data(), json_values,
-       st.integers(0, 2))
+       st.integers(0, 2), json_values)
 def test_a_plan_does_what_the_closures_do(specs: list[Any], data: st.DataObject,
-                                          payload: Any, qos: int) -> None:
+                                          payload: Any, qos: int, payload2: Any) -> None:
     sqls = [render(Statement("select", f, ("#",), w)) for f, w in specs]
     # some rules share their SQL (one evaluation, each rule its own metrics and actions)
     order = data.draw(st.lists(st.sampled_from(range(len(sqls))), min_size=1, max_size=4))
@@ -108,14 +108,31 @@ def test_a_plan_does_what_the_closures_do(specs: list[Any], data: st.DataObject,
     _reference(ref, message, want)
     assert got == want, plan.source
     assert _state(mine) == _state(ref), plan.source
+    # a batch (Plan.many): the same as each message in turn, counts added at the end
+    second = Message("t/2", json.dumps(payload2).encode(), 1, publisher="c2", timestamp=5.0)
+    got_many: list[Any] = []
+    want_many: list[Any] = []
+    batched = [_rule(f"r{i}", sqls[k], got_many) for i, k in enumerate(order)]
+    ref_many = [_rule(f"r{i}", sqls[k], want_many) for i, k in enumerate(order)]
+    plan = make_plan(tuple(batched), "message.publish", "n", lambda c: None, lambda: 5.0)
+    plan.many([message, second])
+    _reference(ref_many, message, want_many)
+    _reference(ref_many, second, want_many)
+    assert got_many == want_many, plan.source
+    assert _state(batched) == _state(ref_many), plan.source
     for r in mine:
         seen["inlined" if inlinable(r.program.statement) else "closures"] += 1
         seen["passed"] += r.metrics.passed
         seen["failed"] += r.metrics.failed
+        seen["no_result"] += r.metrics.no_result
+        # a rule alone with its SQL and one sharing it are written differently
+        seen["alone" if order.count(order[mine.index(r)]) == 1 else "shared"] += 1
 
 
 def test_the_property_saw_every_path() -> None:
-    """Runs after the property (file order): both kinds of statement, passes and failures."""
+    """Runs after the property (file order): both kinds of statement, passes, failures
+    and no results, rules alone with their SQL and rules sharing it (each through ``run``
+    and through ``many``)."""
     assert all(seen.values()), seen
 
 

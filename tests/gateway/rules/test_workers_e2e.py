@@ -2,7 +2,8 @@
 a configured rule runs once per message, not once per worker, whichever worker the
 publisher is on; an event rule fires once per connection; a rule made through one
 worker's API runs in the other worker too, and deleting it through the other worker's
-API stops it in both."""
+API stops it in both; every worker's API and /metrics show the node's rule metrics (the
+sum over the workers), and a reset through one worker zeroes them all."""
 
 from __future__ import annotations
 
@@ -88,7 +89,8 @@ def test_a_rule_runs_once_per_message_and_event(node: WorkerNode) -> None:
     got = sorted(m.payload.decode() for m in sub.collect(20))
     assert got == sorted(f"m{i}-{k}" for i in (0, 1) for k in range(10))
     assert drained(sub) == []  # no copies: each message ran through the rule once
-    assert sum(matched(node, "copy")) == 20  # counted on the publisher's worker
+    # counted on the publisher's worker; every worker shows the node's total
+    wait_until(lambda: matched(node, "copy") == [20, 20], WAIT, "node totals of copy")
     # one connection (on whichever worker), one event
     hello = Client(node, "hello")  # type: ignore[arg-type]
     wait_until(lambda: node.where("hello") is not None, what="hello listed")
@@ -142,3 +144,37 @@ def test_run_time_rule_changes_reach_every_worker(node: WorkerNode) -> None:
     assert drained(sub) == []
     for c in (sub, pub0, pub1):
         c.close()
+
+
+def test_metrics_are_node_totals_and_reset_everywhere(node: WorkerNode) -> None:
+    status, body = api(node, 0, "POST", "/api/v5/rules", {
+        "id": "cnt", "sql": 'SELECT payload FROM "cnt/#" WHERE payload = \'yes\'',
+        "actions": [{"function": "console"}]})
+    assert status == 201, body
+    wait_until(lambda: api(node, 1, "GET", "/api/v5/rules/cnt")[0] == 200, WAIT,
+               "rule cnt on worker 1")
+    pubs = [node.client_on(i, f"cntpub{i}") for i in (0, 1)]
+    for i, p in enumerate(pubs):  # worker 0: 3 pass, 1 not; worker 1: 2 pass, 2 not
+        for k in range(4):
+            p.publish(f"cnt/{i}", "yes" if k < 3 - i else "no", qos=1)
+
+    def metrics(i: int) -> tuple[Any, ...]:
+        r = api(node, i, "GET", "/api/v5/rules/cnt/metrics")[1]
+        m = r["metrics"]
+        return (m["matched"], m["passed"], m["failed.no_result"],
+                r["action_metrics"][0]["success"])
+
+    wait_until(lambda: metrics(0) == metrics(1) == (8, 5, 3, 5), WAIT, "node totals")
+    for i in (0, 1):
+        status, raw = node.http(i, "GET", "/metrics")
+        text = raw.decode()
+        assert 'gateway_rule_matched_total{rule="cnt"} 8.0' in text, text
+        assert 'gateway_rule_actions_total{action="0:console",result="success",' \
+               'rule="cnt"} 5.0' in text
+    assert api(node, 1, "PUT", "/api/v5/rules/cnt/metrics/reset")[0] == 204
+    assert metrics(1)[0] == 0 and metrics(0)[0] == 0
+    pubs[0].publish("cnt/0", "yes", qos=1)
+    wait_until(lambda: metrics(0) == metrics(1) == (1, 1, 0, 1), WAIT, "counts after reset")
+    assert api(node, 0, "DELETE", "/api/v5/rules/cnt")[0] == 204
+    for p in pubs:
+        p.close()
