@@ -98,6 +98,10 @@ def decode(data: bytes) -> Message:
     except (coap_error.Error, ValueError, IndexError, UnicodeDecodeError) as exc:
         raise RemoteProtocolError(str(exc) or type(exc).__name__, head.mtype, head.mid,
                                   head.token) from None
+    if any(int(o.number) > 0xFFFF for o in msg.opt.option_list()):
+        # option deltas can add up past 65535 (RFC 7252 3.1: numbers are 16 bits)
+        raise RemoteProtocolError("option number above 65535", head.mtype, head.mid,
+                                  head.token)
     if msg.code == Code.EMPTY and (len(data) > 4):
         raise RemoteProtocolError("empty message with token, options or payload",
                                   head.mtype, head.mid, head.token)

@@ -37,6 +37,7 @@ def test_round_trip(m: Message) -> None:
         (b"\x41\x01\x00\x07t\xd0", True),  # option extension missing
         (b"\x41\x01\x00\x07t\xf0", True),  # option nibble 15
         (b"\x40\x00\x00\x07\xff\x01", True),  # empty message with payload
+        (b"\x40\x01\x00\x00\xe0\xff\xff", True),  # option number 65804 (found by the fuzz test)
     ],
 )
 def test_malformed(raw: bytes, has_header: bool) -> None:
