@@ -54,6 +54,7 @@ from gateway.cluster.outbox import ClusterStore
 from gateway.cluster.peer import Peer
 from gateway.cluster.relay import Announcer, ReplicaLog
 from gateway.cluster.routes import RouteTable
+from gateway.cluster.tables import TableSync
 from gateway.cluster.takeover import SessionRegistry, export_session, import_session
 from gateway.cluster.tls import ClusterTls, peer_common_name
 from gateway.core.shared import SharedGroup
@@ -90,6 +91,8 @@ class ClusterSettings:
     raft: bool = False  # core nodes agree on the session registry through Raft
     raft_compact_entries: int = 5000
     data_dir: str | None = None  # where the Raft journal and dump live
+    tables: bool = True  # replicate retained messages, bans, users, rules (tables.py)
+    table_poll: float = 0.5  # seconds between looks at the database tables
 
 
 def parse_seed(seed: str, default_port: int = 5370) -> tuple[str, str]:
@@ -166,6 +169,8 @@ class Cluster:
         self.raft_view: ReplicaLog | None = ReplicaLog() if (
             settings.raft and settings.role == "replicant") else None
         self._share_order: dict[tuple[str, str], tuple[frozenset[str], SharedGroup[str]]] = {}
+        self.tables = TableSync(self.name, self._send_ctl, self._linked,
+                                poll=settings.table_poll)
 
     # -- life cycle --------------------------------------------------------------------
 
@@ -203,6 +208,8 @@ class Cluster:
         for name, addr in known.items():
             if name and name != self.name:
                 self._member(name, addr, persist=False)
+        if self.settings.tables:
+            self._open_tables()
         if self.settings.dns is not None:
             self._spawn(self._dns_loop(self.settings.dns))
         if self.replicant:
@@ -218,8 +225,36 @@ class Cluster:
             f"{self.bound[0]}:{self.bound[1]}", self.settings.advertise, len(self.peers),
         )
 
+    def _open_tables(self) -> None:
+        from pathlib import Path
+
+        from gateway.store.db import db_path, open_db
+        from gateway.store.replicated import BannedRows, RuleRows, TableMeta, UserRows
+
+        if self.node.settings.retainer_enable:
+            self.tables.add_retained(self.node.retainer)
+        if self.settings.data_dir is not None:
+            conn = open_db(db_path(self.settings.data_dir))
+            meta = TableMeta(conn)
+            self.tables.add_db(BannedRows(conn), meta)
+            self.tables.add_db(UserRows(conn), meta)
+            self.tables.add_db(RuleRows(Path(self.settings.data_dir) / "rules.db"), meta,
+                               deleted={"spec": None})
+        self.tables.start()
+
+    def _send_ctl(self, name: str, data: bytes) -> bool:
+        peer = self.peers.get(name)
+        if peer is None or peer.ctl_out is None:
+            return False
+        peer.ctl_out.send(data)
+        return True
+
+    def _linked(self) -> list[str]:
+        return [p.name for p in self.peers.values() if p.ctl_out is not None]
+
     async def stop(self) -> None:
         self.stopping = True
+        self.tables.stop()
         if self.raft is not None:
             self.raft.stop()
         if self._tick is not None:
@@ -802,6 +837,7 @@ class Cluster:
             "rev": self._route_rev,
         }))
         self._sent_rev(peer)
+        self.tables.link_up(peer.name)
         if peer.role == "replicant":
             self._rlog_snapshot(peer)
         self._learn(ctl.info.get("members", []), peer.name)
@@ -822,6 +858,7 @@ class Cluster:
             return
         if peer.ctl_out is link:
             peer.ctl_out = None
+            self.tables.link_down(peer.name)
             if peer.data_out is not None:
                 peer.data_out.close("control link closed")
         elif peer.data_out is link:
@@ -1002,6 +1039,7 @@ class Cluster:
         if peer.ctl_in is link:
             reps = self._reps()
             peer.ctl_in = None
+            self.tables.link_down(peer.name)
             self.parked.replace(peer.name, [
                 k for k in self.routes.keys_of(peer.name) if not k.startswith(_SHARED_PREFIXES)
             ])
@@ -1042,6 +1080,8 @@ class Cluster:
             link.send(F.control(F.PONG, pong))
         elif kind == F.ROUTES:
             self._on_routes(peer, link, F.parse_control(body))
+        elif kind == F.TABLE:
+            self.tables.received(peer.name, F.parse_control(body))
         elif kind == F.CALL:
             self._on_call(link, F.parse_control(body))
         elif kind == F.MEMBERS:
@@ -1209,7 +1249,8 @@ class Cluster:
             if fwd.target is not None and fwd.target != self.name:
                 self._relay_to(fwd)  # queued by its former core for a replicant of ours
             elif fwd.share is None:
-                inject(fwd.message)
+                with self.tables.injecting():
+                    inject(fwd.message)
                 if allow is not None:
                     self._forward_plain(fwd.message, allow)
             elif not inject(fwd.message, fwd.share):  # no member here: another node
@@ -1587,6 +1628,7 @@ class Cluster:
             "raft": self._raft_view(),
             "replicant": self._replicant_view() if self.replicant else None,
             "replicants": None if self.replicant else self._reps(),
+            "tables": self.tables.view(),
         }
 
     def _raft_view(self) -> dict[str, Any] | None:

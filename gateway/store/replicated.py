@@ -1,0 +1,237 @@
+"""The small tables the cluster replicates, as rows of JSON values, and the cluster's own
+bookkeeping of them (``cluster_tables`` in ``gateway.db``).
+
+Each adapter reads a whole table as ``{key: value}`` (``value`` a JSON-able dict) and
+writes one row (``None`` deletes it). It talks SQL to the same tables as the owners
+(:mod:`gateway.store.banned`, :mod:`gateway.store.users`, :mod:`gateway.rules.store`)
+through its own connection, so the owners notice a replicated write exactly as they notice
+one by ``gatewayctl`` (``PRAGMA data_version``), and so does the cluster notice theirs
+(it reads the tables every ``cluster.table_poll`` seconds and compares).
+
+Invariants:
+- ``write(key, read()[key])`` changes nothing; after ``write(k, v)``, ``read()[k] == v``
+  (values are canonical: bytes as hex, rules in their order).
+- Rules never lose a row: a rule deleted anywhere is written as a tombstone
+  (``{"spec": None}``), which the rule engine applies as a deletion.
+- Every write commits at once (autocommit connection, one transaction per row).
+- ``TableMeta`` rows say which version (hybrid logical clock stamp) of each row this node
+  holds, and a digest of its value, so a restart neither re-announces an old value as new
+  nor forgets a deletion (tombstones are rows with a NULL digest).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any, Protocol
+
+from gateway.store import banned as _banned
+from gateway.store import users as _users
+from gateway.store.db import ensure_schema, open_db
+
+__all__ = ["BannedRows", "RuleRows", "RowTable", "TableMeta", "UserRows", "digest"]
+
+Value = dict[str, Any]
+
+
+def digest(value: Value | None) -> str | None:
+    if value is None:
+        return None
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+class RowTable(Protocol):
+    name: str
+
+    def read(self) -> dict[str, Value]: ...
+    def write(self, key: str, value: Value | None) -> None: ...
+    def check(self, key: str, value: Value | None) -> None: ...
+
+
+class BannedRows:
+    """``banned``: key ``kind/value``."""
+
+    name = "banned"
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        ensure_schema(conn, _banned.SCHEMA)
+        self.conn = conn
+
+    def read(self) -> dict[str, Value]:
+        rows = self.conn.execute(
+            "SELECT kind, value, reason, created_by, created_at, expires_at FROM banned")
+        return {f"{k}/{v}": {"reason": r, "by": by, "at": at, "until": until}
+                for k, v, r, by, at, until in rows}
+
+    def check(self, key: str, value: Value | None) -> None:
+        kind, _, val = key.partition("/")
+        if kind not in _banned.KINDS or not val:
+            raise ValueError(f"bad ban key {key!r}")
+        if value is not None:
+            if not isinstance(value.get("reason"), str) or not isinstance(value.get("by"), str):
+                raise ValueError("bad ban row")
+            if not isinstance(value.get("at"), (int, float)):
+                raise ValueError("bad ban row")
+            if value.get("until") is not None and not isinstance(value["until"], (int, float)):
+                raise ValueError("bad ban row")
+
+    def write(self, key: str, value: Value | None) -> None:
+        kind, _, val = key.partition("/")
+        if value is None:
+            self.conn.execute("DELETE FROM banned WHERE kind = ? AND value = ?", (kind, val))
+            return
+        self.conn.execute(
+            "INSERT OR REPLACE INTO banned(kind, value, reason, created_by, created_at,"
+            " expires_at) VALUES (?, ?, ?, ?, ?, ?)",
+            (kind, val, value["reason"], value["by"], value["at"], value["until"]))
+
+
+_USER_FIELDS = ("algorithm", "salt", "iterations", "stored_key", "server_key",
+                "is_superuser", "created_at", "updated_at")
+_BLOBS = ("salt", "stored_key", "server_key")
+
+
+class UserRows:
+    """``users`` and ``user_rules``: key the user name; value its credential (or None for a
+    user with rules only) and its rules in order."""
+
+    name = "users"
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        ensure_schema(conn, _users.SCHEMA)
+        self.conn = conn
+
+    def read(self) -> dict[str, Value]:
+        out: dict[str, Value] = {}
+        for row in self.conn.execute(f"SELECT username, {', '.join(_USER_FIELDS)} FROM users"):
+            cred = dict(zip(_USER_FIELDS, row[1:], strict=True))
+            for b in _BLOBS:
+                cred[b] = bytes(cred[b]).hex()
+            out[row[0]] = {"cred": cred, "rules": []}
+        for user, perm, action, topic in self.conn.execute(
+                "SELECT username, permission, action, topic FROM user_rules ORDER BY id"):
+            out.setdefault(user, {"cred": None, "rules": []})["rules"].append(
+                [perm, action, topic])
+        return out
+
+    def check(self, key: str, value: Value | None) -> None:
+        if not key or value is None:
+            return
+        cred, rules = value.get("cred"), value.get("rules")
+        if not isinstance(rules, list) or not all(
+                isinstance(r, list) and len(r) == 3 and all(isinstance(x, str) for x in r)
+                and r[0] in ("allow", "deny") and r[1] in ("publish", "subscribe", "all")
+                for r in rules):
+            raise ValueError("bad user rules")
+        if cred is not None:
+            if not isinstance(cred, dict) or set(cred) != set(_USER_FIELDS):
+                raise ValueError("bad user credential")
+            for b in _BLOBS:
+                bytes.fromhex(cred[b])
+
+    def write(self, key: str, value: Value | None) -> None:
+        conn = self.conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.execute("DELETE FROM users WHERE username = ?", (key,))
+            conn.execute("DELETE FROM user_rules WHERE username = ?", (key,))
+            if value is not None:
+                cred = value.get("cred")
+                if cred is not None:
+                    row = [bytes.fromhex(cred[f]) if f in _BLOBS else cred[f]
+                           for f in _USER_FIELDS]
+                    conn.execute(
+                        f"INSERT INTO users(username, {', '.join(_USER_FIELDS)})"
+                        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", (key, *row))
+                conn.executemany(
+                    "INSERT INTO user_rules(username, permission, action, topic)"
+                    " VALUES (?, ?, ?, ?)", [(key, *r) for r in value["rules"]])
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+
+_RULES_SCHEMA = "CREATE TABLE IF NOT EXISTS rules(id TEXT PRIMARY KEY, spec TEXT);"
+
+
+class RuleRows:
+    """The run-time rules of ``{data_dir}/rules.db``: key the rule id, value ``{"spec":
+    spec}`` (``None``: a deleted rule's tombstone). The file is opened when it exists or a
+    peer sends a rule."""
+
+    name = "rules"
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.conn: sqlite3.Connection | None = None
+
+    def _open(self, create: bool) -> sqlite3.Connection | None:
+        if self.conn is None and (create or self.path.exists()):
+            self.conn = open_db(self.path)
+            self.conn.executescript(_RULES_SCHEMA)
+        return self.conn
+
+    def read(self) -> dict[str, Value]:
+        conn = self._open(False)
+        if conn is None:
+            return {}
+        return {rid: {"spec": None if spec is None else json.loads(spec)}
+                for rid, spec in conn.execute("SELECT id, spec FROM rules ORDER BY rowid")}
+
+    def check(self, key: str, value: Value | None) -> None:
+        if not key:
+            raise ValueError("empty rule id")
+        if value is not None and value.get("spec") is not None and not isinstance(
+                value["spec"], dict):
+            raise ValueError("bad rule spec")
+
+    def write(self, key: str, value: Value | None) -> None:
+        conn = self._open(True)
+        assert conn is not None
+        spec = None if value is None else value.get("spec")
+        conn.execute(
+            "INSERT INTO rules(id, spec) VALUES (?, ?) "
+            "ON CONFLICT(id) DO UPDATE SET spec=excluded.spec",
+            (key, None if spec is None else json.dumps(spec, separators=(",", ":"))))
+
+
+META_SCHEMA = """
+CREATE TABLE IF NOT EXISTS cluster_tables(
+    tbl TEXT NOT NULL,
+    key TEXT NOT NULL,
+    wall INTEGER NOT NULL,
+    logical INTEGER NOT NULL,
+    origin TEXT NOT NULL,
+    digest TEXT,
+    PRIMARY KEY (tbl, key)
+) WITHOUT ROWID;
+"""
+
+Stamp = tuple[int, int, str]
+
+
+class TableMeta:
+    """The stamp and value digest of every replicated row this node holds."""
+
+    def __init__(self, conn: sqlite3.Connection | None) -> None:
+        self.conn = conn
+        if conn is not None:
+            conn.executescript(META_SCHEMA)
+
+    def load(self, tbl: str) -> dict[str, tuple[Stamp, str | None]]:
+        if self.conn is None:
+            return {}
+        rows = self.conn.execute(
+            "SELECT key, wall, logical, origin, digest FROM cluster_tables WHERE tbl = ?",
+            (tbl,))
+        return {k: ((w, lg, o), d) for k, w, lg, o, d in rows}
+
+    def save(self, tbl: str, key: str, stamp: Stamp, value: Value | None) -> None:
+        if self.conn is not None:
+            self.conn.execute(
+                "INSERT OR REPLACE INTO cluster_tables VALUES (?, ?, ?, ?, ?, ?)",
+                (tbl, key, stamp[0], stamp[1], stamp[2], digest(value)))
