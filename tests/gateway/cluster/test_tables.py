@@ -174,7 +174,8 @@ def test_replicant_gets_tables_and_keeps_them_across_a_core_restart(nodes) -> No
     ctl(other, "ban", "add", "clientid", "while-down")
     wait_until(lambda: banned_in_db(r, "clientid", "while-down"), what="ban on the replicant")
     first.start()  # the core restarts and gets the tables from the cluster
-    wait_until(lambda: banned_in_db(first, "clientid", "while-down"), what="ban on the restarted core")
+    wait_until(lambda: banned_in_db(first, "clientid", "while-down"),
+               what="ban on the restarted core")
     Client(first, "p1").publish("live/x", "after restart", qos=1)
     assert sub.next_message().payload == b"after restart"
     assert retained(r, "conf/r", "r2") == "r0"
