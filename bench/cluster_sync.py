@@ -7,8 +7,8 @@ Starts three real ``gatewayd`` cores A, B, C over mutual TLS (the harness of
 tests/gateway/cluster) and measures:
 
 - **reach**: a ban added with ``gatewayctl ban add`` on A (timed from the moment the
-  command returned: the row is committed) until it is in B's and C's ``banned`` table
-  (their ``gateway.db`` polled every 5 ms, read-only); the same for ``gatewayctl users
+  row is in A's ``gateway.db``: committed) until it is in B's and C's ``banned`` table
+  (every ``gateway.db`` polled every 5 ms, read-only); the same for ``gatewayctl users
   add``; a retained QoS 1 message published on A (timed from its PUBACK) until
   ``GET /api/v5/retainer/messages/<topic>`` on C returns it. Median and maximum over
   ``--repeat`` changes; "every node" is the slower of B and C.
@@ -28,6 +28,7 @@ import json
 import signal
 import sqlite3
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -36,7 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from bench import cluster_bench, wire
-from tests.gateway.cluster.harness import Node, gatewayctl, make_pki, wait_mesh, wait_until
+from tests.gateway.cluster.harness import Node, make_pki, wait_mesh, wait_until
+from tests.harness.gatewayd import clean_environ
 
 
 def _in_db(node: Node, sql: str, args: tuple[str, ...]) -> bool:
@@ -59,10 +61,15 @@ def _until(cond: Any, timeout: float = 30.0) -> float:
 
 def reach_db(a: Node, others: list[Node], args: list[str], sql: str, key: tuple[str, ...]
              ) -> float:
-    r = gatewayctl(*args, env=a.ctl_env())
-    assert r.returncode == 0, r.stderr
-    t0 = time.perf_counter()
-    return max(_until(lambda n=n: _in_db(n, sql, key)) for n in others) - t0
+    """From the row's commit on A (seen in A's file) to its arrival in every other's."""
+    proc = subprocess.Popen([sys.executable, "-m", "gateway.cli.gatewayctl", *args],
+                            env={**clean_environ(), **a.ctl_env()},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        t0 = _until(lambda: _in_db(a, sql, key))
+        return max(_until(lambda n=n: _in_db(n, sql, key)) for n in others) - t0
+    finally:
+        proc.wait(60)
 
 
 def reach_retained(a: Node, others: list[Node], topic: str) -> float:
