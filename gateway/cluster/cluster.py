@@ -125,7 +125,13 @@ class Cluster(
         from pathlib import Path
 
         from gateway.store.db import db_path, open_db
-        from gateway.store.replicated import BannedRows, RuleRows, TableMeta, UserRows
+        from gateway.store.replicated import (
+            AutoSubscribeRows,
+            BannedRows,
+            RuleRows,
+            TableMeta,
+            UserRows,
+        )
 
         if self.node.settings.retainer_enable:
             self.tables.add_retained(self.node.retainer)
@@ -134,6 +140,7 @@ class Cluster(
             meta = TableMeta(conn)
             self.tables.add_db(BannedRows(conn), meta)
             self.tables.add_db(UserRows(conn), meta)
+            self.tables.add_db(AutoSubscribeRows(conn), meta)
             self.tables.add_db(RuleRows(Path(self.settings.data_dir) / "rules.db"), meta,
                                deleted={"spec": None})
         self.tables.start()

@@ -266,6 +266,10 @@ class DbTable(Table):
     def _local(self, hlc: Hlc, key: str, value: Value | None) -> list[list[Any]]:
         if value is None and key not in self.values and key in self.dead:
             return []
+        if value is not None and value is self.deleted:
+            # a vanished row of a table that keeps tombstone rows (rules): write the
+            # tombstone, so the next look finds the row as recorded here
+            self.rows_.write(key, value)
         stamp = hlc.tick()
         if value is None:
             self.values.pop(key, None)
@@ -289,6 +293,7 @@ class TableSync:
         self.tables: dict[str, Table] = {}
         # peer -> table -> snapshot state ("sent", then "synced" once its snapshot ended)
         self.peer_state: dict[str, dict[str, str]] = {}
+        self.speaking: set[str] = set()  # peers that sent us a TABLE frame on this link
         self._pending: list[tuple[str, list[Any], str | None]] = []
         self._flush_handle: asyncio.Handle | None = None
         self._poll_handle: asyncio.TimerHandle | None = None
@@ -327,12 +332,14 @@ class TableSync:
                                  else encode(message)], None)
 
     @contextlib.contextmanager
-    def injecting(self) -> Iterator[None]:
-        """Context: a peer's DATA forward is being applied; its retained messages are not
-        kept from it (their stamped rows come on the control link, and are applied in
-        stamp order: an older forward arriving late must not win)."""
+    def injecting(self, peer: str) -> Iterator[None]:
+        """Context: ``peer``'s DATA forward is being applied; its retained messages are
+        not kept from it (their stamped rows come on the control link, and are applied
+        in stamp order: an older forward arriving late must not win). Only for a peer
+        that sends tables (one without, an older version or ``cluster.tables`` off, still
+        has its retained messages kept from its forwards)."""
         table = self.tables.get("retained")
-        if not isinstance(table, RetainedTable):
+        if not isinstance(table, RetainedTable) or peer not in self.speaking:
             yield
             return
         table.retainer.paused = True
@@ -409,9 +416,10 @@ class TableSync:
 
     def link_down(self, peer: str) -> None:
         self.peer_state.pop(peer, None)
+        self.speaking.discard(peer)
 
     def forget(self, peer: str) -> None:
-        self.peer_state.pop(peer, None)
+        self.link_down(peer)
 
     def received(self, peer: str, msg: dict[str, Any]) -> None:
         """A TABLE frame from ``peer``: merge its rows, pass the newer ones on."""
@@ -422,6 +430,7 @@ class TableSync:
             log.warning("cluster: %s sent rows of an unknown table %r", peer, name)
             return
         assert isinstance(name, str)
+        self.speaking.add(peer)
         for row in rows:
             try:
                 if not isinstance(row, list) or len(row) != 3 or not isinstance(row[0], str):

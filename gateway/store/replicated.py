@@ -28,10 +28,12 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from gateway.store import banned as _banned
+from gateway.store import extensions as _ext
 from gateway.store import users as _users
 from gateway.store.db import ensure_schema, open_db
 
-__all__ = ["BannedRows", "RuleRows", "RowTable", "TableMeta", "UserRows", "digest"]
+__all__ = ["AutoSubscribeRows", "BannedRows", "RuleRows", "RowTable", "TableMeta", "UserRows",
+           "digest"]
 
 Value = dict[str, Any]
 
@@ -153,6 +155,53 @@ class UserRows:
         except BaseException:
             conn.execute("ROLLBACK")
             raise
+
+
+_SUB_OPTS = ("qos", "rh", "rap", "nl")
+_SUB_MAX = {"qos": 2, "rh": 2, "rap": 1, "nl": 1}
+
+
+class AutoSubscribeRows:
+    """``auto_subscribe`` (the per-client topics of ``gatewayctl auto-subscribe``): key
+    the JSON ``[clientid, topic]``, value the subscription options."""
+
+    name = "auto_subscribe"
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        conn.executescript(_ext.SCHEMA)
+        self.conn = conn
+
+    def read(self) -> dict[str, Value]:
+        rows = self.conn.execute("SELECT clientid, topic, qos, rh, rap, nl FROM auto_subscribe")
+        return {json.dumps([c, t]): dict(zip(_SUB_OPTS, opts, strict=True))
+                for c, t, *opts in rows}
+
+    @staticmethod
+    def _key(key: str) -> tuple[str, str]:
+        try:
+            c, t = json.loads(key)
+        except (ValueError, TypeError):
+            raise ValueError(f"bad auto-subscribe key {key!r}") from None
+        if not isinstance(c, str) or not isinstance(t, str) or not c or not t:
+            raise ValueError(f"bad auto-subscribe key {key!r}")
+        return c, t
+
+    def check(self, key: str, value: Value | None) -> None:
+        self._key(key)
+        if value is not None and (set(value) != set(_SUB_OPTS) or not all(
+                isinstance(value[o], int) and 0 <= value[o] <= _SUB_MAX[o] for o in _SUB_OPTS)):
+            raise ValueError("bad auto-subscribe options")
+
+    def write(self, key: str, value: Value | None) -> None:
+        c, t = self._key(key)
+        if value is None:
+            self.conn.execute("DELETE FROM auto_subscribe WHERE clientid = ? AND topic = ?",
+                              (c, t))
+            return
+        self.conn.execute(
+            "INSERT INTO auto_subscribe(clientid, topic, qos, rh, rap, nl) VALUES (?,?,?,?,?,?)"
+            " ON CONFLICT(clientid, topic) DO UPDATE SET qos=excluded.qos, rh=excluded.rh,"
+            " rap=excluded.rap, nl=excluded.nl", (c, t, *(value[o] for o in _SUB_OPTS)))
 
 
 _RULES_SCHEMA = "CREATE TABLE IF NOT EXISTS rules(id TEXT PRIMARY KEY, spec TEXT);"

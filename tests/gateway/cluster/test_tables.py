@@ -70,7 +70,7 @@ def banned_in_db(node: Node, kind: str, value: str) -> bool:
 
 def synced(node: Node, peers: list[Node]) -> bool:
     tables = node.cluster()["tables"]
-    return set(tables) >= {"retained", "banned", "users", "rules"} and all(
+    return set(tables) >= {"retained", "banned", "users", "rules", "auto_subscribe"} and all(
         t["peers"].get(p.name) == "synced" for t in tables.values() for p in peers)
 
 
@@ -84,6 +84,7 @@ def test_late_joiner_gets_retained_bans_and_users(nodes) -> None:  # type: ignor
     ctl(a, "ban", "add", "clientid", "evil", "--reason", "test")
     ctl(a, "users", "add", "alice", "--password", "pw1", "--iterations", "4096")
     ctl(a, "users", "deny", "alice", "publish", "secret/#")
+    ctl(a, "auto-subscribe", "add", "dev1", "cmd/dev1", "--qos", "1")
     b: Node = nodes("b", seeds=[a])
     wait_mesh([a, b])
     wait_until(lambda: synced(b, [a]) and synced(a, [b]), what="tables synced")
@@ -95,6 +96,10 @@ def test_late_joiner_gets_retained_bans_and_users(nodes) -> None:  # type: ignor
     assert connack(b, "al2", username="alice", password=b"wrong") != 0
     r = gatewayctl("users", "rules", "alice", env=b.ctl_env())
     assert "secret/#" in r.stdout, r.stdout
+    dev = Client(b, "dev1")  # auto-subscribed on b to what was set up on a
+    Client(a, "cmd").publish("cmd/dev1", "reboot", qos=1)
+    assert dev.next_message().payload == b"reboot"
+    dev.close()
     # a change on b reaches a: the ban lifted, a retained message replaced
     t0 = time.monotonic()
     ctl(b, "ban", "delete", "clientid", "evil")

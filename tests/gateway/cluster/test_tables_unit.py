@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 from gateway.cluster.tables import Hlc, Table
 from gateway.store.banned import BannedStore
 from gateway.store.db import open_db
-from gateway.store.replicated import BannedRows, RuleRows, TableMeta, UserRows
+from gateway.store.extensions import AutoSubscribeEntry, AutoSubscribeStore
+from gateway.store.replicated import AutoSubscribeRows, BannedRows, RuleRows, TableMeta, UserRows
 from gateway.store.users import UserStore
 
 
@@ -117,7 +118,9 @@ def test_adapters_round_trip(tmp_path: Path) -> None:
     users.add("alice", "secret", iterations=4096)
     users.add_rule("alice", "allow", "publish", "a/#")
     users.add_rule("bob", "deny", "all", "#")  # rules only (an HTTP-authenticated user)
-    for rows_a, rows_b in ((BannedRows(src), BannedRows(dst)), (UserRows(src), UserRows(dst))):
+    AutoSubscribeStore(src).put(AutoSubscribeEntry("dev/1", "cmd/${clientid}", qos=1, nl=1))
+    for rows_a, rows_b in ((BannedRows(src), BannedRows(dst)), (UserRows(src), UserRows(dst)),
+                           (AutoSubscribeRows(src), AutoSubscribeRows(dst))):
         for key, value in rows_a.read().items():
             rows_b.check(key, value)
             rows_b.write(key, value)
@@ -126,6 +129,7 @@ def test_adapters_round_trip(tmp_path: Path) -> None:
     alice = copy.get("alice")
     assert alice is not None and [r.topic for r in copy.rules("alice")] == ["a/#"]
     assert BannedStore(dst).get("clientid", "bad") is not None
+    assert AutoSubscribeStore(dst).for_client("dev/1")[0].nl == 1
     UserRows(dst).write("alice", None)
     assert "alice" not in UserRows(dst).read()
     rules = RuleRows(tmp_path / "rules.db")
@@ -148,6 +152,14 @@ def test_adapters_round_trip(tmp_path: Path) -> None:
 def test_bad_ban_rows_are_refused(tmp_path: Path, row: list[Any]) -> None:
     with pytest.raises(ValueError):
         BannedRows(open_db(tmp_path / "a.db")).check(row[0], row[1])
+
+
+def test_bad_auto_subscribe_rows_are_refused(tmp_path: Path) -> None:
+    rows = AutoSubscribeRows(open_db(tmp_path / "a.db"))
+    with pytest.raises(ValueError):
+        rows.check("not json", None)
+    with pytest.raises(ValueError):
+        rows.check('["c", "t"]', {"qos": 3, "rh": 0, "rap": 0, "nl": 0})
 
 
 def test_bad_user_rows_are_refused(tmp_path: Path) -> None:
@@ -207,3 +219,29 @@ def test_sqlite_meta_survives_a_reopen(tmp_path: Path) -> None:
     conn.commit()
     conn.close()
     assert TableMeta(sqlite3.connect(tmp_path / "m.db")).load("users")["u"][0] == (1, 2, "n")
+
+
+def test_db_tables_find_each_change_once_and_keep_stamps_across_a_restart(tmp_path: Path
+                                                                         ) -> None:
+    """A ban added (as by gatewayctl) is one local change, found once; a node restarted
+    with the same database re-announces nothing; a rule row that vanishes becomes one
+    tombstone row (written back), not a change at every look."""
+    from gateway.cluster.tables import DbTable
+
+    conn = open_db(tmp_path / "gateway.db")
+    meta = TableMeta(conn)
+    clock = Hlc("a")
+    bans = DbTable(BannedRows(conn), meta)
+    assert bans.load(clock) == []
+    BannedStore(conn).add("clientid", "x")
+    assert len(bans.poll(clock)) == 1
+    assert bans.poll(clock) == []
+    again = DbTable(BannedRows(conn), meta)
+    assert again.load(Hlc("a")) == [] and again.stamp("clientid/x") == bans.stamp("clientid/x")
+    rules_path = tmp_path / "rules.db"
+    rules = DbTable(RuleRows(rules_path), meta, deleted={"spec": None})
+    RuleRows(rules_path).write("r1", {"spec": {"sql": "x"}})
+    assert len(rules.poll(clock)) == 1
+    sqlite3.connect(rules_path, isolation_level=None).execute("DELETE FROM rules")
+    assert [row[2] for row in rules.poll(clock)] == [{"spec": None}]
+    assert rules.poll(clock) == []
