@@ -53,7 +53,9 @@ log = logging.getLogger("gateway.cluster")
 
 Stamp = tuple[int, int, str]
 Value = dict[str, Any]
-CHUNK = 500  # rows per snapshot frame
+CHUNK = 500  # rows per TABLE frame at most
+CHUNK_BYTES = 4 << 20  # ... and about this many bytes of values (frames stay far below
+# frames.MAX_FRAME whatever the retained payloads)
 TOMBSTONES_MAX = 100_000  # retained deletions remembered (oldest forgotten first)
 
 
@@ -178,6 +180,25 @@ class RetainedTable(Table):
                 self.retainer.store(decode(value))
         finally:
             self.applying = False
+
+
+def chunks(rows: list[list[Any]]) -> list[list[list[Any]]]:
+    """``rows`` cut into frames of at most :data:`CHUNK` rows and about
+    :data:`CHUNK_BYTES` of retained payload (a row bigger than that goes alone)."""
+    out: list[list[list[Any]]] = []
+    cur: list[list[Any]] = []
+    size = 0
+    for row in rows:
+        value = row[2]
+        n = len(value.get("m", "")) if isinstance(value, dict) else 0
+        if cur and (len(cur) >= CHUNK or size + n > CHUNK_BYTES):
+            out.append(cur)
+            cur, size = [], 0
+        cur.append(row)
+        size += n
+    if cur:
+        out.append(cur)
+    return out
 
 
 def encode(m: Message) -> Value:
@@ -400,18 +421,18 @@ class TableSync:
                 if exclude != peer:
                     by_table.setdefault(tbl, []).append(row)
             for tbl, rows in by_table.items():
-                for i in range(0, len(rows), CHUNK):
-                    self.send(peer, F.control(F.TABLE, {"t": tbl, "rows": rows[i:i + CHUNK]}))
+                for chunk in chunks(rows):
+                    self.send(peer, F.control(F.TABLE, {"t": tbl, "rows": chunk}))
 
     def link_up(self, peer: str) -> None:
         """Our control link to ``peer`` is up: send it every table."""
         state = self.peer_state.setdefault(peer, {})
         for name, table in self.tables.items():
             rows = table.rows()
-            chunks = [rows[i:i + CHUNK] for i in range(0, len(rows), CHUNK)] or [[]]
-            for i, chunk in enumerate(chunks):
+            parts = chunks(rows) or [[]]
+            for i, chunk in enumerate(parts):
                 self.send(peer, F.control(F.TABLE, {
-                    "t": name, "rows": chunk, "snapshot": True, "end": i == len(chunks) - 1}))
+                    "t": name, "rows": chunk, "snapshot": True, "end": i == len(parts) - 1}))
             state[name] = "sent" if state.get(name) != "synced" else "synced"
 
     def link_down(self, peer: str) -> None:

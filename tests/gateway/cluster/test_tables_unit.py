@@ -245,3 +245,20 @@ def test_db_tables_find_each_change_once_and_keep_stamps_across_a_restart(tmp_pa
     sqlite3.connect(rules_path, isolation_level=None).execute("DELETE FROM rules")
     assert [row[2] for row in rules.poll(clock)] == [{"spec": None}]
     assert rules.poll(clock) == []
+
+
+def test_table_frames_stay_small_whatever_the_payloads() -> None:
+    """Rows are cut by count and by payload size, so a snapshot of large retained
+    messages never makes a frame the receiver must refuse; every row is sent once."""
+    from gateway.cluster.tables import CHUNK, CHUNK_BYTES, chunks
+
+    big = {"m": "x" * (CHUNK_BYTES // 3)}
+    rows = [[f"t/{i}", [i, 0, "a"], big if i % 2 else {"m": "y"}] for i in range(40)]
+    rows += [[f"d/{i}", [i, 0, "a"], None] for i in range(2 * CHUNK)]
+    parts = chunks(rows)
+    assert [r for p in parts for r in p] == rows
+    for p in parts:
+        assert len(p) <= CHUNK
+        size = sum(len(r[2]["m"]) for r in p if r[2] is not None)
+        assert size <= CHUNK_BYTES or len(p) == 1
+    assert chunks([]) == []
