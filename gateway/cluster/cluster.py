@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 
 from gateway.cluster.attach import AttachPart
 from gateway.cluster.forwarding import ForwardingPart
-from gateway.cluster.link import split_addr
+from gateway.cluster.link import Link, split_addr
 from gateway.cluster.links import LinksPart
 from gateway.cluster.membership import MembershipPart
 from gateway.cluster.outbox import ClusterStore
@@ -120,6 +120,13 @@ class Cluster(
             self.settings.cluster_name, self.name, self.settings.role,
             f"{self.bound[0]}:{self.bound[1]}", self.settings.advertise, len(self.peers),
         )
+
+    def live_links(self) -> list[Link]:
+        """The open links to and from peers (for gateway.security.links: a SIGHUP checks
+        their certificates against the CRLs again and closes revoked ones)."""
+        links = (link for p in self.peers.values()
+                 for link in (p.ctl_out, p.data_out, p.ctl_in, p.data_in))
+        return [link for link in links if link is not None and not link.closed]
 
     def _open_tables(self) -> None:
         from pathlib import Path

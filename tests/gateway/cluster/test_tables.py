@@ -169,7 +169,7 @@ def test_replicant_gets_tables_and_keeps_them_across_a_core_restart(nodes) -> No
     Client(b, "p0").publish("conf/r", "r0", qos=1, retain=True)
     r: Node = nodes("c", seeds=[a, b], role="replicant")
     core = wait_until(lambda: (r.cluster()["replicant"] or {}).get("core"), what="attached")
-    assert retained(r, "conf/r", "r1") == "r0"  # from its core's snapshot
+    wait_until(lambda: retained(r, "conf/r", "r1") == "r0", what="retained from the core")
     sub = Client(r, "sub-r", clean=False, session_expiry=600).subscribe("live/#", 1)
     first = a if core == a.name else b
     other = b if first is a else a
