@@ -228,6 +228,7 @@ class DbTable(Table):
         self.meta = meta
         self.deleted = deleted  # what a vanished row becomes (rules: a tombstone row)
         self.values: dict[str, Value] = {}
+        self._fingerprint: object = None  # of the table when last read
 
     def value(self, key: str) -> Value | None:
         return self.values.get(key)
@@ -255,7 +256,12 @@ class DbTable(Table):
         meta = self.meta.load(self.name)
         for _, (stamp, _d) in meta.items():
             hlc.observe(stamp)
+        with self.meta.batch():
+            return self._load(hlc, meta)
+
+    def _load(self, hlc: Hlc, meta: dict[str, tuple[Stamp, str | None]]) -> list[list[Any]]:
         changes: list[list[Any]] = []
+        self._fingerprint = self.rows_.fingerprint()
         current = self.rows_.read()
         for key, value in current.items():
             known = meta.get(key)
@@ -274,14 +280,20 @@ class DbTable(Table):
         return changes
 
     def poll(self, hlc: Hlc) -> list[list[Any]]:
-        """The rows that changed locally since the last look, stamped."""
+        """The rows that changed locally since the last look, stamped (the table is read
+        only when its fingerprint moved)."""
+        fingerprint = self.rows_.fingerprint()
+        if fingerprint is not None and fingerprint == self._fingerprint:
+            return []
+        self._fingerprint = fingerprint
         current = self.rows_.read()
         changes: list[list[Any]] = []
-        for key, value in current.items():
-            if self.values.get(key) != value:
-                changes.extend(self._local(hlc, key, value))
-        for key in [k for k in self.values if k not in current]:
-            changes.extend(self._local(hlc, key, self.deleted))
+        with self.meta.batch():
+            for key, value in current.items():
+                if self.values.get(key) != value:
+                    changes.extend(self._local(hlc, key, value))
+            for key in [k for k in self.values if k not in current]:
+                changes.extend(self._local(hlc, key, self.deleted))
         return changes
 
     def _local(self, hlc: Hlc, key: str, value: Value | None) -> list[list[Any]]:
@@ -452,6 +464,13 @@ class TableSync:
             return
         assert isinstance(name, str)
         self.speaking.add(peer)
+        batch = table.meta.batch() if isinstance(table, DbTable) else contextlib.nullcontext()
+        with batch:
+            self._merge_rows(peer, name, table, rows)
+        if msg.get("end"):
+            self.peer_state.setdefault(peer, {})[name] = "synced"
+
+    def _merge_rows(self, peer: str, name: str, table: Table, rows: list[Any]) -> None:
         for row in rows:
             try:
                 if not isinstance(row, list) or len(row) != 3 or not isinstance(row[0], str):
@@ -465,8 +484,6 @@ class TableSync:
                     self._queue(name, row, peer)
             except (ValueError, KeyError, TypeError) as exc:
                 log.warning("cluster: dropped a row of table %s from %s: %s", name, peer, exc)
-        if msg.get("end"):
-            self.peer_state.setdefault(peer, {})[name] = "synced"
 
     # -- views -----------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ one by ``gatewayctl`` (``PRAGMA data_version``), and so does the cluster notice 
 (it reads the tables every ``cluster.table_poll`` seconds and compares).
 
 Invariants:
+- ``fingerprint()`` changes whenever ``read()`` may have (None: unknown, read anyway).
 - ``write(key, read()[key])`` changes nothing; after ``write(k, v)``, ``read()[k] == v``
   (values are canonical: bytes as hex, rules in their order).
 - Rules never lose a row: a rule deleted anywhere is written as a tombstone
@@ -21,9 +22,11 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -48,6 +51,7 @@ def digest(value: Value | None) -> str | None:
 class RowTable(Protocol):
     name: str
 
+    def fingerprint(self) -> object: ...
     def read(self) -> dict[str, Value]: ...
     def write(self, key: str, value: Value | None) -> None: ...
     def check(self, key: str, value: Value | None) -> None: ...
@@ -61,6 +65,10 @@ class BannedRows:
     def __init__(self, conn: sqlite3.Connection) -> None:
         ensure_schema(conn, _banned.SCHEMA)
         self.conn = conn
+
+    def fingerprint(self) -> object:
+        """Moves on every change of the table (its triggers' counter)."""
+        return self.conn.execute("SELECT version FROM banned_version WHERE id = 0").fetchone()
 
     def read(self) -> dict[str, Value]:
         rows = self.conn.execute(
@@ -106,6 +114,14 @@ class UserRows:
         ensure_schema(conn, _users.SCHEMA)
         self.conn = conn
 
+    def fingerprint(self) -> object:
+        """Moves on every change through UserStore (which sets ``updated_at``) and on
+        every rule added or deleted (ids only grow), so the whole table is read only
+        then."""
+        return (self.conn.execute(
+            "SELECT count(*), total(updated_at), max(updated_at) FROM users").fetchone(),
+            self.conn.execute("SELECT count(*), total(id), max(id) FROM user_rules").fetchone())
+
     def read(self) -> dict[str, Value]:
         out: dict[str, Value] = {}
         for row in self.conn.execute(f"SELECT username, {', '.join(_USER_FIELDS)} FROM users"):
@@ -136,7 +152,9 @@ class UserRows:
 
     def write(self, key: str, value: Value | None) -> None:
         conn = self.conn
-        conn.execute("BEGIN IMMEDIATE")
+        own = not conn.in_transaction  # else part of the caller's batch
+        if own:
+            conn.execute("BEGIN IMMEDIATE")
         try:
             conn.execute("DELETE FROM users WHERE username = ?", (key,))
             conn.execute("DELETE FROM user_rules WHERE username = ?", (key,))
@@ -151,9 +169,11 @@ class UserRows:
                 conn.executemany(
                     "INSERT INTO user_rules(username, permission, action, topic)"
                     " VALUES (?, ?, ?, ?)", [(key, *r) for r in value["rules"]])
-            conn.execute("COMMIT")
+            if own:
+                conn.execute("COMMIT")
         except BaseException:
-            conn.execute("ROLLBACK")
+            if own:
+                conn.execute("ROLLBACK")
             raise
 
 
@@ -170,6 +190,9 @@ class AutoSubscribeRows:
     def __init__(self, conn: sqlite3.Connection) -> None:
         conn.executescript(_ext.SCHEMA)
         self.conn = conn
+
+    def fingerprint(self) -> object:
+        return None  # no change counter: read every time (a small table)
 
     def read(self) -> dict[str, Value]:
         rows = self.conn.execute("SELECT clientid, topic, qos, rh, rap, nl FROM auto_subscribe")
@@ -217,6 +240,11 @@ class RuleRows:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.conn: sqlite3.Connection | None = None
+
+    def fingerprint(self) -> object:
+        """Other connections' commits to rules.db (ours are known already)."""
+        conn = self._open(False)
+        return None if conn is None else conn.execute("PRAGMA data_version").fetchone()
 
     def _open(self, create: bool) -> sqlite3.Connection | None:
         if self.conn is None and (create or self.path.exists()):
@@ -278,6 +306,20 @@ class TableMeta:
             "SELECT key, wall, logical, origin, digest FROM cluster_tables WHERE tbl = ?",
             (tbl,))
         return {k: ((w, lg, o), d) for k, w, lg, o, d in rows}
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """Many saves in one transaction (a first start stamping a large table)."""
+        if self.conn is None or self.conn.in_transaction:
+            yield
+            return
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+        self.conn.execute("COMMIT")
 
     def save(self, tbl: str, key: str, stamp: Stamp, value: Value | None) -> None:
         if self.conn is not None:
