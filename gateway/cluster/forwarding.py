@@ -61,7 +61,7 @@ class ForwardingPart(ClusterState):
             if fwd.target is not None and fwd.target != self.name:
                 self._relay_to(fwd)  # queued by its former core for a replicant of ours
             elif fwd.share is None:
-                with self.tables.injecting(peer.name):
+                with self.tables.injecting(bool(link.info.get("tables"))):
                     inject(fwd.message)
                 if allow is not None:
                     self._forward_plain(fwd.message, allow)

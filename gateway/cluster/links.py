@@ -52,6 +52,9 @@ class LinksPart(ClusterState):
             "epoch": self.store.epoch,
             "role": self.settings.role,
             "version": self.settings.version,
+            # its retained messages come as stamped table rows (tables.py): a node does not
+            # keep them from this node's DATA forwards
+            "tables": bool(self.settings.tables),
         }
 
     async def _dial_link(self, addr: str, channel: str, expect: str | None, *,

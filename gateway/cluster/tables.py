@@ -326,7 +326,6 @@ class TableSync:
         self.tables: dict[str, Table] = {}
         # peer -> table -> snapshot state ("sent", then "synced" once its snapshot ended)
         self.peer_state: dict[str, dict[str, str]] = {}
-        self.speaking: set[str] = set()  # peers that sent us a TABLE frame on this link
         self._pending: list[tuple[str, list[Any], str | None]] = []
         self._flush_handle: asyncio.Handle | None = None
         self._poll_handle: asyncio.TimerHandle | None = None
@@ -365,21 +364,26 @@ class TableSync:
                                  else encode(message)], None)
 
     @contextlib.contextmanager
-    def injecting(self, peer: str) -> Iterator[None]:
-        """Context: ``peer``'s DATA forward is being applied; its retained messages are
-        not kept from it (their stamped rows come on the control link, and are applied
-        in stamp order: an older forward arriving late must not win). Only for a peer
-        that sends tables (one without, an older version or ``cluster.tables`` off, still
-        has its retained messages kept from its forwards)."""
+    def injecting(self, sends_tables: bool) -> Iterator[None]:
+        """Context: a peer's DATA forward is being applied. A retained message in it is
+        never stamped here (it is not a local write). From a peer that sends tables (its
+        HELLO says so) it is not kept at all: its stamped row comes on the control link
+        and is applied in stamp order, so a forward queued during a partition and
+        delivered after the heal cannot undo a newer write. From a peer without tables
+        (an older version, or ``cluster.tables`` off there) it is kept as before."""
         table = self.tables.get("retained")
-        if not isinstance(table, RetainedTable) or peer not in self.speaking:
+        if not isinstance(table, RetainedTable):
             yield
             return
-        table.retainer.paused = True
+        if sends_tables:
+            table.retainer.paused = True
+        else:
+            table.applying = True
         try:
             yield
         finally:
             table.retainer.paused = False
+            table.applying = False
 
     # -- life cycle ------------------------------------------------------------------
 
@@ -449,10 +453,6 @@ class TableSync:
 
     def link_down(self, peer: str) -> None:
         self.peer_state.pop(peer, None)
-        self.speaking.discard(peer)
-
-    def forget(self, peer: str) -> None:
-        self.link_down(peer)
 
     def received(self, peer: str, msg: dict[str, Any]) -> None:
         """A TABLE frame from ``peer``: merge its rows, pass the newer ones on."""
@@ -463,7 +463,6 @@ class TableSync:
             log.warning("cluster: %s sent rows of an unknown table %r", peer, name)
             return
         assert isinstance(name, str)
-        self.speaking.add(peer)
         batch = table.meta.batch() if isinstance(table, DbTable) else contextlib.nullcontext()
         with batch:
             self._merge_rows(peer, name, table, rows)
