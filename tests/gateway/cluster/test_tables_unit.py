@@ -262,3 +262,31 @@ def test_table_frames_stay_small_whatever_the_payloads() -> None:
         size = sum(len(r[2]["m"]) for r in p if r[2] is not None)
         assert size <= CHUNK_BYTES or len(p) == 1
     assert chunks([]) == []
+
+
+def test_a_late_retained_forward_never_undoes_a_newer_row() -> None:
+    """The ordering the netns test once hit: B wrote "b" (newer) while A's older "a"
+    waited in A's durable outbox; after the heal A's DATA forward arrives before A's
+    table snapshot. From a peer that sends tables it is not kept; from one without, it is
+    kept but never stamped as B's own write (so it cannot spread as the newest)."""
+    from gateway.cluster.tables import TableSync
+    from gateway.core.retainer import Retainer
+    from protocols.context import Message
+
+    retainer = Retainer(now=lambda: 0.0)
+    sent: list[bytes] = []
+    sync = TableSync("b", lambda _p, f: bool(sent.append(f)), lambda: ["a"])
+    table = sync.add_retained(retainer)
+    retainer.on_publish(Message("cfg/x", b"b", 1, True, timestamp=2.0))  # B's own write
+    newer = table.stamp("cfg/x")
+    assert newer is not None and table.local_changes == 1
+    with sync.injecting(True):
+        retainer.on_publish(Message("cfg/x", b"a", 1, True, timestamp=1.0))
+    assert retainer.get("cfg/x").payload == b"b"  # type: ignore[union-attr]
+    with sync.injecting(False):
+        retainer.on_publish(Message("cfg/x", b"a", 1, True, timestamp=1.0))
+    assert retainer.get("cfg/x").payload == b"a"  # type: ignore[union-attr]
+    assert table.stamp("cfg/x") == newer and table.local_changes == 1  # not a local write
+    assert not retainer.paused and not table.applying
+    # A's snapshot row (older) is ignored; a newer one from A wins
+    assert not table.merge("cfg/x", (newer[0] - 1, 0, "a"), {"m": "unused"})
