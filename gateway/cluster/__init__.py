@@ -65,6 +65,8 @@ def from_config(
         ) if c.discovery == "dns" and c.dns.name else None,
         raft=c.raft,
         raft_compact_entries=c.raft_compact_entries,
+        tables=c.tables,
+        table_poll=c.table_poll,
         data_dir=str(config.node.data_dir),
     )
     return Cluster(settings, node, tls, ClusterStore(conn, committer))

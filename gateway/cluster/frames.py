@@ -40,7 +40,8 @@ ACK = 10  # {"seq": int} on the data channel
 CALL = 11  # {"id", "op", ...}: a request on the control channel
 REPLY = 12  # {"id", ...}: its answer
 CAST = 13  # {"op", ...}: a one-way notice on the control channel
-RAFT = 14  # a pysyncobj message (pickled; peers are authenticated), control channel
+RAFT = 14  # a pysyncobj message (allow-list unpickled, raft.py), control channel
+TABLE = 15  # {"t": table, "rows": [[key, stamp, value|null], ...], "snapshot", "end"}
 
 MAX_FRAME = 64 << 20
 _HEAD = struct.Struct(">IB")

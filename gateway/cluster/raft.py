@@ -15,8 +15,13 @@ broker).
 
 Invariants:
 - Node ids are cluster node names; a payload is only ever accepted from a name the
-  cluster authenticated (the TLS certificate's CN is the node name), which is what makes
-  pysyncobj's pickled messages acceptable (pickle is never fed unauthenticated bytes).
+  cluster authenticated (the TLS certificate's CN is the node name).
+- Nothing a peer sends can make this node run code: pysyncobj pickles its messages, its
+  log entries and its snapshots, so every unpickling (ours of a RAFT frame, and
+  pysyncobj's own, patched by :func:`install_safe_pickle`) goes through
+  :class:`SafeUnpickler`, which builds only plain data (numbers, strings, bytes, lists,
+  tuples, dicts, sets) and pysyncobj's ``Node`` objects; a pickle naming any other
+  global is refused (the frame is dropped and logged).
 - A message for a node whose link is down is dropped (``send`` returns False); Raft
   retries by itself (heartbeats, append-entries resends).
 """
@@ -24,6 +29,8 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import io
+import logging
 import os
 import pickle
 from collections.abc import Callable
@@ -40,6 +47,49 @@ from pysyncobj.node import Node as RaftNode  # type: ignore[import-untyped]
 from pysyncobj.transport import Transport  # type: ignore[import-untyped]
 
 Send = Callable[[str, bytes], bool]
+log = logging.getLogger("gateway.cluster")
+
+_PLAIN = ("set", "frozenset", "bytearray", "bytes", "int", "float", "str", "list",
+          "tuple", "dict", "bool", "complex", "object")
+ALLOWED: frozenset[tuple[str, str]] = frozenset(
+    {(m, n) for m in ("builtins", "__builtin__") for n in _PLAIN}
+    | {("_codecs", "encode"),  # protocol 2 pickles bytes as _codecs.encode(str, "latin1")
+       ("copyreg", "_reconstructor"), ("copy_reg", "_reconstructor"),
+       ("collections", "OrderedDict"), ("collections", "deque"),
+       ("pysyncobj.node", "Node"), ("pysyncobj.node", "TCPNode")})
+
+
+class SafeUnpickler(pickle.Unpickler):
+    """An unpickler that resolves only the globals in :data:`ALLOWED`."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in ALLOWED:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"refused global {module}.{name}")
+
+
+def safe_loads(data: bytes | str) -> Any:
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    return SafeUnpickler(io.BytesIO(data)).load()
+
+
+def safe_load(file: Any) -> Any:
+    return SafeUnpickler(file).load()
+
+
+def install_safe_pickle() -> None:
+    """Route pysyncobj's own unpickling (log entries, membership commands, snapshots,
+    journal) through :class:`SafeUnpickler` (idempotent)."""
+    import pysyncobj.journal as pj  # type: ignore[import-untyped]
+    import pysyncobj.pickle as pp  # type: ignore[import-untyped]
+
+    pp.loads = safe_loads
+    pp.load = safe_load
+    pj.loads = safe_loads
+
+
+install_safe_pickle()
 
 
 class LinkTransport(Transport):  # type: ignore[misc]
@@ -76,8 +126,20 @@ class LinkTransport(Transport):  # type: ignore[misc]
 
     def received(self, name: str, payload: bytes) -> None:
         node = self.nodes.get(name)
-        if node is not None:
-            self._onMessageReceived(node, pickle.loads(payload))
+        if node is None:
+            return
+        try:
+            message = safe_loads(payload)
+        except Exception as exc:
+            log.warning("cluster: refused a Raft message from %s: %s", name, exc)
+            return
+        if not isinstance(message, dict):
+            log.warning("cluster: refused a Raft message from %s: not a dict", name)
+            return
+        try:
+            self._onMessageReceived(node, message)
+        except pickle.UnpicklingError as exc:
+            log.warning("cluster: refused a Raft entry from %s: %s", name, exc)
 
     def link_up(self, name: str) -> None:
         node = self.nodes.get(name)
@@ -130,7 +192,10 @@ class RaftGroup:
         loop = asyncio.get_running_loop()
 
         def tick() -> None:
-            self.sync.doTick(0.0)
+            try:
+                self.sync.doTick(0.0)
+            except Exception:  # e.g. a refused pickle in an entry: keep ticking
+                log.exception("cluster: Raft tick failed")
             self._handle = loop.call_later(self.tick_interval, tick)
 
         self._handle = loop.call_soon(tick)

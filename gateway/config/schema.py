@@ -573,6 +573,10 @@ class ClusterConfig(_Section):
     # with raft: the log is journalled in the node's data_dir and compacted (a full dump)
     # once it holds this many entries
     raft_compact_entries: int = Field(default=5000, ge=2)
+    # retained messages, bans, users and run-time rules the same on every node
+    # (gateway/cluster/tables.py); the database tables are compared every table_poll
+    tables: bool = True
+    table_poll: Annotated[Duration, Field(gt=0)] = 0.5
 
     @model_validator(mode="after")
     def _auto_enable(self) -> ClusterConfig:

@@ -7,6 +7,10 @@ trie with the filter (never a scan of every topic) and skips expired messages.
 Invariants:
 - ``_messages`` and the trie hold exactly the same set of topics.
 - Topics starting with ``$`` are not returned for filters whose first level is ``+``/``#``.
+- ``on_change`` (the cluster's replicated table) hears of every message stored or deleted
+  through the journal path, never of a restore (``store(..., journal=False)``); while
+  ``paused``, :meth:`on_publish` keeps nothing (the cluster applies retained messages
+  forwarded by peers through its table, in stamp order).
 """
 
 from __future__ import annotations
@@ -46,6 +50,8 @@ class Retainer:
         self._now = now
         self._on_refused = on_refused
         self.journal: RetainedJournal | None = None
+        self.on_change: Callable[[str, Message | None], None] | None = None
+        self.paused = False
 
     def __len__(self) -> int:
         return len(self._messages)
@@ -55,7 +61,7 @@ class Retainer:
 
     def on_publish(self, message: Message) -> None:
         """Hook entry: remember or forget the retained message of a topic."""
-        if not message.retain:
+        if not message.retain or self.paused:
             return
         if not message.payload:
             self.delete(message.topic)
@@ -87,12 +93,16 @@ class Retainer:
                 node = nxt
             node.topic = topic
         self._messages[topic] = message
+        if journal and self.on_change is not None:
+            self.on_change(topic, message)
 
     def delete(self, topic: str) -> bool:
         if self._messages.pop(topic, None) is None:
             return False
         if self.journal is not None:
             self.journal.retained_deleted(topic)
+        if self.on_change is not None:
+            self.on_change(topic, None)
         path: list[tuple[_Node, str]] = []
         node: _Node = self._root
         for level in topic.split("/"):

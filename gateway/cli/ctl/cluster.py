@@ -69,6 +69,16 @@ def status_cmd(config_path: Path | None = None, as_json: bool = False) -> None:
           (m.get("replication") or {}).get("lag"),
           m["version"], m.get("connections")) for m in c["members"]],
     ))
+    tables = c.get("tables")
+    if tables:  # the replicated tables: rows and sync state with each linked peer
+        out.print()
+        out.print(fmt.table(
+            ["Table", "Rows", "Tombstones", "State", "Peers", "Local", "Remote"],
+            [(name, t.get("rows"), t.get("tombstones"), t.get("state"),
+              ", ".join(f"{p} {s}" for p, s in sorted((t.get("peers") or {}).items())),
+              t.get("local_changes"), t.get("remote_changes"))
+             for name, t in sorted(tables.items())],
+        ))
 
 
 @cluster.command(name="join")

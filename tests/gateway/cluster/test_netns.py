@@ -8,7 +8,9 @@ dials fail, as on a real cut; the heal deletes the rules and TCP retransmits.
 Asserted: each side finds the cut by its own heartbeat timeout and drops the other's
 routes; QoS 1 messages acknowledged on both sides before and after the cut was noticed
 reach the persistent subscribers on the other side exactly once after the heal; routes
-converge (each side sees the other's route again).
+converge (each side sees the other's route again); the replicated tables converge too
+(a retained message written on both sides during the cut: the later one everywhere; a
+ban made on one side reaches the other).
 
 The test re-runs itself in a new network namespace (an inner pytest run under
 ``unshare -n``); it is skipped where namespaces cannot be created (not root, no
@@ -26,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from tests.gateway.cluster.harness import Client, Node, make_pki, wait_mesh, wait_until
+from tests.gateway.cluster.test_tables import banned_in_db, ctl, retained
 
 pytestmark = pytest.mark.slow
 
@@ -100,6 +103,9 @@ def inside(tmp_path: Path) -> None:
                    what="each side finds the cut by its heartbeat timeout")
         assert a.remote_routes(b) == 0 and b.remote_routes(a) == 0
         publish("noticed")  # queued durably for the parked routes
+        pubs["a"].publish("cfg/x", "a", qos=1, retain=True)
+        ctl(a, "ban", "add", "clientid", "cut-a")
+        pubs["b"].publish("cfg/x", "b", qos=1, retain=True)  # later: wins
         _sh(*HEAL)
         wait_mesh([a, b], timeout=30)
         wait_until(lambda: a.remote_routes(b) == 1 and b.remote_routes(a) == 1,
@@ -108,6 +114,10 @@ def inside(tmp_path: Path) -> None:
             want = sorted(f"{t}-{src}{i}" for t in ("cut", "noticed") for i in range(3))
             got = sorted(m.payload.decode() for m in subs[dst].collect(len(want), 30))
             assert got == want, (dst, got)
+        for n in (a, b):  # the tables converged: later retained write, ban everywhere
+            wait_until(lambda n=n: retained(n, "cfg/x", f"r-{n.short}") == "b",
+                       what=f"retained converged on {n.short}")
+            wait_until(lambda n=n: banned_in_db(n, "clientid", "cut-a"), what="ban on both")
         # and nothing twice: one more message each way arrives alone
         publish("after")
         for dst, src in (("a", "b"), ("b", "a")):

@@ -117,6 +117,9 @@ def test_replicant_cut_off_from_its_core_moves_what_it_acknowledged(nodes) -> No
                    and r.remote_routes(a) == 1, what="the replicant on a, b's route through a")
         pub.publish("q/x", "warm", qos=1)
         assert sub.next_message().payload == b"warm"
+        # a's acknowledgement of "warm" back on the replicant too (else the replicant
+        # rightly moves it to b as well: at least once), then the cut
+        wait_until(lambda: r.member(a.name)["outbox"]["len"] == 0, what="warm acknowledged")
         pa.cut()  # every link dialled to a stalls: the replicant's and b's
         for i in range(3):
             pub.publish("q/x", f"cut{i}", qos=1)  # acknowledged by the replicant
