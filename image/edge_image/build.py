@@ -349,6 +349,8 @@ def main(argv: list[str]) -> int:
         raise BadInput("--out DIR is required (or --prune alone)")
     require_root("build")
     require_tools(TOOLS)
+    if arches.foreign(arch):
+        require_tools({"arch-test": "arch-test"})  # mmdebstrap's foreign-arch check
     arches.ensure_binfmt(arch)
     cache = cache_root()
     cache.mkdir(parents=True, exist_ok=True)
