@@ -6,8 +6,10 @@ from builds before the per-arch layout, in ``<cache>/`` itself as ``<stage>[-<ar
 group by modification time stay (a cache hit does not touch an entry, so "newest" means
 "most recently built": keep at least 2 when another checkout may still build the previous
 inputs). Leftovers of interrupted builds (``*.tmp*``) go once they are 12 hours old.
-Nothing else is touched: ``keys/`` (the development signing key), ``test-out/``,
-``data-empty.ext4`` and unknown names stay.
+Nothing else is touched: ``keys/`` (the development signing key),
+``data-empty.ext4`` and unknown names stay. ``test-out/<dir>`` (one per checkout that ran
+the image tests, tests/image_build.py) goes only when the checkout its ``checkout`` file
+names no longer exists.
 
 A build killed before its stage was renamed into place may have left mounts below its
 ``*.tmp<pid>`` directory (an mmdebstrap from before it ran in its own mount namespace,
@@ -48,12 +50,18 @@ def mounts_below(root: Path, mountinfo: str) -> list[Path]:
 
 
 def build_alive(pid: int) -> bool:
-    """Whether ``pid`` is a running image/build (a dead pid, or one reused by another
-    program, counts as gone)."""
+    """Whether ``pid`` may be a running image/build: gone or a zombie is dead, and so is a
+    process whose command line does not name edge_image (the pid reused by another
+    program); an empty command line (a process between fork and exec) counts as alive,
+    which errs towards leaving a mount in place."""
     try:
-        return b"edge_image" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
+    if stat.rsplit(")", 1)[-1].split()[0] in ("Z", "X"):
+        return False
+    return not cmdline or b"edge_image" in cmdline
 
 
 def leftover_mounts(cache: Path, mountinfo: str) -> list[Path]:
@@ -116,6 +124,22 @@ def stale(directory: Path, keep: int) -> list[Path]:
     return sorted(out)
 
 
+def orphaned_test_outputs(cache: Path) -> list[Path]:
+    """``cache/test-out/<dir>`` whose checkout (named in its ``checkout`` file) is gone."""
+    outs = cache / "test-out"
+    if not outs.is_dir():
+        return []
+    gone = []
+    for d in sorted(outs.iterdir()):
+        try:
+            checkout = Path((d / "checkout").read_text().strip())
+        except OSError:
+            continue  # not a per-checkout directory: leave it
+        if checkout.is_absolute() and not checkout.exists():
+            gone.append(d)
+    return gone
+
+
 def prune(cache: Path, keep: int, *, only: Path | None = None) -> int:
     """Remove stale entries (in ``only``, else in ``cache`` and each ``cache/<arch>``);
     print what went and the space freed; return the bytes freed."""
@@ -129,7 +153,7 @@ def prune(cache: Path, keep: int, *, only: Path | None = None) -> int:
                         ("amd64", "arm64"))]
     freed = count = 0
     for d in dirs:
-        for p in stale(d, keep):
+        for p in stale(d, keep) + (orphaned_test_outputs(cache) if d == cache else []):
             n = size_of(p)
             remove(p)
             freed += n
