@@ -8,7 +8,7 @@ Invariants:
 - A foreign-arch build runs the target's binaries under qemu-user through binfmt_misc;
   :func:`ensure_binfmt` checks (and, as root, tries to enable) the registration before
   any stage runs, and names what is missing in one line otherwise.
-- arm64's Debian stage never runs update-initramfs: :func:`base_hooks` configures
+- arm64's Debian stage never runs update-initramfs: :func:`base_options` configures
   initramfs-tools (``MODULES=list`` + :data:`ARM64_INITRAMFS_MODULES`) and parks
   update-initramfs before the kernel package is unpacked, and restores it afterwards; the
   rootfs stage then makes the one initramfs the image carries (its modules stripped and
@@ -90,12 +90,16 @@ ARM64_UNNEEDED_MODULES = ["drivers/gpu", "sound", "drivers/media", "drivers/infi
 #: mmc_block and pcie-brcmstb are built into the kernel.
 ARM64_INITRAMFS_MODULES = list(ARCHES["arm64"].initramfs_modules)
 
-#: update-initramfs while the Debian stage installs packages: a no-op (see base_hooks).
+#: update-initramfs while the Debian stage installs packages: a no-op (see base_options).
 PARKED = "/usr/sbin/update-initramfs.edge-gateway"
 
 
-def base_hooks(arch: Arch) -> list[str]:
+def base_options(arch: Arch) -> list[str]:
     """mmdebstrap options for the Debian stage of ``arch`` (none for amd64).
+
+    ``force-unsafe-io``: dpkg does not fsync every unpacked file (the stage is renamed
+    into place only when complete, so a crash mid-way loses nothing that counts); under
+    qemu-user on a shared disk those syncs are a share of the stage's time.
 
     For an arch with a fixed initramfs module list, an *essential* hook (it runs after
     the Essential: yes packages, before ``--include``'s, so before initramfs-tools and the
@@ -124,7 +128,8 @@ def base_hooks(arch: Arch) -> list[str]:
         'chroot "$r" dpkg-divert --quiet --local --rename '
         f'--divert {PARKED} --remove /usr/sbin/update-initramfs; '
         'test -x "$r/usr/sbin/update-initramfs"')
-    return [f"--essential-hook={essential}", f"--customize-hook={customize}"]
+    return ["--dpkgopt=force-unsafe-io", f"--essential-hook={essential}",
+            f"--customize-hook={customize}"]
 
 
 def get(name: str) -> Arch:

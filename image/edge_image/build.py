@@ -132,7 +132,7 @@ class Builder:
         args = ["--variant=minbase", f"--architectures={self.arch.name}",
                 f"--include={','.join(pkgs)}",
                 *(f"--dpkgopt=path-exclude={p}" for p in DPKG_EXCLUDES),
-                "--aptopt=Acquire::Retries \"3\"", *arches.base_hooks(self.arch), SUITE]
+                "--aptopt=Acquire::Retries \"3\"", *arches.base_options(self.arch), SUITE]
         key = key_of(repr(args), MIRROR)
         final = self.cache / f"base-{key}"
         how = "mmdebstrap, qemu-user" if arches.foreign(self.arch) else "mmdebstrap"
@@ -217,7 +217,7 @@ rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/cache/apt/archives/*.deb
             dirs = " ".join(f"/lib/modules/*/kernel/{d}" for d in arches.ARM64_UNNEEDED_MODULES)
             strip = (f"rm -rf {dirs}\n"
                      "for v in $(ls /lib/modules); do depmod -a \"$v\"; done\n")
-        # With a fixed module list the Debian stage made no initramfs (arch.base_hooks):
+        # With a fixed module list the Debian stage made no initramfs (arch.base_options):
         # create the one the image carries; amd64's base has one to update.
         mode = "-c" if self.arch.initramfs_modules else "-u"
         chroot(root, script.replace("{strip_modules}", strip)
