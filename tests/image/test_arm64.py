@@ -6,7 +6,9 @@ through the forwarded port, the DNS resolver and NTP client running; then RAUC o
 a bundle whose gatewayd cannot start is rolled back to A by systemd-boot's boot counting
 (two failed boots of B, nobody touching the unit), and the real bundle updates A -> B with
 /data and a retained message kept. The checks are tests/image/test_unit.py's (one
-implementation for both arches); only the timeouts are TCG-on-arm64 sized.
+implementation for both arches); only the timeouts are TCG-on-arm64 sized. Those two run
+only with ``EDGE_GATEWAY_ARM64_RAUC=1`` (about 25 min under TCG on the loaded CI machine,
+see the skip reason and docs/image.md#figures).
 
 Budget: the arm64 build shares the cache with amd64's (stage keys per arch). With the
 Debian stage cached, a build takes seconds (everything cached) to several minutes (a
@@ -19,6 +21,7 @@ longer, so the test skips unless that stage is cached or ``EDGE_GATEWAY_ARM64_CO
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import threading
 import time
@@ -127,6 +130,12 @@ def test_arm64_dns_resolver_and_ntp(unit: Vm) -> None:
 @pytest.fixture(scope="module")
 def bundles(built_arm64: Built,
             tmp_path_factory: pytest.TempPathFactory) -> Iterator[BundleServer]:
+    if os.environ.get("EDGE_GATEWAY_ARM64_RAUC") != "1":
+        pytest.skip("arm64 RAUC update and rollback under TCG take about 25 min (measured "
+                    "at load 11 on the 2-core CI machine: two rauc installs of ~5 min, "
+                    "four boots of 3-5 min), more than the image group's budget allows "
+                    "beside the amd64 tests, which run the same checks; set "
+                    "EDGE_GATEWAY_ARM64_RAUC=1 to run them")
     # No foreign-key bundle: the signature check is the same RAUC code on both arches and
     # test_unit.py covers it; every bundle here costs minutes to copy into the guest.
     server = serve_bundles(built_arm64, tmp_path_factory.mktemp("bundles-arm64"), "arm64",
