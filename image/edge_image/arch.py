@@ -8,6 +8,11 @@ Invariants:
 - A foreign-arch build runs the target's binaries under qemu-user through binfmt_misc;
   :func:`ensure_binfmt` checks (and, as root, tries to enable) the registration before
   any stage runs, and names what is missing in one line otherwise.
+- arm64's Debian stage never runs update-initramfs: :func:`base_options` configures
+  initramfs-tools (``MODULES=list`` + :data:`ARM64_INITRAMFS_MODULES`) and parks
+  update-initramfs before the kernel package is unpacked, and restores it afterwards; the
+  rootfs stage then makes the one initramfs the image carries (its modules stripped and
+  the overlay's hooks in place).
 - A foreign arch's wheelhouse needs no emulation: the native resolution's pure-Python
   wheels plus PyPI's manylinux wheels of the same versions for that arch
   (edge_image/wheels.py:foreign, :attr:`Arch.wheel_platforms`).
@@ -38,6 +43,7 @@ class Arch:
     firmware_package: str
     uname: str                    # platform.machine() of a native host
     wheel_platforms: tuple[str, ...]  # pip --platform tags of its manylinux wheels
+    initramfs_modules: tuple[str, ...] = ()  # a fixed list instead of MODULES=most
 
 
 ARCHES: dict[str, Arch] = {
@@ -59,7 +65,10 @@ ARCHES: dict[str, Arch] = {
         # Debian 12 has glibc 2.36: manylinux up to 2_36 runs there.
         ("manylinux2014_aarch64", "manylinux_2_17_aarch64", "manylinux_2_28_aarch64",
          "manylinux_2_31_aarch64", "manylinux_2_34_aarch64", "manylinux_2_35_aarch64",
-         "manylinux_2_36_aarch64")),
+         "manylinux_2_36_aarch64"),
+        ("virtio_pci", "virtio_mmio", "virtio_blk", "ext4", "crc32c_generic", "vfat",
+         "nls_cp437", "nls_ascii", "sdhci-iproc", "reset-raspberrypi", "xhci-pci",
+         "usb-storage", "uas", "nvme")),
 }
 
 #: Module trees of the generic arm64 kernel that a headless gateway never loads (GPU,
@@ -74,14 +83,53 @@ ARM64_UNNEEDED_MODULES = ["drivers/gpu", "sound", "drivers/media", "drivers/infi
 
 #: The arm64 initramfs holds these modules (and what they depend on) instead of
 #: initramfs-tools' MODULES=most: mkinitramfs runs under qemu-user there, one emulated
-#: process per module, and "most" took about 25 minutes. Enough to find the root and data
-#: partitions on QEMU's virt machine (virtio-pci/-mmio disks) and on a Raspberry Pi 4 /
-#: CM4 (SD card and eMMC on emmc2 = sdhci-iproc, USB mass storage behind the VL805,
-#: NVMe on the CM4's PCIe); mmc_block and pcie-brcmstb are built into the kernel.
-ARM64_INITRAMFS_MODULES = ["virtio_pci", "virtio_mmio", "virtio_blk", "ext4",
-                           "crc32c_generic", "vfat", "nls_cp437", "nls_ascii",
-                           "sdhci-iproc", "reset-raspberrypi", "xhci-pci", "usb-storage",
-                           "uas", "nvme"]
+#: process per module, and "most" took about 25 minutes (twice: the kernel's postinst and
+#: initramfs-tools' trigger). Enough to find the root and data partitions on QEMU's virt
+#: machine (virtio-pci/-mmio disks) and on a Raspberry Pi 4 / CM4 (SD card and eMMC on
+#: emmc2 = sdhci-iproc, USB mass storage behind the VL805, NVMe on the CM4's PCIe);
+#: mmc_block and pcie-brcmstb are built into the kernel.
+ARM64_INITRAMFS_MODULES = list(ARCHES["arm64"].initramfs_modules)
+
+#: update-initramfs while the Debian stage installs packages: a no-op (see base_options).
+PARKED = "/usr/sbin/update-initramfs.edge-gateway"
+
+
+def base_options(arch: Arch) -> list[str]:
+    """mmdebstrap options for the Debian stage of ``arch`` (none for amd64).
+
+    ``force-unsafe-io``: dpkg does not fsync every unpacked file (the stage is renamed
+    into place only when complete, so a crash mid-way loses nothing that counts); under
+    qemu-user on a shared disk those syncs are a share of the stage's time.
+
+    For an arch with a fixed initramfs module list, an *essential* hook (it runs after
+    the Essential: yes packages, before ``--include``'s, so before initramfs-tools and the
+    kernel are unpacked) writes ``/etc/initramfs-tools/conf.d/gateway-modules``
+    (``MODULES=list``) and ``/usr/share/initramfs-tools/modules.d/edge-gateway`` (the
+    list; read by mkinitramfs next to the ``/etc/initramfs-tools/modules`` conffile, which
+    is left to its package), and diverts update-initramfs to a no-op, so neither the
+    kernel's postinst (``-c``) nor initramfs-tools' trigger (``-u``) builds one. A
+    *customize* hook puts the real update-initramfs back. The rootfs stage builds the
+    image's single initramfs (``update-initramfs -c -k all``) with this configuration."""
+    if not arch.initramfs_modules:
+        return []
+    conf = "/etc/initramfs-tools/conf.d/gateway-modules"
+    listing = "/usr/share/initramfs-tools/modules.d/edge-gateway"
+    essential = (
+        'set -e; r="$1"; mkdir -p "$r/etc/initramfs-tools/conf.d" '
+        '"$r/usr/share/initramfs-tools/modules.d"; '
+        f'echo MODULES=list > "$r{conf}"; '
+        f"printf '%s\\n' {' '.join(arch.initramfs_modules)} > \"$r{listing}\"; "
+        'chroot "$r" dpkg-divert --quiet --local --rename '
+        f'--divert {PARKED} --add /usr/sbin/update-initramfs; '
+        'printf \'#!/bin/sh\\nexit 0\\n\' > "$r/usr/sbin/update-initramfs"; '
+        'chmod 755 "$r/usr/sbin/update-initramfs"')
+    customize = (
+        'set -e; r="$1"; rm -f "$r/usr/sbin/update-initramfs"; '
+        'chroot "$r" dpkg-divert --quiet --local --rename '
+        f'--divert {PARKED} --remove /usr/sbin/update-initramfs; '
+        'test -x "$r/usr/sbin/update-initramfs"')
+    return ["--dpkgopt=force-unsafe-io", f"--essential-hook={essential}",
+            f"--customize-hook={customize}"]
 
 
 def get(name: str) -> Arch:

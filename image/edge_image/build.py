@@ -50,7 +50,7 @@ from edge_image.common import (
     run,
 )
 from edge_image.keys import SigningKeys, resolve
-from edge_image.prune import prune
+from edge_image.prune import prune, unmount_leftovers
 
 SUITE = "bookworm"
 MIRROR = os.environ.get("EDGE_GATEWAY_MIRROR", "http://deb.debian.org/debian")
@@ -132,7 +132,7 @@ class Builder:
         args = ["--variant=minbase", f"--architectures={self.arch.name}",
                 f"--include={','.join(pkgs)}",
                 *(f"--dpkgopt=path-exclude={p}" for p in DPKG_EXCLUDES),
-                "--aptopt=Acquire::Retries \"3\"", SUITE]
+                "--aptopt=Acquire::Retries \"3\"", *arches.base_options(self.arch), SUITE]
         key = key_of(repr(args), MIRROR)
         final = self.cache / f"base-{key}"
         how = "mmdebstrap, qemu-user" if arches.foreign(self.arch) else "mmdebstrap"
@@ -141,7 +141,10 @@ class Builder:
             self.progress.done(t0, True)
             return final, key
         tmp = fresh_dir(final)
-        run(["mmdebstrap", *args, tmp, MIRROR], timeout=5400)
+        # In its own mount namespace: the /proc, /sys and /dev mounts mmdebstrap makes in
+        # its chroot go with it, even when it is killed (see prune.unmount_leftovers).
+        run(["unshare", "--mount", "--propagation", "private", "mmdebstrap", *args, tmp,
+             MIRROR], timeout=5400)
         commit(tmp, final)
         self.progress.done(t0, False)
         return final, key
@@ -206,18 +209,19 @@ echo edge-gateway > /etc/hostname
 # DNS: systemd-resolved's stub, fed by networkd's DHCP leases. The root is read-only, so
 # the link is made here, not at boot.
 rm -f /etc/resolv.conf && ln -s ../run/systemd/resolve/stub-resolv.conf /etc/resolv.conf
-{strip_modules}update-initramfs -u -k all
+{strip_modules}update-initramfs {initramfs_mode} -k all
 rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/cache/apt/archives/*.deb
 """
         strip = ""
         if self.arch.name == "arm64" and self.kernel == "linux-image-arm64":
             dirs = " ".join(f"/lib/modules/*/kernel/{d}" for d in arches.ARM64_UNNEEDED_MODULES)
             strip = (f"rm -rf {dirs}\n"
-                     "for v in $(ls /lib/modules); do depmod -a \"$v\"; done\n"
-                     "echo MODULES=list > /etc/initramfs-tools/conf.d/gateway-modules\n"
-                     f"printf '%s\\n' {' '.join(arches.ARM64_INITRAMFS_MODULES)} "
-                     ">> /etc/initramfs-tools/modules\n")
-        chroot(root, script.replace("{strip_modules}", strip))
+                     "for v in $(ls /lib/modules); do depmod -a \"$v\"; done\n")
+        # With a fixed module list the Debian stage made no initramfs (arch.base_options):
+        # create the one the image carries; amd64's base has one to update.
+        mode = "-c" if self.arch.initramfs_modules else "-u"
+        chroot(root, script.replace("{strip_modules}", strip)
+               .replace("{initramfs_mode}", mode))
         for d in ("data", "efi", "etc/gateway", "var/lib/gateway", "var/lib/systemd",
                   "var/log", "var/tmp", "var/cache"):
             (root / d).mkdir(parents=True, exist_ok=True)
@@ -345,9 +349,12 @@ def main(argv: list[str]) -> int:
         raise BadInput("--out DIR is required (or --prune alone)")
     require_root("build")
     require_tools(TOOLS)
+    if arches.foreign(arch):
+        require_tools({"arch-test": "arch-test"})  # mmdebstrap's foreign-arch check
     arches.ensure_binfmt(arch)
     cache = cache_root()
     cache.mkdir(parents=True, exist_ok=True)
+    unmount_leftovers(cache)
     keys = resolve(args.signing_key, args.signing_cert, args.keyring, release=args.release,
                    cache=cache)
     b = Builder(args, keys)

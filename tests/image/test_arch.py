@@ -1,10 +1,13 @@
 """What differs per arch, without building: kernel flavours (--kernel), the serial
 console on the kernel command line, and the binfmt_misc check a foreign-arch build makes
-first (against a fake binfmt_misc directory). Fast, no root."""
+first (against a fake binfmt_misc directory), and the arm64 Debian stage's mmdebstrap
+hooks (run against a fake root). Fast, no root."""
 
 from __future__ import annotations
 
+import os
 import platform
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -49,3 +52,48 @@ def test_binfmt_check_names_what_is_missing(tmp_path: Path) -> None:
                      "flags: PF\n")
     arch.ensure_binfmt(arm64, tmp_path, fix=False)
     arch.ensure_binfmt(arch.get("amd64"), tmp_path, fix=False)  # native: nothing to check
+
+
+def run_hook(option: str, root: Path, tmp: Path, then: str = "") -> list[str]:
+    """Run an mmdebstrap ``--*-hook=SCRIPT`` option as mmdebstrap does (``sh -c SCRIPT
+    exec ROOT``), with ``chroot`` replaced by a recorder (which then runs ``then``);
+    return the recorded calls."""
+    bin_dir = tmp / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    calls = tmp / "calls"
+    fake = bin_dir / "chroot"
+    fake.write_text(f'#!/bin/sh\necho "$*" >> "{calls}"\n{then}')
+    fake.chmod(0o755)
+    script = option.split("=", 1)[1]
+    subprocess.run(["sh", "-c", script, "exec", str(root)], check=True,
+                   env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    return calls.read_text().splitlines() if calls.exists() else []
+
+
+def test_arm64_base_configures_initramfs_before_the_kernel(tmp_path: Path) -> None:
+    """The arm64 Debian stage's essential hook (after the Essential packages, before
+    initramfs-tools and the kernel) selects MODULES=list with the fixed module list and
+    parks update-initramfs as a no-op; the customize hook restores it. amd64 gets no
+    options, so its Debian stage's cache key is what it was."""
+    assert arch.base_options(arch.get("amd64")) == []
+    opts = arch.base_options(arch.get("arm64"))
+    essential = next(o for o in opts if o.startswith("--essential-hook="))
+    customize = next(o for o in opts if o.startswith("--customize-hook="))
+    assert "--dpkgopt=force-unsafe-io" in opts
+    root = tmp_path / "root"
+    (root / "usr/sbin").mkdir(parents=True)
+    calls = run_hook(essential, root, tmp_path)
+    assert (root / "etc/initramfs-tools/conf.d/gateway-modules").read_text() == "MODULES=list\n"
+    listed = (root / "usr/share/initramfs-tools/modules.d/edge-gateway").read_text().split()
+    assert listed == list(arch.ARM64_INITRAMFS_MODULES) and "sdhci-iproc" in listed
+    stub = root / "usr/sbin/update-initramfs"
+    assert stub.read_text() == "#!/bin/sh\nexit 0\n" and os.access(stub, os.X_OK)
+    assert calls == [f"{root} dpkg-divert --quiet --local --rename --divert "
+                     f"{arch.PARKED} --add /usr/sbin/update-initramfs"]
+    # What dpkg-divert --remove --rename does, for the customize hook's final check.
+    (tmp_path / "calls").unlink()
+    calls = run_hook(customize, root, tmp_path,
+                     then=f'printf "#!/bin/sh\\necho real\\n" > "{stub}"; chmod 755 "{stub}"\n')
+    assert calls == [f"{root} dpkg-divert --quiet --local --rename --divert "
+                     f"{arch.PARKED} --remove /usr/sbin/update-initramfs"]
+    assert "real" in stub.read_text()

@@ -1,15 +1,21 @@
 """``image/build --prune``: stale cache entries go, the latest per stage and arch stay,
-and the space freed is reported; keys, test outputs and unknown names are never touched.
-Fast: a fake cache in a temporary directory, no root."""
+and the space freed is reported; keys, the test outputs of existing checkouts and unknown
+names are never touched; mounts left below a killed build's temporary entry are
+unmounted first. Fast: a fake cache in a temporary directory (root only to mount, in a
+private mount namespace)."""
 
 from __future__ import annotations
 
 import os
 import re
 import subprocess
+import sys
 import time
 from pathlib import Path
 
+import pytest
+
+from edge_image.prune import leftover_mounts
 from tests.image.vm import REPO
 
 
@@ -69,3 +75,68 @@ def test_prune_bad_keep_is_one_line_exit_2(tmp_path: Path) -> None:
     r = prune(tmp_path, "--keep", "0")
     assert r.returncode == 2 and "--keep must be 1 or more" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_prune_removes_test_outputs_of_gone_checkouts(tmp_path: Path) -> None:
+    outs = tmp_path / "image/test-out"
+    gone, here, other = outs / "wt-gone-1", outs / "wt-here-2", outs / "handmade"
+    for d in (gone, here, other):
+        d.mkdir(parents=True)
+        (d / "edge-gateway-test-amd64.img").write_bytes(b"x" * (1 << 20))
+    (gone / "checkout").write_text(f"{tmp_path / 'removed-checkout'}\n")
+    (here / "checkout").write_text(f"{REPO}\n")
+    r = prune(tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert not gone.exists() and here.exists() and other.exists()
+    assert "prune: 1 stale cache entry removed, 1 MiB freed" in r.stdout, r.stdout
+
+
+def dead_pid() -> int:
+    p = subprocess.Popen(["true"])
+    p.wait()
+    return p.pid
+
+
+def test_leftover_mounts_only_of_dead_builds(tmp_path: Path) -> None:
+    """Mounts below the ``.tmp<pid>`` entry of a build whose process is gone are
+    leftovers, deepest first; a running build's, a finished entry's and anything outside
+    the cache are not (the octal escapes of mountinfo are decoded)."""
+    cache = tmp_path / "cache dir"
+    dead, live = dead_pid(), subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; time.sleep(60)", "edge_image.build"])
+    try:
+        base = cache / f"arm64/base-{1:016x}.tmp{dead}"
+        running = cache / f"arm64/base-{2:016x}.tmp{live.pid}"
+        done = cache / f"arm64/base-{3:016x}"
+
+        def line(point: Path) -> str:
+            return f"36 35 0:5 / {str(point).replace(' ', chr(92) + '040')} rw - proc proc rw"
+
+        info = "\n".join(line(p) for p in (
+            base / "proc", base / "dev", base / "dev/pts", running / "proc", done / "proc",
+            tmp_path / "elsewhere/base.tmp1/proc", cache))
+        got = leftover_mounts(cache, info)
+        assert got[0] == base / "dev/pts" and set(got) == {base / "proc", base / "dev",
+                                                           base / "dev/pts"}
+    finally:
+        live.kill()
+        live.wait()
+    # With that process gone, its mounts are leftovers too.
+    assert running / "proc" in leftover_mounts(cache, info)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting needs root")
+def test_build_start_unmounts_what_a_killed_mmdebstrap_left(tmp_path: Path) -> None:
+    """In a private mount namespace: a proc mount below a dead build's temporary base
+    directory (what a killed mmdebstrap leaves) is gone after ``image/build --prune``
+    (which, like every build, unmounts leftovers first), and the entry can be pruned."""
+    cache = tmp_path / "image/arm64"
+    stale = cache / f"base-{1:016x}.tmp{dead_pid()}"
+    (stale / "proc").mkdir(parents=True)
+    script = (f'mount -t proc proc "{stale}/proc" && grep -c "{stale}" /proc/self/mountinfo '
+              f'&& EDGE_GATEWAY_CACHE="{tmp_path}" "{REPO}/image/build" --prune && '
+              f'! grep "{stale}" /proc/self/mountinfo')
+    r = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"cache: unmounted {stale}/proc" in r.stdout, r.stdout

@@ -226,16 +226,16 @@ class BundleServer:
         return dest
 
 
-@pytest.fixture(scope="module")
-def bundles(built: Built, tmp_path_factory: pytest.TempPathFactory) -> Iterator[BundleServer]:
-    root = tmp_path_factory.mktemp("bundles")
+def serve_bundles(built: Built, root: Path, arch: str, *,
+                  foreign: bool = True) -> BundleServer:
+    """Bundles for ``built``'s units, served over HTTP: ``good.raucb`` (the build's),
+    ``bad.raucb`` (its root file system with a gatewayd that exits 1 at once, made with
+    debugfs, no mount, and signed with the same development key) and, with ``foreign``,
+    ``foreign.raucb`` (well formed, signed by another fleet's key)."""
     subprocess.run(["cp", str(built.bundle), str(root / "good.raucb")], check=True)
     dev = image_keys.resolve(None, None, None, release=False, cache=built.cache)
-    slot = built.slot
-    # A root file system whose gatewayd exits 1 at once: made from the real one with
-    # debugfs (no mount), signed with the real (development) key.
     bad = root / "bad-rootfs.ext4"
-    subprocess.run(["cp", "--sparse=always", str(slot), str(bad)], check=True)
+    subprocess.run(["cp", "--sparse=always", str(built.slot), str(bad)], check=True)
     script = root / "gatewayd-broken"
     script.write_text("#!/bin/sh\necho 'gatewayd: broken on purpose' >&2\nexit 1\n")
     cmds = ("rm /opt/gateway/bin/gatewayd\n"
@@ -243,14 +243,19 @@ def bundles(built: Built, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
             "sif /opt/gateway/bin/gatewayd mode 0100755\n")
     subprocess.run(["debugfs", "-w", "-f", "-", str(bad)], input=cmds, text=True,
                    check=True, capture_output=True)
-    make_bundle(bad, root / "bad.raucb", version="broken", arch="amd64", keys=dev)
-    # A foreign fleet's key: a well-formed bundle the unit's keyring must refuse.
-    foreign = image_keys.make_ca_and_signer(root / "foreign-keys", "Foreign")
-    tiny = root / "tiny.ext4"  # content never read: the signature check comes first
-    tiny.write_bytes(os.urandom(256 * 1024))
-    make_bundle(tiny, root / "foreign.raucb", version="evil", arch="amd64", keys=foreign)
+    make_bundle(bad, root / "bad.raucb", version="broken", arch=arch, keys=dev)
     bad.unlink()
-    server = BundleServer(root)
+    if foreign:
+        keys = image_keys.make_ca_and_signer(root / "foreign-keys", "Foreign")
+        tiny = root / "tiny.ext4"  # content never read: the signature check comes first
+        tiny.write_bytes(os.urandom(256 * 1024))
+        make_bundle(tiny, root / "foreign.raucb", version="evil", arch=arch, keys=keys)
+    return BundleServer(root)
+
+
+@pytest.fixture(scope="module")
+def bundles(built: Built, tmp_path_factory: pytest.TempPathFactory) -> Iterator[BundleServer]:
+    server = serve_bundles(built, tmp_path_factory.mktemp("bundles"), "amd64")
     yield server
     server.httpd.shutdown()
 
@@ -265,42 +270,63 @@ def test_foreign_key_bundle_is_refused(unit: Vm, bundles: BundleServer) -> None:
     assert "rauc.slot=A" in unit.ssh("cat /proc/cmdline").stdout
 
 
-def test_broken_update_rolls_back_by_boot_counting(unit: Vm, bundles: BundleServer) -> None:
+def check_rollback(unit: Vm, bundles: BundleServer, *, fail_timeout: float = 600,
+                   good_timeout: float = 900, install_timeout: float = 900) -> float:
+    """Install ``bad.raucb`` on a unit running A with /data/marker "kept", reboot, and
+    touch nothing: B fails its health check BOOT_TRIES (2) times, then A boots good, with
+    B's entry at 0 tries left and /data untouched. Returns the seconds from the reboot to
+    A's good boot."""
     path = bundles.fetch(unit, "bad.raucb")
-    r = unit.ssh(f"rauc install {path}", timeout=900)
+    r = unit.ssh(f"rauc install {path}", timeout=install_timeout)
     assert "succeeded" in (r.stdout + r.stderr).lower() or r.returncode == 0
+    unit.ssh(f"rm -f {path}")
     entries = unit.ssh("ls /efi/loader/entries").stdout.split()
     assert "slot-b+2.conf" in entries, entries
     unit.mark()
     t0 = time.monotonic()
     unit.ssh("systemctl reboot", check=False, timeout=30)
     # Nobody touches the unit: B fails its health check twice, then A boots.
-    unit.wait_for(r"gateway-health: FAILED", timeout=600)
-    unit.wait_for(re.escape(GOOD), timeout=900)
+    unit.wait_for(r"gateway-health: FAILED", timeout=fail_timeout)
+    unit.wait_for(re.escape(GOOD), timeout=good_timeout)
     took = time.monotonic() - t0
     unit.wait_ssh()
     console = unit.console()
-    print(f"\nrollback: {console.count('gateway-health: FAILED')} failed boots of B, "
-          f"back on A and good after {took:.0f} s")
+    print(f"\nrollback ({unit.arch}): {console.count('gateway-health: FAILED')} failed boots "
+          f"of B, back on A and good after {took:.0f} s")
     assert console.count("gateway-health: FAILED") == 2
     assert "rauc.slot=A" in unit.ssh("cat /proc/cmdline").stdout
     entries = unit.ssh("ls /efi/loader/entries").stdout.split()
     assert "slot-b+0-2.conf" in entries and "slot-a.conf" in entries, entries
     assert unit.ssh("cat /data/marker").stdout.strip() == "kept"
+    return took
 
 
-def test_update_a_to_b_keeps_data(unit: Vm, bundles: BundleServer) -> None:
+def test_broken_update_rolls_back_by_boot_counting(unit: Vm, bundles: BundleServer) -> None:
+    check_rollback(unit, bundles)
+
+
+def check_update(unit: Vm, bundles: BundleServer, *, boot_timeout: float | None = None,
+                 install_timeout: float = 900) -> float:
+    """Install ``good.raucb`` on a unit running A (with /data/marker "kept" and a retained
+    "eco" on config/mode), reboot into B: B is blessed (no counter left), RAUC reports B
+    booted, /data and the retained message are kept. Returns the reboot's seconds."""
     path = bundles.fetch(unit, "good.raucb")
-    unit.ssh(f"rauc install {path}", timeout=900)
-    took = unit.reboot()
-    print(f"\nupdate reboot into B to READY: {took:.0f} s")
+    unit.ssh(f"rauc install {path}", timeout=install_timeout)
+    unit.ssh(f"rm -f {path}")
+    took = unit.reboot() if boot_timeout is None else unit.reboot(boot_timeout)
+    print(f"\nupdate reboot into B to READY ({unit.arch}): {took:.0f} s")
     assert "rauc.slot=B" in unit.ssh("cat /proc/cmdline").stdout
     assert "(slot B)" in unit.ssh("/opt/gateway/bin/gatewayctl status").stdout
     # Blessed: the counter is gone once the health check passed.
     entries = unit.ssh("ls /efi/loader/entries").stdout.split()
     assert "slot-b.conf" in entries, entries
     assert unit.ssh("cat /data/marker").stdout.strip() == "kept"
-    got = receive(unit, "reader-5", "config/mode", clean=True)
+    got = receive(unit, f"reader-{unit.arch}-b", "config/mode", clean=True, timeout=120)
     assert got[0].payload == b"eco"
     booted = unit.ssh("rauc status --output-format=shell").stdout
     assert re.search(r"RAUC_SYSTEM_BOOTED_BOOTNAME='?B'?$", booted, re.M), booted
+    return took
+
+
+def test_update_a_to_b_keeps_data(unit: Vm, bundles: BundleServer) -> None:
+    check_update(unit, bundles)

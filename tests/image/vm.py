@@ -94,12 +94,12 @@ class Vm:
             self.proc.kill()
             self.proc.wait()
 
-    def reboot(self) -> float:
+    def reboot(self, timeout: float = BOOT_TIMEOUT) -> float:
         """A clean reboot from inside; returns the seconds until the next good boot."""
         self.mark()
         self._t0 = time.monotonic()
         self.ssh("systemctl reboot", check=False, timeout=30)
-        return self.wait_good()
+        return self.wait_good(timeout)
 
     # --------------------------------------------------------------- console
     def mark(self) -> None:
