@@ -1,5 +1,6 @@
-"""``gateway-fleet``: generate a synthetic fleet, run the consolidation job.
+"""``gateway-fleet``: ship a unit's segments, generate a synthetic fleet, run the job.
 
+    gateway-fleet ship [--config /etc/gateway/gateway.toml]
     gateway-fleet generate --out DIR --devices N --days D
     gateway-fleet run --raw DIR --out DIR [--start D --end D] [--master URL]
                       [--lookback-days N] [--fail-on-dq]
@@ -7,8 +8,10 @@
 Also runnable with spark-submit (``spark-submit gateway/fleet/__main__.py run ...``), in
 which case spark-submit's ``--master`` applies unless ``--master`` is given here too.
 
-Exit status: 0 done; 1 nothing to read or a bad range; 2 usage error; 3 ``--fail-on-dq``
-and a data-quality threshold was exceeded. PySpark is imported only by ``run``.
+Exit status: 0 done; 1 nothing to read or a bad range (``ship``: the pass failed, see
+the status file); 2 usage error or a bad configuration; 3 ``--fail-on-dq`` and a
+data-quality threshold was exceeded (``ship``: another pass is running). PySpark is
+imported only by ``run``.
 """
 
 from __future__ import annotations
@@ -23,13 +26,58 @@ from gateway import __version__
 from gateway.fleet.settings import DqThresholds, JobSettings
 
 EXIT_NO_INPUT = 1
+EXIT_USAGE = 2
 EXIT_DQ = 3
+EXIT_BUSY = 3
+DEFAULT_CONFIG = "/etc/gateway/gateway.toml"
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", prog_name="gateway-fleet")
 def main() -> None:
     """Fleet telemetry: synthetic data and the PySpark consolidation job."""
+
+
+@main.command()
+@click.option(
+    "-c",
+    "--config",
+    "config_path",
+    envvar="GATEWAY_CONFIG",
+    default=DEFAULT_CONFIG,
+    show_default=True,
+    help="The unit's gateway.toml ([fleet.archiver], [fleet.shipper]).",
+)
+@click.option("--rclone", default="rclone", show_default=True, help="The rclone binary.")
+def ship(config_path: str, rclone: str) -> None:
+    """Move sealed segments to the central store (one pass; a timer runs it)."""
+    import logging
+
+    from gateway.config import ConfigError, load_config
+    from gateway.fleet import shipper
+
+    logging.basicConfig(level=logging.WARNING, format="gateway-fleet: %(message)s")
+    try:
+        config = load_config(config_path)
+    except (ConfigError, OSError) as exc:
+        click.echo(f"gateway-fleet: {config_path}: {getattr(exc, 'message', exc)}", err=True)
+        sys.exit(EXIT_USAGE)
+    if not config.fleet.shipper.enable:
+        click.echo("gateway-fleet: fleet.shipper.enable is false: nothing to do", err=True)
+        return
+    try:
+        result, status = shipper.ship(config, rclone=rclone)
+    except shipper.Busy as exc:
+        click.echo(f"gateway-fleet: {exc}", err=True)
+        sys.exit(EXIT_BUSY)
+    except shipper.ShipError as exc:
+        click.echo(f"gateway-fleet: ship failed: {exc}", err=True)
+        sys.exit(EXIT_NO_INPUT)
+    dropped = f", {len(result.dropped)} dropped (spool full)" if result.dropped else ""
+    click.echo(
+        f"shipped {len(result.shipped)} segments ({result.shipped_bytes:,} bytes){dropped}; "
+        f"{status.pending_segments} pending ({status.pending_bytes:,} bytes)"
+    )
 
 
 @main.command()
