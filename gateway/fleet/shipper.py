@@ -92,7 +92,7 @@ class Status:
             data = json.loads(path.read_text())
         except (OSError, ValueError):
             return cls()
-        known = {k: v for k, v in data.items() if k in cls.__slots__}  # type: ignore[attr-defined]
+        known = {k: v for k, v in data.items() if k in cls.__slots__}
         return cls(**known)
 
     def save(self, path: Path) -> None:

@@ -52,11 +52,10 @@ def config_file(tmp: Path, shipper_toml: str) -> Path:
     return path
 
 
-def ship_cli(cfg: Path, **kw: object) -> subprocess.CompletedProcess[str]:
+def ship_cli(cfg: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "gateway.fleet", "ship", "-c", str(cfg)],
         capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": os.getcwd()},
-        **kw,  # type: ignore[call-overload]
     )
 
 
@@ -217,7 +216,7 @@ def test_kill_9_and_uplink_cut_during_a_transfer_then_resume(
         write_segment(arch, f"{SEG}/g1-{i}.jsonl.gz", 400_000)
     expected = {f"fleet/raw/{k}": v for k, v in tree(arch / "raw").items()}
     slow = config_file(tmp_path, sftp_toml(tmp_path, sftp.port, 'bwlimit = "256KB/s"\n'))
-    proc = subprocess.Popen(
+    killed = subprocess.Popen(
         [sys.executable, "-m", "gateway.fleet", "ship", "-c", str(slow)],
         env={**os.environ, "PYTHONPATH": os.getcwd()}, start_new_session=True,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -225,10 +224,10 @@ def test_kill_9_and_uplink_cut_during_a_transfer_then_resume(
     staging = central / "fleet/raw/.incoming/s1/g1" / SEG
     deadline = time.monotonic() + 30
     while not (staging.is_dir() and any(staging.iterdir())):  # the copy has begun
-        assert time.monotonic() < deadline and proc.poll() is None
+        assert time.monotonic() < deadline and killed.poll() is None
         time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    os.killpg(killed.pid, signal.SIGKILL)
+    killed.wait()
     assert tree(central) == {}  # nothing half-copied is visible
     assert len(shipper.sealed_segments(arch / "raw")) == 3
     # the uplink goes silent during the next pass
