@@ -145,6 +145,11 @@ def _threshold(
     show_default=True,
     help="Days after its event date a row may still arrive.",
 )
+@click.option(
+    "--full",
+    is_flag=True,
+    help="Ignore the checkpoint: rebuild every date present (then write the checkpoint).",
+)
 @click.option("--fail-on-dq", is_flag=True, help="Exit 3 when a data-quality ratio is exceeded.")
 @click.option(
     "--dq-threshold",
@@ -161,12 +166,16 @@ def run(
     end: dt.datetime | None,
     master: str | None,
     lookback_days: int,
+    full: bool,
     fail_on_dq: bool,
     dq: DqThresholds,
 ) -> None:
-    """Consolidate raw segments into Parquet tables and a data-quality report."""
+    """Consolidate raw segments into Parquet tables and a data-quality report.
+
+    Without --start/--end the run is incremental: only the dates that segments not seen
+    before (per {out}/_checkpoint) can change are rebuilt; nothing new, nothing done."""
+    from gateway.fleet import checkpoint, job
     from gateway.fleet import dq as dq_report
-    from gateway.fleet import job
 
     settings = JobSettings(
         raw=raw,
@@ -181,8 +190,22 @@ def run(
     owned = job.active_session() is None  # a session we start is one we stop
     spark = job.spark_session(master)
     say(f"Spark {spark.version} on {spark.sparkContext.master}")
+    incremental = start is None and end is None
     try:
+        if incremental:
+            listing = checkpoint.list_raw(spark, raw)
+            seen = None if full else checkpoint.load(spark, out)
+            todo = checkpoint.plan(listing, seen, lookback_days)
+            if todo is None and any(listing.values()):
+                click.echo(f"nothing new since the last run: {out} unchanged")
+                return
+            if todo is not None:
+                say(f"{todo.new_segments:,} new segments: rebuilding {todo.start} .. {todo.end}")
+                settings = dataclasses.replace(settings, start=todo.start, end=todo.end)
         result = job.run(spark, settings, say)
+        if incremental and todo is not None:
+            checkpoint.save(spark, out, listing, todo.changed)
+            say(f"checkpoint: {len(todo.changed)} ingest dates recorded")
     except (job.NoInput, ValueError) as exc:
         click.echo(f"gateway-fleet: {exc}", err=True)
         sys.exit(EXIT_NO_INPUT)
