@@ -251,3 +251,26 @@ def test_kill_9_and_uplink_cut_during_a_transfer_then_resume(
     assert done.returncode == 0, done.stderr
     assert tree(central) == expected
     assert shipper.sealed_segments(arch / "raw") == []
+
+
+def test_gatewayctl_status_shows_the_shipper(capsys: pytest.CaptureFixture[str]) -> None:
+    from gateway.cli.ctl import status as status_cmd
+
+    data: dict[str, object] = {
+        "node": "n@h", "status": "running", "role": "core", "version": "0.1.0", "uptime": 5,
+        "cluster": {"enabled": False, "status": "not configured", "members": []},
+        "connections": {"count": 0, "by_protocol": {}}, "sessions": 0, "subscriptions": 0,
+        "topics": 0, "retained": 0, "rates": {},
+        "bridges": {"enabled": False, "status": "not configured", "bridges": []},
+        "alarms": [], "listeners": [], "image": None,
+        "fleet_shipper": {"destination": "sftp:central:raw", "last_success": None,
+                          "pending_segments": 3, "pending_bytes": 3 << 20, "spool_alarm": True,
+                          "consecutive_errors": 2, "last_error": "rclone copy failed"},
+    }
+    status_cmd.render(data)
+    out = capsys.readouterr().out
+    assert "Fleet ship" in out and "never shipped" in out and "3 pending (3.0 MiB)" in out
+    assert "SPOOL ALARM" in out and "2 failed: rclone copy failed" in out
+    data["fleet_shipper"] = None
+    status_cmd.render(data)
+    assert "Fleet ship" not in capsys.readouterr().out
