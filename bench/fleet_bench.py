@@ -7,7 +7,8 @@ one generated fleet, in one run.
 The fleet is generated once under ``--dir`` and reused while its spec is the same. Spark's
 figure excludes JVM start-up (timed apart); both engines get 2 threads. The engines run
 in turn (DuckDB, Spark, DuckDB, ...) ``--repeat`` times (3) and the median run counts;
-wall and CPU seconds are both reported (CPU seconds hold up better on a shared machine). Figures go to bench/README.md ("Fleet job").
+wall and CPU seconds are both reported (CPU seconds hold up better on a shared machine).
+Figures go to bench/README.md ("Fleet job").
 """
 
 from __future__ import annotations
