@@ -212,9 +212,13 @@ def rollup_5m(long: DataFrame) -> DataFrame:
     the rest of the rollup.
     """
     window = F.timestamp_seconds(F.floor(_epoch("ts") / 300) * 300)
-    return long.groupBy("event_date", "device", "metric", window.alias("window_start")).agg(
-        F.max("site").alias("site"), F.max("gw").alias("gw"), *_stats()
-    )
+    # site and gw are grouping keys, not max(site): a string aggregate buffer rules out
+    # the hash aggregate, and Spark sorted all the values twice (partial and final) for
+    # it. A device is archived by one gateway at a time (docs/fleet.md, Limits); one
+    # that moved inside a window would get a row per gateway.
+    return long.groupBy(
+        "event_date", "device", "metric", window.alias("window_start"), "site", "gw"
+    ).agg(*_stats())
 
 
 def rollup_site_1h(long: DataFrame) -> DataFrame:
