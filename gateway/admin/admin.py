@@ -325,7 +325,28 @@ class Admin:
             },
             "store": self.store_view(),
             "image": image_info(),
+            "fleet_shipper": self.shipper_view(),
         }
+
+    def shipper_view(self) -> dict[str, Any] | None:
+        """``gateway-fleet ship``'s state (its status file plus the spool now), None when
+        ``[fleet.shipper]`` is off; past ``spool_alarm`` the ``fleet_spool_high`` alarm."""
+        from gateway.fleet import shipper  # lazy: the archiver's package, not the admin's
+
+        try:
+            view = shipper.view(self.config)
+        except OSError:
+            return None
+        if view is not None and view["spool_alarm"]:
+            self.alarms.activate(
+                "fleet_spool_high",
+                f"fleet spool holds {view['pending_bytes']:,} bytes unshipped (alarm at "
+                f"{view['spool_alarm_bytes']:,}, max {view['spool_max']:,})",
+                {"pending_bytes": view["pending_bytes"], "last_success": view["last_success"]},
+            )
+        elif view is not None:
+            self.alarms.deactivate("fleet_spool_high")
+        return view
 
     def store_view(self) -> dict[str, Any] | None:
         """The store's space and health (gateway.store.space), None without durability."""
@@ -363,6 +384,7 @@ class Admin:
             "cluster": self.cluster_view() if node is not None else None,
             "alarm_names": [a.name for a in self.alarms.active()],
             "store": self.store_view(),
+            "fleet_shipper": self.shipper_view(),
         }
 
     # -- actions -----------------------------------------------------------------------

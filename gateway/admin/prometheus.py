@@ -133,6 +133,7 @@ class GatewayCollector(Collector):
             alarm.add_metric([name], 1)
         yield alarm
         yield from _store_metrics(snap.get("store"))
+        yield from _shipper_metrics(snap.get("fleet_shipper"))
         yield from _bridge_metrics(snap.get("bridges", []))
         yield from _cluster_metrics(snap.get("cluster"))
         nofile = snap.get("nofile")
@@ -140,6 +141,34 @@ class GatewayCollector(Collector):
             yield GaugeMetricFamily(f"{PREFIX}_nofile_limit",
                                     "The process's soft open-file limit.",
                                     value=nofile["soft"])
+
+
+def _shipper_metrics(sh: dict[str, Any] | None) -> Iterator[Metric]:
+    """gateway-fleet ship's state (gateway.fleet.shipper.view); nothing when it is off."""
+    if not sh:
+        return
+    gauges = (
+        ("fleet_ship_last_success_timestamp_seconds", "Last successful ship pass (0: never).",
+         sh.get("last_success") or 0),
+        ("fleet_ship_pending_bytes", "Sealed segment bytes waiting to be shipped.",
+         sh["pending_bytes"]),
+        ("fleet_ship_pending_segments", "Sealed segments waiting to be shipped.",
+         sh["pending_segments"]),
+        ("fleet_ship_consecutive_errors", "Ship passes failed since the last success.",
+         sh["consecutive_errors"]),
+        ("fleet_ship_spool_alarm", "1 while the spool is past its alarm threshold.",
+         1 if sh["spool_alarm"] else 0),
+    )
+    for name, doc, value in gauges:
+        yield GaugeMetricFamily(f"{PREFIX}_{name}", doc, value=value)
+    for name, doc, key in (
+        ("fleet_ship_errors", "Ship passes that failed.", "errors_total"),
+        ("fleet_ship_shipped_bytes", "Segment bytes shipped and verified.",
+         "shipped_bytes_total"),
+        ("fleet_ship_dropped_bytes", "Segment bytes deleted unshipped (spool full).",
+         "dropped_bytes_total"),
+    ):
+        yield CounterMetricFamily(f"{PREFIX}_{name}", doc, value=sh[key])
 
 
 def _store_metrics(st: dict[str, Any] | None) -> Iterator[Metric]:

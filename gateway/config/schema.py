@@ -64,6 +64,7 @@ from gateway.config.listeners import (
     WssListener,
     _join_ciphers,
 )
+from gateway.config.shipper import FleetShipperConfig
 from gateway.config.values import (
     BIND_HINT,
     BYTE_RATE_HINT,
@@ -230,6 +231,7 @@ class FleetArchiverConfig(_Section):
 
 class FleetConfig(_Section):
     archiver: FleetArchiverConfig = Field(default_factory=FleetArchiverConfig)
+    shipper: FleetShipperConfig = Field(default_factory=FleetShipperConfig)
 
 
 class BuiltinDbAuthnConfig(_Section):
@@ -843,6 +845,7 @@ __all__ = [
     "Duration",
     "FlappingDetectConfig",
     "FleetArchiverConfig",
+    "FleetShipperConfig",
     "FleetConfig",
     "GatewayConfig",
     "GatewaysConfig",

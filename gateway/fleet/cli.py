@@ -1,5 +1,6 @@
-"""``gateway-fleet``: generate a synthetic fleet, run the consolidation job.
+"""``gateway-fleet``: ship a unit's segments, generate a synthetic fleet, run the job.
 
+    gateway-fleet ship [--config /etc/gateway/gateway.toml]
     gateway-fleet generate --out DIR --devices N --days D
     gateway-fleet run --raw DIR --out DIR [--start D --end D] [--master URL]
                       [--lookback-days N] [--fail-on-dq]
@@ -7,8 +8,10 @@
 Also runnable with spark-submit (``spark-submit gateway/fleet/__main__.py run ...``), in
 which case spark-submit's ``--master`` applies unless ``--master`` is given here too.
 
-Exit status: 0 done; 1 nothing to read or a bad range; 2 usage error; 3 ``--fail-on-dq``
-and a data-quality threshold was exceeded. PySpark is imported only by ``run``.
+Exit status: 0 done; 1 nothing to read or a bad range (``ship``: the pass failed, see
+the status file); 2 usage error or a bad configuration; 3 ``--fail-on-dq`` and a
+data-quality threshold was exceeded (``ship``: another pass is running). PySpark is
+imported only by ``run``.
 """
 
 from __future__ import annotations
@@ -23,13 +26,58 @@ from gateway import __version__
 from gateway.fleet.settings import DqThresholds, JobSettings
 
 EXIT_NO_INPUT = 1
+EXIT_USAGE = 2
 EXIT_DQ = 3
+EXIT_BUSY = 3
+DEFAULT_CONFIG = "/etc/gateway/gateway.toml"
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", prog_name="gateway-fleet")
 def main() -> None:
     """Fleet telemetry: synthetic data and the PySpark consolidation job."""
+
+
+@main.command()
+@click.option(
+    "-c",
+    "--config",
+    "config_path",
+    envvar="GATEWAY_CONFIG",
+    default=DEFAULT_CONFIG,
+    show_default=True,
+    help="The unit's gateway.toml ([fleet.archiver], [fleet.shipper]).",
+)
+@click.option("--rclone", default="rclone", show_default=True, help="The rclone binary.")
+def ship(config_path: str, rclone: str) -> None:
+    """Move sealed segments to the central store (one pass; a timer runs it)."""
+    import logging
+
+    from gateway.config import ConfigError, load_config
+    from gateway.fleet import shipper
+
+    logging.basicConfig(level=logging.WARNING, format="gateway-fleet: %(message)s")
+    try:
+        config = load_config(config_path)
+    except (ConfigError, OSError) as exc:
+        click.echo(f"gateway-fleet: {config_path}: {getattr(exc, 'message', exc)}", err=True)
+        sys.exit(EXIT_USAGE)
+    if not config.fleet.shipper.enable:
+        click.echo("gateway-fleet: fleet.shipper.enable is false: nothing to do", err=True)
+        return
+    try:
+        result, status = shipper.ship(config, rclone=rclone)
+    except shipper.Busy as exc:
+        click.echo(f"gateway-fleet: {exc}", err=True)
+        sys.exit(EXIT_BUSY)
+    except shipper.ShipError as exc:
+        click.echo(f"gateway-fleet: ship failed: {exc}", err=True)
+        sys.exit(EXIT_NO_INPUT)
+    dropped = f", {len(result.dropped)} dropped (spool full)" if result.dropped else ""
+    click.echo(
+        f"shipped {len(result.shipped)} segments ({result.shipped_bytes:,} bytes){dropped}; "
+        f"{status.pending_segments} pending ({status.pending_bytes:,} bytes)"
+    )
 
 
 @main.command()
@@ -97,6 +145,11 @@ def _threshold(
     show_default=True,
     help="Days after its event date a row may still arrive.",
 )
+@click.option(
+    "--full",
+    is_flag=True,
+    help="Ignore the checkpoint: rebuild every date present (then write the checkpoint).",
+)
 @click.option("--fail-on-dq", is_flag=True, help="Exit 3 when a data-quality ratio is exceeded.")
 @click.option(
     "--dq-threshold",
@@ -113,12 +166,16 @@ def run(
     end: dt.datetime | None,
     master: str | None,
     lookback_days: int,
+    full: bool,
     fail_on_dq: bool,
     dq: DqThresholds,
 ) -> None:
-    """Consolidate raw segments into Parquet tables and a data-quality report."""
+    """Consolidate raw segments into Parquet tables and a data-quality report.
+
+    Without --start/--end the run is incremental: only the dates that segments not seen
+    before (per {out}/_checkpoint) can change are rebuilt; nothing new, nothing done."""
+    from gateway.fleet import checkpoint, job
     from gateway.fleet import dq as dq_report
-    from gateway.fleet import job
 
     settings = JobSettings(
         raw=raw,
@@ -133,8 +190,22 @@ def run(
     owned = job.active_session() is None  # a session we start is one we stop
     spark = job.spark_session(master)
     say(f"Spark {spark.version} on {spark.sparkContext.master}")
+    incremental = start is None and end is None
     try:
+        if incremental:
+            listing = checkpoint.list_raw(spark, raw)
+            seen = None if full else checkpoint.load(spark, out)
+            todo = checkpoint.plan(listing, seen, lookback_days)
+            if todo is None and any(listing.values()):
+                click.echo(f"nothing new since the last run: {out} unchanged")
+                return
+            if todo is not None:
+                say(f"{todo.new_segments:,} new segments: rebuilding {todo.start} .. {todo.end}")
+                settings = dataclasses.replace(settings, start=todo.start, end=todo.end)
         result = job.run(spark, settings, say)
+        if incremental and todo is not None:
+            checkpoint.save(spark, out, listing, todo.changed)
+            say(f"checkpoint: {len(todo.changed)} ingest dates recorded")
     except (job.NoInput, ValueError) as exc:
         click.echo(f"gateway-fleet: {exc}", err=True)
         sys.exit(EXIT_NO_INPUT)

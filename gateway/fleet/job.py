@@ -241,8 +241,8 @@ def run(spark: SparkSession, settings: JobSettings, progress: Progress | None = 
     long.unpersist()
 
     events = tables.clean_events(ev, end).persist(StorageLevel.MEMORY_AND_DISK)
-    ev.unpersist()
     write("device_sessions", tables.sessions(events, start, end))
+    ev.unpersist()  # not before: events is built from it by the write above
     daily = tables.device_daily(
         clean, table("device_sessions"), tables.event_daily(events, s, start, end)
     )

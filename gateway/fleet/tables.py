@@ -139,17 +139,20 @@ def clean_telemetry(
         .withColumn("values", finite)
         .withColumn("bad_values", F.size("cast") - F.size("values"))
     )
-    day = ["device", "event_date"]
-    # One shuffle by device-day serves both windows below (by seq and by device-day).
+    # One shuffle by device-day and one sort by (event_date, device, seq, tie-breakers)
+    # serve every window below and the writer (which wants rows sorted by event_date):
+    # each window's partition and order keys are a prefix of that sort.
+    day = ["event_date", "device"]
     rows = rows.repartition(*day)
-    by_seq = Window.partitionBy(*day, "seq")
-    first = Window.partitionBy(*day, "seq").orderBy(
-        "rx_ts", "ingest_date", "gw", "site", "ts", "topic"
+    copy_order = Window.partitionBy(*day).orderBy(
+        "seq", "rx_ts", "ingest_date", "gw", "site", "ts", "topic"
     )
-    rows = rows.withColumn("copies", F.count(F.lit(1)).over(by_seq)).withColumn(
-        "rank", F.row_number().over(first)
+    same_seq = Window.partitionBy(*day).orderBy("seq").rangeBetween(0, 0)
+    # the most specific order first: the windows above it find the rows sorted
+    rows = rows.withColumn("prev_seq", F.lag("seq").over(copy_order)).withColumn(
+        "copies", F.count(F.lit(1)).over(same_seq)
     )
-    rows = rows.where(F.col("rank") == 1)
+    rows = rows.where(F.col("prev_seq").isNull() | (F.col("prev_seq") != F.col("seq")))
     ordered = Window.partitionBy(*day).orderBy("seq")
     step = F.col("seq") - F.lag("seq").over(ordered) - 1
     return rows.select(
@@ -209,9 +212,13 @@ def rollup_5m(long: DataFrame) -> DataFrame:
     the rest of the rollup.
     """
     window = F.timestamp_seconds(F.floor(_epoch("ts") / 300) * 300)
-    return long.groupBy("event_date", "device", "metric", window.alias("window_start")).agg(
-        F.max("site").alias("site"), F.max("gw").alias("gw"), *_stats()
-    )
+    # site and gw are grouping keys, not max(site): a string aggregate buffer rules out
+    # the hash aggregate, and Spark sorted all the values twice (partial and final) for
+    # it. A device is archived by one gateway at a time (docs/fleet.md, Limits); one
+    # that moved inside a window would get a row per gateway.
+    return long.groupBy(
+        "event_date", "device", "metric", window.alias("window_start"), "site", "gw"
+    ).agg(*_stats())
 
 
 def rollup_site_1h(long: DataFrame) -> DataFrame:
@@ -232,17 +239,24 @@ def rollup_site_1h(long: DataFrame) -> DataFrame:
 
 def anomalies(long: DataFrame, s: JobSettings) -> DataFrame:
     """Values whose z-score within their device, metric and day is at least
-    ``z_threshold`` in size, for device-days with at least ``z_min_count`` values."""
-    w = Window.partitionBy("device", "event_date", "metric")
-    scored = (
-        long.withColumn("mean", F.avg("value").over(w))
-        .withColumn("stddev", F.stddev_samp("value").over(w))
-        .withColumn("n", F.count("value").over(w))
-        .withColumn("z", (F.col("value") - F.col("mean")) / F.col("stddev"))
+    ``z_threshold`` in size, for device-days with at least ``z_min_count`` values.
+
+    The per-group statistics are one small aggregate (a row per device, day and metric)
+    joined back by broadcast: no shuffle and sort of every value, as a window would."""
+    keys = ["device", "event_date", "metric"]
+    stats = (
+        long.groupBy(*keys)
+        .agg(
+            F.avg("value").alias("mean"),
+            F.stddev_samp("value").alias("stddev"),
+            F.count("value").alias("n"),
+        )
+        .where((F.col("n") >= s.z_min_count) & (F.col("stddev") > 0))
     )
-    return scored.where(
-        (F.col("n") >= s.z_min_count) & (F.col("stddev") > 0) & (F.abs("z") >= s.z_threshold)
-    ).select(
+    scored = long.join(F.broadcast(stats), keys).withColumn(
+        "z", (F.col("value") - F.col("mean")) / F.col("stddev")
+    )
+    return scored.where(F.abs("z") >= s.z_threshold).select(
         "event_date", "site", "gw", "device", "metric", "ts", "seq", "value", "mean", "stddev", "z"
     )
 

@@ -60,6 +60,7 @@ PACKAGES = [
     "initramfs-tools", "e2fsprogs", "dosfstools", "fdisk", "cloud-guest-utils",
     "python3", "python3-venv", "libsystemd0", "openssh-server", "rauc", "rauc-service",
     "iproute2", "procps", "netbase", "ca-certificates", "less",
+    "rclone",  # gateway-fleet ship (docs/fleet.md)
 ]
 DPKG_EXCLUDES = ["/usr/share/doc/*", "/usr/share/man/*", "/usr/share/info/*",
                  "/usr/share/locale/*", "/usr/share/lintian/*"]
@@ -174,6 +175,8 @@ class Builder:
         shutil.copy(sysd / "gatewayd.service", units / "gatewayd.service")
         (units / "gatewayd.service.d").mkdir(exist_ok=True)
         shutil.copy(sysd / "gatewayd.service.d/edge.conf", units / "gatewayd.service.d/")
+        for unit in ("gateway-fleet-ship.service", "gateway-fleet-ship.timer"):
+            shutil.copy(sysd / unit, units / unit)
         shutil.copy(sysd / "sysusers.d/gateway.conf", root / "usr/lib/sysusers.d/gateway.conf")
         shutil.copy(sysd / "tmpfiles.d/gateway.conf", root / "usr/lib/tmpfiles.d/gateway.conf")
         shutil.copy(sysd / "sysctl.d/60-gateway-edge.conf", root / "usr/lib/sysctl.d/")
@@ -196,7 +199,7 @@ python3 -m venv /opt/gateway
 rm -rf /tmp/wheels /root/.cache
 systemd-sysusers
 systemctl enable gatewayd.service gateway-data.service gateway-health.service \
-    systemd-networkd.service ssh.service systemd-resolved.service \
+    gateway-fleet-ship.timer systemd-networkd.service ssh.service systemd-resolved.service \
     systemd-timesyncd.service
 systemctl disable apt-daily.timer apt-daily-upgrade.timer e2scrub_all.timer \
     fstrim.timer 2>/dev/null || true

@@ -23,14 +23,16 @@ def fake_root(tmp_path: Path) -> Path:
     root = tmp_path / "root"
     for d in ("opt/gateway/bin", "bin", "usr/lib/systemd", "etc/systemd/system"):
         (root / d).mkdir(parents=True, exist_ok=True)
-    for exe in ("opt/gateway/bin/gatewayd", "opt/gateway/bin/gatewayctl", "bin/kill"):
+    for exe in ("opt/gateway/bin/gatewayd", "opt/gateway/bin/gatewayctl",
+                "opt/gateway/bin/gateway-fleet", "bin/kill"):
         (root / exe).write_text("#!/bin/sh\n")
         (root / exe).chmod(0o755)
     host_units = Path("/usr/lib/systemd/system")
     if not host_units.is_dir():
         host_units = Path("/lib/systemd/system")
     shutil.copytree(host_units, root / "usr/lib/systemd/system", symlinks=True)
-    shutil.copy(SYSTEMD / "gatewayd.service", root / "etc/systemd/system/gatewayd.service")
+    for unit in units():
+        shutil.copy(unit, root / "etc/systemd/system" / unit.name)
     dropins = root / "etc/systemd/system/gatewayd.service.d"
     shutil.copytree(SYSTEMD / "gatewayd.service.d", dropins)
     return root
@@ -41,7 +43,8 @@ def units() -> list[Path]:
 
 
 def test_there_is_a_unit() -> None:
-    assert [u.name for u in units()] == ["gatewayd.service"]
+    assert [u.name for u in units()] == [
+        "gateway-fleet-ship.service", "gatewayd.service", "gateway-fleet-ship.timer"]
 
 
 @needs_analyze
@@ -151,3 +154,24 @@ def test_profile_keys_exist_in_this_kernel() -> None:
             if key.startswith("net.netfilter."):
                 continue
             assert Path("/proc/sys", *key.split(".")).exists(), (name, key)
+
+
+def test_fleet_ship_timer_runs_its_service_as_the_gateway_user() -> None:
+    service = (SYSTEMD / "gateway-fleet-ship.service").read_text()
+    timer = (SYSTEMD / "gateway-fleet-ship.timer").read_text()
+    for line in ("Type=oneshot", "User=gateway", "StateDirectory=gateway",
+                 "ExecStart=/opt/gateway/bin/gateway-fleet ship --config "
+                 "/etc/gateway/gateway.toml", "NoNewPrivileges=yes", "ProtectSystem=strict"):
+        assert f"\n{line}" in service, line
+    assert "\nOnUnitInactiveSec=" in timer and "\nWantedBy=timers.target" in timer
+
+
+@needs_analyze
+def test_fleet_ship_hardening_exposure_is_low(tmp_path: Path) -> None:
+    root = fake_root(tmp_path)
+    r = subprocess.run(
+        [ANALYZE, "security", "--offline=yes", f"--root={root}", "--threshold=25",  # type: ignore[list-item]
+         "gateway-fleet-ship.service"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "exposure level for gateway-fleet-ship.service: 1." in r.stdout \
+        or "exposure level for gateway-fleet-ship.service: 0." in r.stdout, r.stdout[-500:]

@@ -43,6 +43,19 @@ def _store_line(st: dict[str, Any] | None) -> str:
     return f"{state}; {disk}; {size}{cap}{reserve}"
 
 
+def _shipper_line(sh: dict[str, Any]) -> str:
+    """gateway-fleet ship in one line: last success, pending, errors."""
+    import time
+
+    last = sh.get("last_success")
+    when = f"last ok {fmt.duration(time.time() - last)} ago" if last else "never shipped"
+    pending = f"{sh['pending_segments']} pending ({sh['pending_bytes'] / 1048576:.1f} MiB)"
+    alarm = " SPOOL ALARM" if sh.get("spool_alarm") else ""
+    errors = (f"; {sh['consecutive_errors']} failed: {sh['last_error']}"
+              if sh.get("consecutive_errors") else "")
+    return f"{sh['destination']}: {when}; {pending}{alarm}{errors}"
+
+
 def render(s: dict[str, Any]) -> None:
     out = fmt.console()
     conns = s["connections"]
@@ -68,6 +81,7 @@ def render(s: dict[str, Any]) -> None:
         ("Bridges", bridges["status"] if not bridges["enabled"]
          else ", ".join(f"{b['name']} {b['status']}" for b in bridges["bridges"])),
         ("Store", _store_line(s.get("store"))),
+        *([("Fleet ship", _shipper_line(s["fleet_shipper"]))] if s.get("fleet_shipper") else []),
         ("Alarms", f"{len(alarms)} active" if alarms else "none"),
     ]
     image = s.get("image")

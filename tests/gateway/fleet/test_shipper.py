@@ -1,0 +1,276 @@
+"""gateway-fleet ship: real rclone against a local path and a real SFTP server
+(``rclone serve sftp`` on loopback, a free port, a temp host key)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gateway.config import load_config
+from gateway.fleet import shipper
+
+pytestmark = pytest.mark.skipif(shutil.which("rclone") is None, reason="needs rclone")
+
+PW = "S3cr3t-sftp-pw-4711"
+SEG = "telemetry/ingest_date=2024-03-01/site=s1/gw=g1"
+
+
+def write_segment(root: Path, rel: str, size: int, seed: int = 0) -> Path:
+    path = root / "raw" / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    block = hashlib.sha256(f"{rel}{seed}".encode()).digest()
+    path.write_bytes((block * (size // len(block) + 1))[:size])
+    return path
+
+
+def tree(root: Path) -> dict[str, str]:
+    """Visible files under ``root`` (hidden folders left out) and their MD5."""
+    out = {}
+    for p in root.rglob("*"):
+        rel = p.relative_to(root)
+        if p.is_file() and not any(part.startswith(".") for part in rel.parts):
+            out[rel.as_posix()] = hashlib.md5(p.read_bytes()).hexdigest()
+    return out
+
+
+def config_file(tmp: Path, shipper_toml: str) -> Path:
+    path = tmp / "gateway.toml"
+    path.write_text(
+        f'[fleet.archiver]\nenable = true\ndir = "{tmp / "archive"}"\nsite = "s1"\ngw = "g1"\n'
+        f"[fleet.shipper]\nenable = true\n{shipper_toml}"
+    )
+    return path
+
+
+def ship_cli(cfg: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gateway.fleet", "ship", "-c", str(cfg)],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
+
+
+class SftpServer:
+    """``rclone serve sftp`` with a password; ``port`` read from its own log line."""
+
+    def __init__(self, root: Path, keydir: Path, port: int = 0) -> None:
+        keydir.mkdir(exist_ok=True)
+        key = keydir / "host_key"
+        if not key.exists():
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)],
+                           check=True)
+        self.proc = subprocess.Popen(
+            ["rclone", "serve", "sftp", str(root), "--addr", f"127.0.0.1:{port}", "--key",
+             str(key), "--user", "gw", "--pass", PW, "--config", os.devnull],
+            stderr=subprocess.PIPE, text=True,
+        )
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            found = re.search(r"listening on 127\.0\.0\.1:(\d+)", line)
+            if found:
+                self.port = int(found.group(1))
+                break
+        else:
+            raise RuntimeError("rclone serve sftp did not start")
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+@pytest.fixture
+def sftp(tmp_path: Path) -> Iterator[SftpServer]:
+    (tmp_path / "central").mkdir()
+    server = SftpServer(tmp_path / "central", tmp_path / "keys")
+    yield server
+    server.stop()
+
+
+def sftp_toml(tmp: Path, port: int, extra: str = "") -> str:
+    creds = tmp / "creds"
+    creds.write_text(f"# the SFTP password\npass = {PW}\n")
+    creds.chmod(0o600)
+    return (f'type = "sftp"\nhost = "127.0.0.1"\nport = {port}\nuser = "gw"\npath = "fleet/raw"\n'
+            f'credentials_file = "{creds}"\nio_timeout = "2s"\n{extra}')
+
+
+def test_local_path_ships_verifies_deletes_and_rerun_is_a_no_op(tmp_path: Path) -> None:
+    arch, central = tmp_path / "archive", tmp_path / "central"
+    sent = {}
+    for i in range(3):
+        p = write_segment(arch, f"{SEG}/g1-{i}.jsonl.gz", 50_000 + i)
+        sent[f"{SEG}/g1-{i}.jsonl.gz"] = hashlib.md5(p.read_bytes()).hexdigest()
+    open_tmp = write_segment(arch, f"{SEG}/.g1-9.jsonl.gz.tmp", 100)  # being written
+    cfg = config_file(tmp_path, f'type = "local"\npath = "{central}"\n')
+    done = ship_cli(cfg)
+    assert done.returncode == 0, done.stderr
+    assert "shipped 3 segments" in done.stdout
+    assert tree(central) == sent
+    assert open_tmp.exists() and shipper.sealed_segments(arch / "raw") == []
+    status = shipper.Status.load(arch / shipper.STATUS_FILE)
+    assert status.shipped_segments_total == 3 and status.pending_bytes == 0
+    assert status.last_success is not None and status.last_error is None
+    again = ship_cli(cfg)
+    assert again.returncode == 0 and "shipped 0 segments" in again.stdout
+    assert tree(central) == sent
+
+
+def test_verification_rejects_a_copy_with_other_bytes(tmp_path: Path) -> None:
+    """The checker fails on broken input: same size, other content is not verified."""
+    arch, central = tmp_path / "archive", tmp_path / "central"
+    rel = f"{SEG}/g1-0.jsonl.gz"
+    write_segment(arch, rel, 4096)
+    config = load_config(config_file(tmp_path, f'type = "local"\npath = "{central}"\n'))
+    ship = shipper.Shipper(config.fleet.shipper, arch, site="s1", gw="g1")
+    ship._env, ship._secrets = shipper.remote_env(config.fleet.shipper)
+    seg = shipper.sealed_segments(arch / "raw")
+    sums = {s.rel: shipper.md5_file(arch / "raw" / s.rel) for s in seg}
+    damaged = central / rel  # a copy of the same size with other bytes
+    damaged.parent.mkdir(parents=True)
+    damaged.write_bytes(bytes(b ^ 1 for b in (arch / "raw" / rel).read_bytes()))
+    assert ship.verified(f"fleet:{central}", seg, sums, unhashed_by="error") == []
+    shutil.copy(arch / "raw" / rel, central / rel)
+    assert ship.verified(f"fleet:{central}", seg, sums, unhashed_by="error") == seg
+
+
+def test_spool_policy_deletes_oldest_or_keeps(tmp_path: Path) -> None:
+    arch = tmp_path / "archive"
+    for i in range(4):
+        p = write_segment(arch, f"{SEG}/g1-{i}.jsonl.gz", 512 << 10)
+        os.utime(p, (1000 + i, 1000 + i))
+    config = load_config(config_file(
+        tmp_path, f'type = "local"\npath = "{tmp_path / "c"}"\nspool_max = "1MB"\n'))
+    ship = shipper.Shipper(config.fleet.shipper, arch, site="s1", gw="g1")
+    kept, dropped = ship.apply_spool_policy(shipper.sealed_segments(arch / "raw"))
+    assert [s.rel.rsplit("/", 1)[1] for s in dropped] == ["g1-0.jsonl.gz", "g1-1.jsonl.gz"]
+    assert [s.rel for s in kept] == [s.rel for s in shipper.sealed_segments(arch / "raw")]
+    keep = config.fleet.shipper.model_copy(update={"when_full": "keep"})
+    ship = shipper.Shipper(keep, arch, site="s1", gw="g1")
+    write_segment(arch, f"{SEG}/g1-5.jsonl.gz", 1 << 20)
+    kept, dropped = ship.apply_spool_policy(shipper.sealed_segments(arch / "raw"))
+    assert dropped == [] and len(kept) == 3
+    view = shipper.view(config)
+    assert view is not None and view["spool_alarm"] and view["pending_segments"] == 3
+
+
+@pytest.mark.parametrize(
+    ("toml", "message"),
+    [
+        ('type = "sftp"\npath = "x"\n', 'type = "sftp" needs host'),
+        ('type = "local"\n', "fleet.shipper.path is required"),
+        ('type = "local"\npath = "x"\noptions = { pass = "x" }\n', "is a secret"),
+        ('type = "ftp"\npath = "x"\n', "fleet.shipper.type"),
+        ('type = "local"\npath = "x"\nbwlimit = "fast"\n', "fleet.shipper.bwlimit"),
+    ],
+)
+def test_bad_config_is_one_line_exit_2(tmp_path: Path, toml: str, message: str) -> None:
+    done = ship_cli(config_file(tmp_path, toml))
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], done.stderr
+
+
+def test_sftp_with_password_never_shows_it(tmp_path: Path, sftp: SftpServer) -> None:
+    arch, central = tmp_path / "archive", tmp_path / "central"
+    for i in range(2):
+        write_segment(arch, f"{SEG}/g1-{i}.jsonl.gz", 20_000)
+    expected = {f"fleet/raw/{k}": v for k, v in tree(arch / "raw").items()}
+    cfg = config_file(tmp_path, sftp_toml(tmp_path, sftp.port))
+    ok = ship_cli(cfg)
+    assert ok.returncode == 0, ok.stderr
+    assert tree(central) == expected
+    # a wrong password: the pass fails, the error is recorded, no secret anywhere
+    write_segment(arch, f"{SEG}/g1-7.jsonl.gz", 1000)
+    (tmp_path / "creds").write_text("pass = Wr0ng-Pw-1234\n")
+    bad = ship_cli(cfg)
+    assert bad.returncode == 1 and "ship failed" in bad.stderr
+    status_text = (arch / shipper.STATUS_FILE).read_text()
+    assert shipper.Status.load(arch / shipper.STATUS_FILE).consecutive_errors == 1
+    for secret in (PW, "Wr0ng-Pw-1234"):
+        for text in (ok.stdout, ok.stderr, bad.stdout, bad.stderr, status_text):
+            assert secret not in text
+    # a world-readable credentials file is refused, in one line
+    (tmp_path / "creds").chmod(0o644)
+    loose = ship_cli(cfg)
+    assert loose.returncode == 1 and "readable by others" in loose.stderr
+
+
+@pytest.mark.slow
+def test_kill_9_and_uplink_cut_during_a_transfer_then_resume(
+    tmp_path: Path, sftp: SftpServer
+) -> None:
+    """A pass killed with SIGKILL mid-copy, then a pass whose server goes silent
+    (SIGSTOP: the link carries nothing, rclone's I/O timeout fires): nothing final is
+    partial, nothing local is lost, and the next pass delivers every byte once."""
+    arch, central = tmp_path / "archive", tmp_path / "central"
+    for i in range(3):
+        write_segment(arch, f"{SEG}/g1-{i}.jsonl.gz", 400_000)
+    expected = {f"fleet/raw/{k}": v for k, v in tree(arch / "raw").items()}
+    slow = config_file(tmp_path, sftp_toml(tmp_path, sftp.port, 'bwlimit = "256KB/s"\n'))
+    killed = subprocess.Popen(
+        [sys.executable, "-m", "gateway.fleet", "ship", "-c", str(slow)],
+        env={**os.environ, "PYTHONPATH": os.getcwd()}, start_new_session=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    staging = central / "fleet/raw/.incoming/s1/g1" / SEG
+    deadline = time.monotonic() + 30
+    while not (staging.is_dir() and any(staging.iterdir())):  # the copy has begun
+        assert time.monotonic() < deadline and killed.poll() is None
+        time.sleep(0.05)
+    os.killpg(killed.pid, signal.SIGKILL)
+    killed.wait()
+    assert tree(central) == {}  # nothing half-copied is visible
+    assert len(shipper.sealed_segments(arch / "raw")) == 3
+    # the uplink goes silent during the next pass
+    fast = config_file(tmp_path, sftp_toml(tmp_path, sftp.port, 'bwlimit = "512KB/s"\n'))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway.fleet", "ship", "-c", str(fast)],
+        env={**os.environ, "PYTHONPATH": os.getcwd()}, stderr=subprocess.PIPE, text=True,
+    )
+    while not any(p.stat().st_size > 100_000 for p in staging.iterdir()):
+        assert time.monotonic() < deadline + 30 and proc.poll() is None
+        time.sleep(0.05)
+    os.kill(sftp.proc.pid, signal.SIGSTOP)
+    try:
+        _, err = proc.communicate(timeout=60)
+    finally:
+        os.kill(sftp.proc.pid, signal.SIGCONT)
+    assert proc.returncode == 1 and "ship failed" in err
+    status = shipper.Status.load(arch / shipper.STATUS_FILE)
+    assert status.last_error and status.pending_segments == 3 - status.shipped_segments_total
+    done = ship_cli(config_file(tmp_path, sftp_toml(tmp_path, sftp.port)))
+    assert done.returncode == 0, done.stderr
+    assert tree(central) == expected
+    assert shipper.sealed_segments(arch / "raw") == []
+
+
+def test_gatewayctl_status_shows_the_shipper(capsys: pytest.CaptureFixture[str]) -> None:
+    from gateway.cli.ctl import status as status_cmd
+
+    data: dict[str, object] = {
+        "node": "n@h", "status": "running", "role": "core", "version": "0.1.0", "uptime": 5,
+        "cluster": {"enabled": False, "status": "not configured", "members": []},
+        "connections": {"count": 0, "by_protocol": {}}, "sessions": 0, "subscriptions": 0,
+        "topics": 0, "retained": 0, "rates": {},
+        "bridges": {"enabled": False, "status": "not configured", "bridges": []},
+        "alarms": [], "listeners": [], "image": None,
+        "fleet_shipper": {"destination": "sftp:central:raw", "last_success": None,
+                          "pending_segments": 3, "pending_bytes": 3 << 20, "spool_alarm": True,
+                          "consecutive_errors": 2, "last_error": "rclone copy failed"},
+    }
+    status_cmd.render(data)
+    out = capsys.readouterr().out
+    assert "Fleet ship" in out and "never shipped" in out and "3 pending (3.0 MiB)" in out
+    assert "SPOOL ALARM" in out and "2 failed: rclone copy failed" in out
+    data["fleet_shipper"] = None
+    status_cmd.render(data)
+    assert "Fleet ship" not in capsys.readouterr().out
