@@ -121,6 +121,41 @@ class Poster(Protocol):
     ) -> Callable[[], None]: ...
 
 
+def ask(scheduler: Scheduler, poster: Poster, body: dict[str, Any], timeout: float,
+        timed_out: Callable[[], None], finish: Callable[[Answer], None]) -> None:
+    """POST ``body`` and call ``finish`` exactly once: with the service's answer, or an
+    ``error`` answer when no HTTP answer came, the request could not start, or
+    ``timeout`` seconds passed (then ``timed_out`` runs first and the request is
+    cancelled). Shared by HTTP authentication and authorization."""
+    done = False
+    timer: TimerHandle | None = None
+    cancel: Callable[[], None] | None = None
+
+    def once(answer: Answer) -> None:
+        nonlocal done
+        if done:
+            return
+        done = True
+        if timer is not None:
+            timer.cancel()
+        finish(answer)
+
+    def answered(status: int, data: bytes | None, error: str | None) -> None:
+        once(Answer("error", why=error) if error else parse_response(status, data))
+
+    def expired() -> None:
+        timed_out()
+        if cancel is not None:
+            cancel()
+        once(Answer("error", why=f"no answer within {timeout}s"))
+
+    timer = scheduler.call_later(timeout, expired)
+    try:
+        cancel = poster.post(body, answered)
+    except Exception as exc:  # a poster that fails to even start
+        once(Answer("error", why=f"request not sent: {exc}"))
+
+
 class HttpAuthenticator:
     """``client.authenticate`` subscriber (module docstring)."""
 
@@ -172,14 +207,7 @@ class HttpAuthenticator:
     # -- the request --------------------------------------------------------------
 
     def _request(self, key: tuple[Any, ...], body: dict[str, Any], out: Deferred[Answer]) -> None:
-        timer: TimerHandle | None = None
-        cancel: Callable[[], None] | None = None
-
         def finish(answer: Answer) -> None:
-            if out.done:
-                return
-            if timer is not None:
-                timer.cancel()
             self._inflight.pop(key, None)
             self.incr(f"authentication.http.{answer.result}")
             if answer.result == "error":
@@ -188,20 +216,8 @@ class HttpAuthenticator:
                 self._store(key, answer)
             out.resolve(answer)
 
-        def answered(status: int, data: bytes | None, error: str | None) -> None:
-            finish(Answer("error", why=error) if error else parse_response(status, data))
-
-        def timed_out() -> None:
-            self.incr("authentication.http.timeout")
-            if cancel is not None:
-                cancel()
-            finish(Answer("error", why=f"no answer within {self.settings.request_timeout}s"))
-
-        timer = self.scheduler.call_later(self.settings.request_timeout, timed_out)
-        try:
-            cancel = self.poster.post(body, answered)
-        except Exception as exc:  # a poster that fails to even start
-            finish(Answer("error", why=f"request not sent: {exc}"))
+        ask(self.scheduler, self.poster, body, self.settings.request_timeout,
+            lambda: self.incr("authentication.http.timeout"), finish)
 
     def _decide(self, client: ClientInfo, answer: Answer) -> Stop[int] | None:
         result = answer.result

@@ -37,9 +37,9 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from gateway.auth.http import AiohttpPoster, Answer, Poster, parse_response
+from gateway.auth.http import AiohttpPoster, Answer, Poster, ask
 from gateway.config.schema import GatewayConfig, HttpAuthzSource
-from gateway.core.clock import Scheduler, TimerHandle
+from gateway.core.clock import Scheduler
 from gateway.core.deferred import Deferred
 from gateway.core.hooks import Priority, Stop
 from gateway.core.node import Node
@@ -128,14 +128,7 @@ class HttpAuthorizer:
 
     def _request(self, key: tuple[Any, ...], body: dict[str, Any],
                  out: Deferred[Answer]) -> None:
-        timer: TimerHandle | None = None
-        cancel: Callable[[], None] | None = None
-
         def finish(answer: Answer) -> None:
-            if out.done:
-                return
-            if timer is not None:
-                timer.cancel()
             self._inflight.pop(key, None)
             self.incr(f"authorization.http.{answer.result}")
             if answer.result in ("allow", "deny") and self.source.cache_ttl > 0:
@@ -146,20 +139,8 @@ class HttpAuthorizer:
                     self._cache.popitem(last=False)
             out.resolve(answer)
 
-        def answered(status: int, data: bytes | None, error: str | None) -> None:
-            finish(Answer("error", why=error) if error else parse_response(status, data))
-
-        def timed_out() -> None:
-            self.incr("authorization.http.timeout")
-            if cancel is not None:
-                cancel()
-            finish(Answer("error", why=f"no answer within {self.source.request_timeout}s"))
-
-        timer = self.scheduler.call_later(self.source.request_timeout, timed_out)
-        try:
-            cancel = self.poster.post(body, answered)
-        except Exception as exc:  # a poster that fails to even start
-            finish(Answer("error", why=f"request not sent: {exc}"))
+        ask(self.scheduler, self.poster, body, self.source.request_timeout,
+            lambda: self.incr("authorization.http.timeout"), finish)
 
 
 def install_http_authz(node: Node, config: GatewayConfig, loop: Any, services: Any) -> None:
