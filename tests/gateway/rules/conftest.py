@@ -1,10 +1,13 @@
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
-from tests.gateway.admin.gatewayd import Gatewayd
+from tests.gateway.admin.gatewayd import Client, Gatewayd
 
 # rules given the way a configuration file gives them (as GATEWAY_* TOML values)
 CONFIG_RULES = {
@@ -37,3 +40,30 @@ def gatewayd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gatewayd]:
     gw.start()
     yield gw
     gw.stop()
+
+
+def event_rules(**sqls: str) -> dict[str, str]:
+    """GATEWAY_* settings for rules that republish what each SQL selects (as JSON) to
+    ``<rule name>/${clientid}``: ``event_rules(dis='SELECT ... FROM "$events/..."')``."""
+    env = {}
+    for name, sql in sqls.items():
+        key = f"GATEWAY_RULE_ENGINE__RULES__{name.upper()}"
+        env[f"{key}__SQL"] = sql
+        topic = name + "/${clientid}"
+        env[f"{key}__ACTIONS"] = (
+            '[{function = "republish", args = {topic = "' + topic + '", payload = ""}}]')
+    return env
+
+
+def event_watcher(gw: Gatewayd, *names: str) -> Client:
+    """A client subscribed to the topics of :func:`event_rules`' rules ``names``."""
+    w = Client(gw, f"watch-{time.monotonic_ns()}")
+    for name in names:
+        w.subscribe(f"{name}/#", 0)
+    return w
+
+
+def event(w: Client, topic: str) -> dict[str, Any]:
+    """The next event a rule of :func:`event_rules` republished to ``topic``."""
+    out: dict[str, Any] = json.loads(w.wait_for(topic).payload)
+    return out

@@ -5,9 +5,7 @@ session ends, and ``sockname`` (the listener's ``host:port``)."""
 from __future__ import annotations
 
 import asyncio
-import json
 import socket
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,6 +16,7 @@ from aiocoap.numbers.codes import Code
 
 from protocols.mqttsn.client import MqttSnClient
 from tests.gateway.admin.gatewayd import Client, Gatewayd
+from tests.gateway.rules.conftest import event, event_rules, event_watcher
 from tests.harness.gatewayd import free_port
 
 pytestmark = pytest.mark.rules
@@ -28,14 +27,9 @@ CONFIG = {
     "GATEWAY_GATEWAY__MQTTSN__LISTENERS__UDP__DEFAULT__BIND": f"127.0.0.1:{SN_PORT}",
     "GATEWAY_GATEWAY__COAP__LISTENERS__UDP__DEFAULT__BIND": f"127.0.0.1:{COAP_PORT}",
     "GATEWAY_GATEWAY__COAP__HEARTBEAT": "1s",
-    "GATEWAY_RULE_ENGINE__RULES__DIS__SQL":
-        'SELECT clientid, reason, sockname, proto_name FROM "$events/client_disconnected"',
-    "GATEWAY_RULE_ENGINE__RULES__DIS__ACTIONS":
-        '[{function = "republish", args = {topic = "dis/${clientid}", payload = ""}}]',
-    "GATEWAY_RULE_ENGINE__RULES__CON__SQL":
-        'SELECT clientid, sockname FROM "$events/client_connected"',
-    "GATEWAY_RULE_ENGINE__RULES__CON__ACTIONS":
-        '[{function = "republish", args = {topic = "con/${clientid}", payload = ""}}]',
+    **event_rules(
+        dis='SELECT clientid, reason, sockname, proto_name FROM "$events/client_disconnected"',
+        con='SELECT clientid, sockname FROM "$events/client_connected"'),
 }
 
 
@@ -49,15 +43,9 @@ def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gatewayd]:
 
 @pytest.fixture()
 def watch(gw: Gatewayd) -> Iterator[Client]:
-    w = Client(gw, f"watch-{time.monotonic_ns()}").subscribe("dis/#", 0)
-    w.subscribe("con/#", 0)
+    w = event_watcher(gw, "dis", "con")
     yield w
     w.close()
-
-
-def event(w: Client, topic: str) -> dict[str, Any]:
-    out: dict[str, Any] = json.loads(w.wait_for(topic).payload)
-    return out
 
 
 def sn(cid: str) -> MqttSnClient:

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import json
 import socket
-import time
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 from paho.mqtt.packettypes import PacketTypes
@@ -18,31 +16,20 @@ from paho.mqtt.reasoncodes import ReasonCode as PahoReasonCode
 from protocols.mqtt.encoder import encode
 from protocols.mqtt.packets import MQTT_5, Connect, Properties, PubAck, Subscribe, Subscription
 from tests.gateway.admin.gatewayd import WAIT, Client, Gatewayd
+from tests.gateway.rules.conftest import event, event_rules, event_watcher
 
 API = "/api/v5"
 pytestmark = pytest.mark.rules
 
-RULES = {
-    "GATEWAY_RULE_ENGINE__RULES__DIS__SQL":
-        'SELECT clientid, reason, sockname, peername, disconn_props, conn_props '
+RULES = event_rules(
+    dis='SELECT clientid, reason, sockname, peername, disconn_props, conn_props '
         'FROM "$events/client_disconnected"',
-    "GATEWAY_RULE_ENGINE__RULES__DIS__ACTIONS":
-        '[{function = "republish", args = {topic = "dis/${clientid}", payload = ""}}]',
-    "GATEWAY_RULE_ENGINE__RULES__CON__SQL":
-        'SELECT clientid, sockname, conn_props FROM "$events/client_connected"',
-    "GATEWAY_RULE_ENGINE__RULES__CON__ACTIONS":
-        '[{function = "republish", args = {topic = "con/${clientid}", payload = ""}}]',
-    "GATEWAY_RULE_ENGINE__RULES__SUB__SQL":
-        'SELECT clientid, topic, sub_props FROM "$events/session_subscribed" '
+    con='SELECT clientid, sockname, conn_props FROM "$events/client_connected"',
+    sub='SELECT clientid, topic, sub_props FROM "$events/session_subscribed" '
         "WHERE topic = 'props/t'",
-    "GATEWAY_RULE_ENGINE__RULES__SUB__ACTIONS":
-        '[{function = "republish", args = {topic = "sub/${clientid}", payload = ""}}]',
-    "GATEWAY_RULE_ENGINE__RULES__ACK__SQL":
-        'SELECT clientid, qos, payload, puback_props FROM "$events/message_acked" '
+    ack='SELECT clientid, qos, payload, puback_props FROM "$events/message_acked" '
         "WHERE topic = 'acked/t'",
-    "GATEWAY_RULE_ENGINE__RULES__ACK__ACTIONS":
-        '[{function = "republish", args = {topic = "ack/${clientid}", payload = ""}}]',
-}
+)
 
 
 @pytest.fixture(scope="module")
@@ -55,17 +42,9 @@ def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gatewayd]:
 
 @pytest.fixture()
 def watch(gw: Gatewayd) -> Iterator[Client]:
-    w = Client(gw, f"watch-{time.monotonic_ns()}").subscribe("dis/#", 0)
-    w.subscribe("con/#", 0)
-    w.subscribe("sub/#", 0)
-    w.subscribe("ack/#", 0)
+    w = event_watcher(gw, "dis", "con", "sub", "ack")
     yield w
     w.close()
-
-
-def event(w: Client, topic: str) -> dict[str, Any]:
-    out: dict[str, Any] = json.loads(w.wait_for(topic).payload)
-    return out
 
 
 def raw_connect(gw: Gatewayd, cid: str, keepalive: int = 60) -> socket.socket:
