@@ -597,17 +597,24 @@ class CoapChannel(CoapEndpoint):
         except Exception:
             self._respond(msg, Code.BAD_REQUEST)
             return
+        self._authorized(msg, info, "publish", full, lambda: self._publish_allowed(
+            msg, info, full, qos, expiry, q, body))
+
+    def _authorized(self, msg: Message, info: ClientInfo, action: str, topic: str,
+                    then: Callable[[], None]) -> None:
+        """Authorize ``action`` on ``topic`` (now or when a pending decision comes), then
+        run ``then``, or answer 4.03; nothing when the session ended meanwhile."""
         session = self.session
 
         def decided(allowed: bool) -> None:
             if self.info is not info or self.session is not session:
-                return  # (the session ended meanwhile)
+                return
             if not allowed:
                 self._respond(msg, Code.FORBIDDEN)
                 return
-            self._publish_allowed(msg, info, full, qos, expiry, q, body)
+            then()
 
-        self._authorize(info, "publish", full, decided)
+        self._authorize(info, action, topic, decided)
 
     def _publish_allowed(self, msg: Message, info: ClientInfo, full: str, qos: int,
                          expiry: int | None, q: dict[str, str], body: bytes) -> None:
@@ -642,17 +649,8 @@ class CoapChannel(CoapEndpoint):
         except Exception:
             self._respond(msg, Code.BAD_REQUEST)
             return
-        session = self.session
-
-        def decided(allowed: bool) -> None:
-            if self.info is not info or self.session is not session:
-                return  # (the session ended meanwhile)
-            if not allowed:
-                self._respond(msg, Code.FORBIDDEN)
-                return
-            self._subscribe_allowed(msg, info, full, path, qos, rh, q)
-
-        self._authorize(info, "subscribe", full, decided)
+        self._authorized(msg, info, "subscribe", full, lambda: self._subscribe_allowed(
+            msg, info, full, path, qos, rh, q))
 
     def _subscribe_allowed(self, msg: Message, info: ClientInfo, full: str,
                            path: tuple[str, ...], qos: int, rh: int, q: dict[str, str]
