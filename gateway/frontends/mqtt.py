@@ -8,7 +8,7 @@ assembly's (:mod:`gateway.frontends.listen`), reloaded by SIGHUP.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from gateway.config import GatewayConfig
@@ -75,16 +75,21 @@ def mqtt_channel(
 
         return make
 
+    def make_tls(shell: StreamShell, peer: tuple[str, int] | None) -> MqttChannel:
+        cert = peer_cert(shell, settings)
+        return MqttChannel(node, settings, shell, peer=peer, monotonic=monotonic, peer_cert=cert)
+
+    return make_tls
+
+
+def peer_cert(shell: StreamShell, settings: MqttSettings) -> Mapping[str, str] | None:
+    """The client certificate's identity fields, with what ``peer_cert_as_*`` needs beyond
+    CN and DN (the PEM, the DER, its MD5)."""
     extra = tuple(
         f for f in (settings.peer_cert_as_clientid, settings.peer_cert_as_username)
         if f in ("pem", "crt", "md5")
     )
-
-    def make_tls(shell: StreamShell, peer: tuple[str, int] | None) -> MqttChannel:
-        cert = peer_identity(shell.transport, extra)
-        return MqttChannel(node, settings, shell, peer=peer, monotonic=monotonic, peer_cert=cert)
-
-    return make_tls
+    return peer_identity(shell.transport, extra)
 
 
 def _listeners(config: GatewayConfig) -> list[ListenerSpec]:

@@ -16,9 +16,8 @@ from gateway.config import GatewayConfig
 from gateway.config.schema import WsListener, WssListener
 from gateway.core.node import Node
 from gateway.frontends.base import Assembly, FrontEnd, ListenerSpec, enabled
-from gateway.frontends.mqtt import mqtt_settings
+from gateway.frontends.mqtt import mqtt_settings, peer_cert
 from gateway.net.stream import StreamShell
-from gateway.net.tls import peer_identity
 from gateway.net.websocket import WebSocketChannel, WebSocketSettings
 from protocols.context import ConnectionHandle
 from protocols.mqtt.channel import MqttChannel, MqttSettings
@@ -58,13 +57,8 @@ def ws_channel(
 
         return make
 
-    extra = tuple(
-        f for f in (settings.peer_cert_as_clientid, settings.peer_cert_as_username)
-        if f in ("pem", "crt", "md5")
-    )
-
     def make_tls(shell: StreamShell, peer: tuple[str, int] | None) -> WebSocketChannel:
-        cert = peer_identity(shell.transport, extra)
+        cert = peer_cert(shell, settings)
 
         def inner_tls(handle: ConnectionHandle, peer: tuple[str, int] | None) -> MqttChannel:
             return MqttChannel(node, settings, handle, peer=peer, monotonic=monotonic,
