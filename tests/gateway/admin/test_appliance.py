@@ -9,6 +9,7 @@ import pytest
 
 from gateway.admin.appliance import image_info
 from gateway.cli.ctl import status as status_cmd
+from tests.harness.status import status_view
 
 
 def write(tmp_path: Path, os_release: str, cmdline: str) -> tuple[Path, Path]:
@@ -36,14 +37,7 @@ def test_image_without_slot_on_cmdline(tmp_path: Path) -> None:
 
 
 def test_status_renders_the_image_row(capsys: pytest.CaptureFixture[str]) -> None:
-    data: dict[str, object] = {
-        "node": "n@h", "status": "running", "role": "core", "version": "0.1.0", "uptime": 5,
-        "cluster": {"enabled": False, "status": "not configured", "members": []},
-        "connections": {"count": 0, "by_protocol": {}}, "sessions": 0, "subscriptions": 0,
-        "topics": 0, "retained": 0, "rates": {},
-        "bridges": {"enabled": False, "status": "not configured", "bridges": []},
-        "alarms": [], "listeners": [], "image": {"version": "9.9", "slot": "A"},
-    }
+    data = status_view(image={"version": "9.9", "slot": "A"})
     status_cmd.render(data)
     assert "edge-gateway 9.9 (slot A)" in capsys.readouterr().out
     data["image"] = None

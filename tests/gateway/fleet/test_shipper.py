@@ -18,6 +18,7 @@ import pytest
 
 from gateway.config import load_config
 from gateway.fleet import shipper
+from tests.harness.status import status_view
 
 pytestmark = pytest.mark.skipif(shutil.which("rclone") is None, reason="needs rclone")
 
@@ -256,17 +257,10 @@ def test_kill_9_and_uplink_cut_during_a_transfer_then_resume(
 def test_gatewayctl_status_shows_the_shipper(capsys: pytest.CaptureFixture[str]) -> None:
     from gateway.cli.ctl import status as status_cmd
 
-    data: dict[str, object] = {
-        "node": "n@h", "status": "running", "role": "core", "version": "0.1.0", "uptime": 5,
-        "cluster": {"enabled": False, "status": "not configured", "members": []},
-        "connections": {"count": 0, "by_protocol": {}}, "sessions": 0, "subscriptions": 0,
-        "topics": 0, "retained": 0, "rates": {},
-        "bridges": {"enabled": False, "status": "not configured", "bridges": []},
-        "alarms": [], "listeners": [], "image": None,
-        "fleet_shipper": {"destination": "sftp:central:raw", "last_success": None,
-                          "pending_segments": 3, "pending_bytes": 3 << 20, "spool_alarm": True,
-                          "consecutive_errors": 2, "last_error": "rclone copy failed"},
-    }
+    data = status_view(fleet_shipper={
+        "destination": "sftp:central:raw", "last_success": None, "pending_segments": 3,
+        "pending_bytes": 3 << 20, "spool_alarm": True, "consecutive_errors": 2,
+        "last_error": "rclone copy failed"})
     status_cmd.render(data)
     out = capsys.readouterr().out
     assert "Fleet ship" in out and "never shipped" in out and "3 pending (3.0 MiB)" in out
