@@ -110,19 +110,8 @@ def _fail(rule: Rule, exc: BaseException) -> None:
 
 
 def _act(rule: Rule, outputs: list[dict[str, Any]], columns: Columns) -> None:
-    m = rule.metrics
     for output in outputs:
-        for slot in rule.actions:
-            try:
-                slot.run(output, columns)
-            except Exception as exc:
-                slot.failed += 1
-                m.actions_failed += 1
-                m.last_error = f"{slot.function}: {type(exc).__name__}: {exc}"
-                log.debug("rule %s action %s failed: %s", rule.id, slot.function, exc)
-            else:
-                slot.success += 1
-                m.actions_success += 1
+        _act1(rule, output, columns)
 
 
 def _act1(rule: Rule, output: dict[str, Any], columns: Columns) -> None:
