@@ -228,9 +228,18 @@ def _bitop(op: Callable[[int, int], int]) -> Callable[[Any, Any], int]:
     return lambda a, b: op(_int(a), _int(b))
 
 
+MAX_SHIFT = 1024  # bits: a rule must not build a number no message can carry
+
+
+def _shift_left(a: int, b: int) -> int:
+    if b > MAX_SHIFT:
+        raise ValueError(f"bitsl: a shift of {b} bits is over {MAX_SHIFT}")
+    return a << b
+
+
 for _name, _bop in {
     "bitand": operator.and_, "bitor": operator.or_, "bitxor": operator.xor,
-    "bitsl": operator.lshift, "bitsr": operator.rshift,
+    "bitsl": _shift_left, "bitsr": operator.rshift,
 }.items():
     FUNCTIONS[_name] = Func(_bitop(_bop), 2, 2)
 
