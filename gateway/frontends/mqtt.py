@@ -99,13 +99,20 @@ def _listeners(config: GatewayConfig) -> list[ListenerSpec]:
     return enabled("listeners", tables, secure=("ssl",))
 
 
-def _channel(assembly: Assembly, spec: ListenerSpec, state: None) -> StreamFactory:
+def listener_settings(assembly: Assembly, spec: ListenerSpec) -> MqttSettings:
+    """The MQTT settings of one listener (MQTT or WebSocket): the zone's, its mountpoint,
+    and on a TLS listener what the client certificate stands for."""
     lst = spec.config
     settings = mqtt_settings(assembly.config, spec.id, lst.mountpoint)
     if spec.secure:
         settings.peer_cert_as_clientid = lst.peer_cert_as_clientid
         settings.peer_cert_as_username = lst.peer_cert_as_username
         settings.peer_cert_authenticates = lst.peer_cert_authenticates
+    return settings
+
+
+def _channel(assembly: Assembly, spec: ListenerSpec, state: None) -> StreamFactory:
+    settings = listener_settings(assembly, spec)
     return mqtt_channel(assembly.node, settings, assembly.monotonic, tls=spec.secure)
 
 

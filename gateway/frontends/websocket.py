@@ -16,7 +16,7 @@ from gateway.config import GatewayConfig
 from gateway.config.schema import WsListener, WssListener
 from gateway.core.node import Node
 from gateway.frontends.base import Assembly, FrontEnd, ListenerSpec, enabled
-from gateway.frontends.mqtt import mqtt_settings, peer_cert
+from gateway.frontends.mqtt import listener_settings, peer_cert
 from gateway.net.stream import StreamShell
 from gateway.net.websocket import WebSocketChannel, WebSocketSettings
 from protocols.context import ConnectionHandle
@@ -79,14 +79,9 @@ def _listeners(config: GatewayConfig) -> list[ListenerSpec]:
 def _channel(
     assembly: Assembly, spec: ListenerSpec, state: None
 ) -> Callable[[StreamShell, tuple[str, int] | None], WebSocketChannel]:
-    lst = spec.config
-    settings = mqtt_settings(assembly.config, spec.id, lst.mountpoint)
-    if spec.secure:
-        settings.peer_cert_as_clientid = lst.peer_cert_as_clientid
-        settings.peer_cert_as_username = lst.peer_cert_as_username
-        settings.peer_cert_authenticates = lst.peer_cert_authenticates
+    settings = listener_settings(assembly, spec)
     return ws_channel(
-        assembly.node, settings, websocket_settings(lst), assembly.monotonic,
+        assembly.node, settings, websocket_settings(spec.config), assembly.monotonic,
         tls=spec.secure,
     )
 
