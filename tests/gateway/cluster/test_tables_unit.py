@@ -183,7 +183,6 @@ def test_a_crafted_raft_pickle_from_a_peer_is_refused(tmp_path: Path,
     """A RAFT frame from an authenticated member whose pickle names a callable (here
     ``open``, which would create a file) is dropped and logged; so is a log entry
     pysyncobj itself would unpickle; plain Raft messages still pass."""
-    pytest.importorskip("pysyncobj")
     import pysyncobj.pickle as pp  # type: ignore[import-untyped]
 
     from gateway.cluster.raft import RaftGroup, safe_loads

@@ -11,10 +11,8 @@ import random
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -23,6 +21,7 @@ from gateway.fleet.settings import JobSettings
 from tests.gateway.admin.gatewayd import Client, Gatewayd
 from tests.gateway.fleet.test_consolidation import snapshot
 from tests.gateway.fleet.test_shipper import PW, SftpServer
+from tests.harness.wait import until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -76,13 +75,6 @@ def sealed_lines(archive: Path) -> int:
                for s in shipper.sealed_segments(archive / "raw") if s.rel.startswith("tel"))
 
 
-def until(condition: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
-
-
 def publish(gw: Gatewayd, batch: int, n: int, sent: dict[tuple[str, int], dict[str, float]],
             rng: random.Random) -> None:
     """``n`` QoS 1 messages per device of ``gw`` (20 random metrics each: segments that
@@ -129,13 +121,13 @@ def test_two_units_ship_through_faults_and_the_job_holds_every_record(
     for gw in (u1, u2):
         publish(gw, 1, 150, sent, rng)
     for gw in (u1, u2):
-        until(lambda gw=gw: sealed_lines(gw.data_dir / "archive") == 300, 30, "not sealed")
+        until("not sealed", lambda gw=gw: sealed_lines(gw.data_dir / "archive") == 300, 30)
     central = tmp_path / "central/raw"
 
     # u2 -> local path: kill -9 while a segment is being copied
     staging = central / ".incoming/plant/u2"
     killed = ship(u2, bwlimit="16KB/s", wait=False)
-    until(lambda: any(p.is_file() for p in staging.rglob("*")), 30, "u2 copy not begun")
+    until("u2 copy not begun", lambda: any(p.is_file() for p in staging.rglob("*")), 30)
     os.killpg(killed.pid, signal.SIGKILL)
     killed.wait()
     assert not list((central / "telemetry").rglob("*.gz")) if (central / "telemetry").exists() \
@@ -144,7 +136,7 @@ def test_two_units_ship_through_faults_and_the_job_holds_every_record(
     # u1 -> SFTP: the uplink goes silent mid-copy; the pass fails on its I/O timeout
     staging = central / ".incoming/plant/u1"
     cut = ship(u1, bwlimit="16KB/s", wait=False)
-    until(lambda: any(p.is_file() for p in staging.rglob("*")), 30, "u1 copy not begun")
+    until("u1 copy not begun", lambda: any(p.is_file() for p in staging.rglob("*")), 30)
     os.kill(sftp.proc.pid, signal.SIGSTOP)
     try:
         _, err = cut.communicate(timeout=60)

@@ -10,7 +10,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,8 +18,7 @@ import pytest
 from gateway.config import load_config
 from gateway.fleet import shipper
 from tests.harness.status import status_view
-
-pytestmark = pytest.mark.skipif(shutil.which("rclone") is None, reason="needs rclone")
+from tests.harness.wait import until
 
 PW = "S3cr3t-sftp-pw-4711"
 SEG = "telemetry/ingest_date=2024-03-01/site=s1/gw=g1"
@@ -223,10 +221,9 @@ def test_kill_9_and_uplink_cut_during_a_transfer_then_resume(
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     staging = central / "fleet/raw/.incoming/s1/g1" / SEG
-    deadline = time.monotonic() + 30
-    while not (staging.is_dir() and any(staging.iterdir())):  # the copy has begun
-        assert time.monotonic() < deadline and killed.poll() is None
-        time.sleep(0.05)
+    until("the copy to begin", lambda: killed.poll() is not None
+          or (staging.is_dir() and any(staging.iterdir())))
+    assert killed.poll() is None, "the shipper ended before its copy began"
     os.killpg(killed.pid, signal.SIGKILL)
     killed.wait()
     assert tree(central) == {}  # nothing half-copied is visible
@@ -237,9 +234,9 @@ def test_kill_9_and_uplink_cut_during_a_transfer_then_resume(
         [sys.executable, "-m", "gateway.fleet", "ship", "-c", str(fast)],
         env={**os.environ, "PYTHONPATH": os.getcwd()}, stderr=subprocess.PIPE, text=True,
     )
-    while not any(p.stat().st_size > 100_000 for p in staging.iterdir()):
-        assert time.monotonic() < deadline + 30 and proc.poll() is None
-        time.sleep(0.05)
+    until("100 kB of the next pass", lambda: proc.poll() is not None
+          or any(p.stat().st_size > 100_000 for p in staging.iterdir()))
+    assert proc.poll() is None, "the pass ended before the uplink went silent"
     os.kill(sftp.proc.pid, signal.SIGSTOP)
     try:
         _, err = proc.communicate(timeout=60)
