@@ -47,6 +47,7 @@ from gateway.net.tls import ReloadableContext, TlsError
 from gateway.protect.banned import BanGuard
 from gateway.protect.flapping import FlappingDetector, FlappingSettings
 from gateway.rules.service import RulesService, start_rules
+from gateway.security.crlwatch import FileWatch, watch_links
 from gateway.store import startup as store_startup
 from gateway.store.banned import BannedStore
 from gateway.store.db import db_path, ensure_schema, open_db
@@ -126,6 +127,7 @@ class Gateway:
         self.bridges: Bridges | None = None  # gateway.bridge, when [bridges.mqtt.*] exist
         self.rules: RulesService | None = None  # gateway.rules: rule engine and webhooks
         self.ext: Extensions | None = None  # gateway.ext: auto-subscribe, delayed, rewrite...
+        self.crl_watch: FileWatch | None = None  # cluster/bridge CRL files (crlwatch)
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -164,6 +166,7 @@ class Gateway:
         self.rules = await start_rules(self)  # before the listeners: rules see every event
         self.ext = start_extensions(self)  # MQTT extensions, before the listeners too
         await self._start_frontends(node, store)
+        self._watch_link_crls(loop)
         await self.admin.start()  # API, $SYS, trace: once the core and listeners exist
 
     async def _await_siblings(self, cluster: Cluster) -> None:
@@ -186,15 +189,7 @@ class Gateway:
             tls.reload()
         for dtls in self.dtls.values():
             dtls.reload()
-        if self.cluster is not None:  # new links get the files (key, CA, CRLs) as they are now
-            from gateway.cluster.tls import from_config as cluster_tls
-
-            try:
-                self.cluster.tls = cluster_tls(self.config.cluster.tls)
-                log.info("cluster TLS reloaded (%d CRL files)",
-                         len(self.config.cluster.tls.crlfile))
-            except TlsError as exc:
-                log.error("cluster TLS not reloaded, keeping the previous files: %s", exc)
+        self._reload_cluster_tls()
         if self.node is not None and (self.cluster is not None or self.bridges is not None):
             from gateway.bridge.tls import client_context
             from gateway.security.links import recheck_links  # live links: revoked ones cut
@@ -214,6 +209,32 @@ class Gateway:
             len(authorizer.rules),
             f" (inline and {rules_file})" if rules_file is not None else "",
         )
+
+    def _reload_cluster_tls(self) -> bool:
+        """New cluster links get the files (key, CA, CRLs) as they are now; False (and one
+        ERROR line) when they cannot be used: the previous ones stay."""
+        if self.cluster is None:
+            return False
+        from gateway.cluster.tls import from_config as cluster_tls
+
+        try:
+            self.cluster.tls = cluster_tls(self.config.cluster.tls)
+        except TlsError as exc:
+            log.error("cluster TLS not reloaded, keeping the previous files: %s", exc)
+            return False
+        log.info("cluster TLS reloaded (%d CRL files)", len(self.config.cluster.tls.crlfile))
+        return True
+
+    def _watch_link_crls(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The cluster's and bridges' CRL files, re-read when they change (as on SIGHUP)."""
+        if self.node is None or (self.cluster is None and self.bridges is None):
+            return
+        from gateway.bridge.tls import client_context
+
+        self.crl_watch = watch_links(loop, self.config, self.cluster, self.bridges,
+                                     self.node.metrics.incr,
+                                     reload_cluster_tls=self._reload_cluster_tls,
+                                     bridge_context=client_context)
 
     def _start_protection(self, node: Node) -> None:
         """Banned clients (from ``gateway.db`` whether or not durability is on, so that
@@ -320,6 +341,10 @@ class Gateway:
             await self.admin.stop()
         for tls in self.tls.values():  # revocation and stapling timers
             tls.close()
+        for dtls in self.dtls.values():  # revocation timers
+            dtls.close()
+        if self.crl_watch is not None:
+            self.crl_watch.close()
         for server in self.servers:
             server.close()
         node = self.node

@@ -15,6 +15,7 @@ from pydantic import (
 )
 
 from gateway.config.listeners import (
+    OcspCheck,
     PeerCertField,
     TlsVerify,
     _no_peer_keys,
@@ -137,8 +138,11 @@ class DtlsListener(UdpListener):
     psk_identity_as_username: bool = False
     handshake_timeout: Annotated[Duration, Field(gt=0)] = 30.0
     # CRLs of cacertfile's CA: a revoked client certificate is refused right after the
-    # handshake; re-read on SIGHUP (docs/security.md "Revocation")
+    # handshake; re-read on change and on SIGHUP (docs/security.md "Revocation");
+    # enable_crl_check and ocsp_check as on [listeners.ssl.<name>]
     crlfile: Annotated[list[Path], BeforeValidator(_split_commas)] = Field(default_factory=list)
+    enable_crl_check: bool = False
+    ocsp_check: OcspCheck = Field(default_factory=OcspCheck)
 
     @model_validator(mode="after")
     def _consistent_dtls(self) -> DtlsListener:
@@ -153,8 +157,9 @@ class DtlsListener(UdpListener):
                 raise ValueError('verify = "verify_peer" needs cacertfile (the clients\' CA)')
         else:
             _no_peer_keys(self)
-            if self.crlfile:
-                raise ValueError('crlfile needs verify = "verify_peer"')
+            if self.crlfile or self.enable_crl_check or self.ocsp_check.enable:
+                raise ValueError('revocation checks (crlfile, enable_crl_check, ocsp_check) '
+                                 'need verify = "verify_peer"')
         if self.psk_file is None:
             for key in ("psk_identity_as_clientid", "psk_identity_as_username"):
                 if getattr(self, key):

@@ -94,6 +94,7 @@ async def open_listener(
             dtls = DtlsServer.from_listener(spec.id, spec.config)
         except DtlsError as exc:
             raise ConfigError(exc.where(spec.where)) from exc
+        guard_dtls(assembly, spec, dtls)
         factory = dtls_channel(dtls, spec.config.handshake_timeout, factory)
         detail = dtls.current.description
     shell = await start_datagram_listener(spec.config.bind, limits, factory, gate, **spec.options)
@@ -115,18 +116,8 @@ def guard_listener(
         stapling.start(loop)
     if not (lst.crlfile or lst.enable_crl_check or lst.ocsp_check.enable):
         return factory
-    cc = assembly.config.crl_cache
-    oc = lst.ocsp_check
-    settings = GuardSettings(
-        crlfile=list(lst.crlfile), cacertfile=lst.cacertfile,
-        enable_crl_check=lst.enable_crl_check, refresh_interval=cc.refresh_interval,
-        http_timeout=cc.http_timeout, capacity=cc.capacity, crl_fail_mode=cc.fail_mode,
-        file_check_interval=cc.file_check_interval, ocsp_enable=oc.enable,
-        ocsp_url=oc.responder_url, ocsp_ttl=oc.cache_ttl, ocsp_timeout=oc.http_timeout,
-        ocsp_fail_mode=oc.fail_mode,
-    )
-    guard = RevocationGuard(spec.id, settings, incr=assembly.node.metrics.incr,
-                            on_files_changed=tls.reload)
+    guard = RevocationGuard(spec.id, guard_settings(assembly, lst),
+                            incr=assembly.node.metrics.incr, on_files_changed=tls.reload)
     tls.on_reload.append(guard.reload_files)
     tls.closers.append(guard.close)
     guard.start(loop)
@@ -137,6 +128,33 @@ def guard_listener(
         return channel
 
     return make
+
+
+def guard_settings(assembly: Assembly, lst: Any) -> GuardSettings:
+    """The revocation settings of an ssl/wss or dtls listener, with ``[crl_cache]``."""
+    cc = assembly.config.crl_cache
+    oc = lst.ocsp_check
+    return GuardSettings(
+        crlfile=list(lst.crlfile), cacertfile=lst.cacertfile,
+        enable_crl_check=lst.enable_crl_check, refresh_interval=cc.refresh_interval,
+        http_timeout=cc.http_timeout, capacity=cc.capacity, crl_fail_mode=cc.fail_mode,
+        file_check_interval=cc.file_check_interval, ocsp_enable=oc.enable,
+        ocsp_url=oc.responder_url, ocsp_ttl=oc.cache_ttl, ocsp_timeout=oc.http_timeout,
+        ocsp_fail_mode=oc.fail_mode,
+    )
+
+
+def guard_dtls(assembly: Assembly, spec: ListenerSpec, server: DtlsServer) -> None:
+    """A DTLS listener's revocation guard (CRL files watched, distribution points, OCSP),
+    when one of them is configured: the server's sessions are judged by it, and a CRL
+    file that changes reloads the server as SIGHUP does."""
+    lst = spec.config
+    if not (lst.crlfile or lst.enable_crl_check or lst.ocsp_check.enable):
+        return
+    guard = RevocationGuard(spec.id, guard_settings(assembly, lst),
+                            incr=assembly.node.metrics.incr, on_files_changed=server.reload)
+    server.guard = guard
+    guard.start(asyncio.get_running_loop())
 
 
 def dtls_channel(

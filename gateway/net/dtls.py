@@ -76,6 +76,7 @@ log = logging.getLogger("gateway.net.dtls")
 
 Address = tuple[str, int]
 HANDSHAKE_TIMER = "dtls:handshake"
+MAX_HELD = 64  # plaintext datagrams kept while a revocation verdict is fetched
 NOT_AUTHORIZED = 0x87  # MQTT 5 reason code: what an identity mismatch is refused with
 
 
@@ -254,6 +255,10 @@ class DtlsServer:
         self.current = current
         # sessions with a verified client certificate, checked again by a reload
         self.live: weakref.WeakSet[DtlsChannel] = weakref.WeakSet()
+        # a gateway.security.revocation.RevocationGuard (set by gateway.frontends.listen
+        # when crlfile, enable_crl_check or ocsp_check is on): it then judges every
+        # verified client certificate, and watches the CRL files
+        self.guard: Any = None
 
     @classmethod
     def from_listener(cls, name: str, listener: DtlsListener) -> DtlsServer:
@@ -272,8 +277,15 @@ class DtlsServer:
             return False
         self.current = ctx
         log.info("listener %s: DTLS reloaded: %s", self.name, ctx.description)
-        self.rescan()
+        if self.guard is not None:
+            self.guard.reload_files()  # its CRLs; live sessions checked again, revoked cut
+        else:
+            self.rescan()
         return True
+
+    def close(self) -> None:
+        if self.guard is not None:
+            self.guard.close()
 
     def rescan(self) -> int:
         """Close the live sessions whose client certificate the current CRLs revoke
@@ -414,6 +426,11 @@ class DtlsChannel:
         self.identity: dict[str, str] = {}
         self.peer_cert: x509.Certificate | None = None  # a verified client certificate
         self.closed = False
+        # while the guard fetches a verdict (distribution point, OCSP): the plaintext
+        # datagrams that came meanwhile (at most MAX_HELD), replayed once admitted
+        self._held: list[bytes] | None = None
+        self._judging = False  # inside the guard's admit_peer: a refusal is returned
+        self._refusal: str | None = None
 
     def _new_buffer(self) -> Any:
         self.context = self.server.current  # a reload applies from the next ClientHello
@@ -433,7 +450,7 @@ class DtlsChannel:
         buf = self.buffer
         try:
             buf.receive_from_network(data)
-            if self.inner is None:
+            if self.inner is None and self._held is None:
                 if not self._handshake(out):
                     return out
                 refusal = self._judge_peer()
@@ -441,8 +458,8 @@ class DtlsChannel:
                     log.warning("dtls peer %s:%d refused: %s", *self.addr, refusal)
                     out.extend(self._close(f"dtls: {refusal}"))
                     return out
-                self.inner = self.inner_factory(_InnerHandle(self), self.addr, self.identity)
-                out.extend(self._seal(self.inner.connection_made()))
+                if self._held is None:
+                    out.extend(self._start_inner())
             while not self.closed:
                 try:
                     plain = buf.read(65536)
@@ -450,6 +467,10 @@ class DtlsChannel:
                     break
                 if not plain:
                     break
+                if self._held is not None:  # a verdict is awaited
+                    if len(self._held) < MAX_HELD:
+                        self._held.append(bytes(plain))
+                    continue
                 out.extend(self._seal(self.inner.handle_datagram(bytes(plain))))
         except Exception as exc:  # mbedtls TLSError: close_notify, bad record, bad PSK
             if self._is_tls_error(exc):
@@ -489,6 +510,52 @@ class DtlsChannel:
             self.closed = True
             return [Close(f"kicked (0x{reason_code:02X})")]
         return self._seal(self.inner.kick(reason_code))
+
+    def _start_inner(self) -> list[Effect]:
+        self.inner = self.inner_factory(_InnerHandle(self), self.addr, self.identity)
+        return self._seal(self.inner.connection_made())
+
+    def _admit(self) -> list[Effect]:
+        """The guard's verdict came and admits the peer: the inner channel starts and
+        gets the datagrams held meanwhile, in order."""
+        held, self._held = self._held or [], None
+        if self.closed or self.inner is not None:
+            return []
+        out = self._start_inner()
+        inner: Any = self.inner
+        for plain in held:
+            if self.closed:
+                break
+            out.extend(self._seal(inner.handle_datagram(plain)))
+        return out
+
+    # -- gateway.security.revocation.Peer (duck-typed: gateway.net sits below it) -----
+
+    def certificate(self) -> x509.Certificate | None:
+        return self.peer_cert
+
+    def gone(self) -> bool:
+        return self.closed
+
+    def address(self) -> str:
+        return f"{self.addr[0]}:{self.addr[1]}"
+
+    def ssl_object(self) -> None:
+        return None  # python-mbedtls does not give the verified chain
+
+    def hold(self) -> None:
+        if self._held is None:
+            self._held = []
+
+    def resume(self) -> None:
+        self.handle.call_channel(self._admit)
+
+    def cut(self, live: bool, why: str) -> None:
+        if self._judging:  # during the handshake's datagram: handle_datagram closes it
+            self._refusal = f"client certificate {why}"
+            return
+        reason = f"dtls: client certificate {why}"
+        self.handle.call_channel(lambda: [] if self.closed else self._close(reason))
 
     def revoked(self) -> list[Effect]:
         """The client certificate was revoked (:meth:`DtlsServer.rescan`): close_notify
@@ -543,13 +610,23 @@ class DtlsChannel:
         if not self.buffer._verified:
             return "client certificate does not verify against cacertfile"
         cert = x509.load_der_x509_certificate(bytes(der))
-        if self.context.crls and crl_status(cert, list(self.context.crls)) == "revoked":
+        guard = self.server.guard
+        if guard is None and self.context.crls and crl_status(
+            cert, list(self.context.crls)
+        ) == "revoked":
             log.warning("dtls peer %s:%d: refused %s (serial %x): certificate revoked",
                         *self.addr, cert.subject.rfc4514_string(), cert.serial_number)
             return "client certificate revoked (crlfile)"
         self.identity = identity_of(cert)
         self.peer_cert = cert
         self.server.live.add(self)
+        if guard is not None:  # CRL files, distribution points, OCSP: may hold the peer
+            self._judging = True
+            try:
+                guard.admit_peer(self)
+            finally:
+                self._judging = False
+            return self._refusal
         return None
 
     def _drain(self, out: list[Effect]) -> None:

@@ -1,4 +1,5 @@
-"""Live cluster and bridge links checked again against their CRL files (SIGHUP).
+"""Live cluster and bridge links checked again against their CRL files (SIGHUP, and
+when a CRL file changes: :mod:`gateway.security.crlwatch`).
 
 A link's TLS handshake checks the CRLs its context held when it was made; a CRL published
 later (``gatewayctl certs revoke`` then ``certs crl``, then SIGHUP) reaches new links
@@ -31,7 +32,7 @@ from cryptography import x509
 
 from gateway.net.tls import TlsError, check_crl, crl_status, load_certificates, load_crls
 
-__all__ = ["LiveLink", "cut_revoked", "recheck_links"]
+__all__ = ["LiveLink", "cut_revoked", "recheck_bridge", "recheck_cluster", "recheck_links"]
 
 log = logging.getLogger("gateway.security.links")
 
@@ -85,16 +86,27 @@ def recheck_links(config: Any, cluster: Any, bridges: Any, incr: Callable[[str],
     (``gateway.bridge.tls.client_context``: passed in, gateway.bridge sits above us)."""
     cut = 0
     if cluster is not None:
-        tls = config.cluster.tls
-        links = [LiveLink(repr(link), link.writer.get_extra_info("ssl_object"), link.close)
-                 for link in cluster.live_links()]
-        cut += _guarded(lambda: cut_revoked(links, list(tls.crlfile), tls.cacertfile,
-                                            key="cluster.tls", incr=incr))
+        cut += recheck_cluster(config, cluster, incr)
     if bridges is not None:
         for name, bridge in bridges.bridges.items():
-            cut += _guarded(functools.partial(_recheck_bridge, name, bridge, incr,
-                                              bridge_context))
+            cut += recheck_bridge(name, bridge, incr, bridge_context)
     return cut
+
+
+def recheck_cluster(config: Any, cluster: Any, incr: Callable[[str], None]) -> int:
+    """The live cluster links against ``[cluster.tls] crlfile``; how many were cut."""
+    tls = config.cluster.tls
+    links = [LiveLink(repr(link), link.writer.get_extra_info("ssl_object"), link.close)
+             for link in cluster.live_links()]
+    return _guarded(lambda: cut_revoked(links, list(tls.crlfile), tls.cacertfile,
+                                        key="cluster.tls", incr=incr))
+
+
+def recheck_bridge(name: str, bridge: Any, incr: Callable[[str], None],
+                   bridge_context: Callable[[Any], Any] | None = None) -> int:
+    """Bridge ``name``: its client context rebuilt with the CRLs now, its live link
+    checked against them; how many were cut (0 or 1)."""
+    return _guarded(functools.partial(_recheck_bridge, name, bridge, incr, bridge_context))
 
 
 def _recheck_bridge(name: str, bridge: Any, incr: Callable[[str], None],

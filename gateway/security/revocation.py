@@ -49,7 +49,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
@@ -63,6 +63,7 @@ from gateway.security.sources import distribution_points, fetch, ocsp_url
 # stay importable from here)
 __all__ = [
     "GuardSettings",
+    "Peer",
     "RevocationGuard",
     "Status",
     "crl_status",
@@ -97,12 +98,67 @@ class GuardSettings:
     ocsp_fail_mode: str = "closed"
 
 
-def _stat(path: Path) -> tuple[int, int] | None:
+def _stat(path: Path) -> tuple[int, int, int] | None:
     try:
         st = path.stat()
     except OSError:
         return None
-    return st.st_mtime_ns, st.st_size
+    return st.st_ino, st.st_mtime_ns, st.st_size
+
+
+class Peer(Protocol):
+    """One connection the guard watches: a TLS stream (:class:`_ShellPeer`) or a DTLS
+    session (``gateway.net.dtls``). ``hold``/``resume`` stop and restart its input while
+    a verdict is fetched; ``cut(live)`` ends it (``live``: it had been admitted, so it is
+    told why first, e.g. MQTT DISCONNECT 0x98)."""
+
+    def certificate(self) -> x509.Certificate | None: ...
+    def gone(self) -> bool: ...
+    def address(self) -> str: ...
+    def ssl_object(self) -> Any: ...
+    def hold(self) -> None: ...
+    def resume(self) -> None: ...
+    def cut(self, live: bool, why: str) -> None: ...
+
+
+class _ShellPeer:
+    """A TLS stream shell as a :class:`Peer`."""
+
+    __slots__ = ("shell",)
+
+    def __init__(self, shell: Any) -> None:
+        self.shell = shell
+
+    def certificate(self) -> x509.Certificate | None:
+        return _peer_cert(self.shell)
+
+    def gone(self) -> bool:
+        t = self.shell.transport
+        return t is None or t.is_closing() or bool(getattr(self.shell, "closed", False))
+
+    def address(self) -> str:
+        return _peer(self.shell)
+
+    def ssl_object(self) -> Any:
+        t = self.shell.transport
+        return t.get_extra_info("ssl_object") if t is not None else None
+
+    def hold(self) -> None:
+        self.shell.transport.pause_reading()
+
+    def resume(self) -> None:
+        self.shell.transport.resume_reading()
+
+    def cut(self, live: bool, why: str) -> None:
+        shell = self.shell
+        transport = shell.transport
+        if live:
+            try:
+                shell.kick(0x98)  # administrative action (MQTT 5 DISCONNECT)
+            except Exception:  # pragma: no cover - a channel bug must not keep it open
+                log.exception("kick failed")
+        if transport is not None and not transport.is_closing():
+            transport.abort()
 
 
 class RevocationGuard:
@@ -111,7 +167,7 @@ class RevocationGuard:
     ``on_files_changed`` is called when a CRL file changed on disk (the owner rebuilds
     its OpenSSL context, then calls :meth:`reload_files`); ``incr`` counts metrics.
     Call :meth:`start` on the loop, :meth:`admit` for each new connection (a stream
-    shell), :meth:`close` at the end.
+    shell; :meth:`admit_peer` for any :class:`Peer`), :meth:`close` at the end.
     """
 
     def __init__(
@@ -135,7 +191,7 @@ class RevocationGuard:
         self._dp_pending: dict[str, asyncio.Future[None]] = {}
         # (issuer subject DER, serial) -> (status, valid until)
         self.ocsp: dict[tuple[bytes, int], tuple[Status, float]] = {}
-        self.live: dict[int, Any] = {}  # id(shell) -> shell
+        self.live: dict[int, Peer] = {}  # id(peer) -> peer
         # intermediate CAs from verified peer chains: subject DER -> certificate
         self.learned: OrderedDict[bytes, x509.Certificate] = OrderedDict()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -180,7 +236,7 @@ class RevocationGuard:
 
     def check_files(self) -> None:
         """Reload when a CRL file changed (mtime or size) since last looked at."""
-        now = {p: _stat(p) for p in self.s.crlfile}
+        now = {p: _stat(p) for p in self.s.crlfile}  # inode, mtime, size: a rename too
         if now != self._stats:
             self._stats = now
             log.info("listener %s: CRL file changed", self.name)
@@ -212,27 +268,30 @@ class RevocationGuard:
     # -- connections ---------------------------------------------------------------
 
     def admit(self, shell: Any) -> None:
-        """A new TLS connection (its shell, after the handshake): check its certificate;
-        hold its reading while an answer is fetched."""
-        cert = _peer_cert(shell)
+        """A new TLS connection (its shell, after the handshake): :meth:`admit_peer`."""
+        self.admit_peer(_ShellPeer(shell))
+
+    def admit_peer(self, peer: Peer) -> None:
+        """A new connection: check its certificate; hold its input while an answer is
+        fetched (a known revocation cuts it at once, through ``peer.cut``)."""
+        cert = peer.certificate()
         if cert is None:
             return
         self._prune()
-        self.live[id(shell)] = shell
+        self.live[id(peer)] = peer
         if (self.s.enable_crl_check or self.s.ocsp_enable) and self._issuer(cert) is None:
-            self._learn(shell)
+            self._learn(peer)
         status = self._known_status(cert)
         if status == "revoked":
-            self._cut(shell, cert, "refused", "revoked")
+            self._cut(peer, cert, "refused", "revoked")
             return
         pending = self._lookups(cert)
         if not pending:
             return
-        transport = shell.transport
-        transport.pause_reading()
-        self._spawn(self._decide_later(shell, cert, pending))
+        peer.hold()
+        self._spawn(self._decide_later(peer, cert, pending))
 
-    async def _decide_later(self, shell: Any, cert: x509.Certificate,
+    async def _decide_later(self, peer: Peer, cert: x509.Certificate,
                             pending: list[tuple[str, Any]]) -> None:
         failed: list[str] = []
         for kind, awaitable in pending:
@@ -240,23 +299,22 @@ class RevocationGuard:
                 await awaitable
             except (OSError, ValueError, TlsError) as exc:
                 failed.append(f"{kind}: {exc}")
-        transport = shell.transport
-        if transport is None or transport.is_closing():
+        if peer.gone():
             return
         status = self._known_status(cert)
         if status == "revoked":
-            self._cut(shell, cert, "refused", "revoked")
+            self._cut(peer, cert, "refused", "revoked")
             return
         for why in failed:
             kind = why.split(":", 1)[0]
             mode = self.s.ocsp_fail_mode if kind == "ocsp" else self.s.crl_fail_mode
             self.incr("tls.revocation.unknown")
             if mode == "closed":
-                self._cut(shell, cert, "refused", f"status unknown ({why}), fail_mode closed")
+                self._cut(peer, cert, "refused", f"status unknown ({why}), fail_mode closed")
                 return
             log.warning("listener %s: revocation status of %s unknown (%s), admitted "
                         "(fail_mode open)", self.name, _who(cert), why)
-        transport.resume_reading()
+        peer.resume()
 
     def _lookups(self, cert: x509.Certificate) -> list[tuple[str, Any]]:
         out: list[tuple[str, Any]] = []
@@ -298,10 +356,9 @@ class RevocationGuard:
             return ca
         return None
 
-    def _learn(self, shell: Any) -> None:
-        """Remember the intermediate CAs of the chain OpenSSL verified for ``shell``."""
-        transport = shell.transport
-        ssl_object = transport.get_extra_info("ssl_object") if transport is not None else None
+    def _learn(self, peer: Peer) -> None:
+        """Remember the intermediate CAs of the chain OpenSSL verified for ``peer``."""
+        ssl_object = peer.ssl_object()
         chain = verified_chain(ssl_object) if ssl_object is not None else None
         for der in (chain or [])[1:-1]:  # not the peer's own, not the trust anchor
             ca = x509.load_der_x509_certificate(der)
@@ -319,32 +376,24 @@ class RevocationGuard:
         Returns how many were cut."""
         self._prune()
         cut = 0
-        for shell in list(self.live.values()):
-            cert = _peer_cert(shell)
+        for peer in list(self.live.values()):
+            cert = peer.certificate()
             if cert is not None and self._known_status(cert) == "revoked":
-                self._cut(shell, cert, "disconnected", f"revoked ({why})")
+                self._cut(peer, cert, "disconnected", f"revoked ({why})")
                 cut += 1
         return cut
 
     def _prune(self) -> None:
-        for key, shell in list(self.live.items()):
-            t = shell.transport
-            if t is None or t.is_closing() or getattr(shell, "closed", False):
+        for key, peer in list(self.live.items()):
+            if peer.gone():
                 del self.live[key]
 
-    def _cut(self, shell: Any, cert: x509.Certificate, what: str, why: str) -> None:
-        self.live.pop(id(shell), None)
+    def _cut(self, peer: Peer, cert: x509.Certificate, what: str, why: str) -> None:
+        self.live.pop(id(peer), None)
         self.incr(f"tls.revoked.{what}" if why.startswith("revoked") else "tls.revocation.refused")
         log.warning("listener %s: %s %s from %s: certificate %s", self.name, what, _who(cert),
-                    _peer(shell), why)
-        transport = shell.transport
-        if what == "disconnected":
-            try:
-                shell.kick(0x98)  # administrative action (MQTT 5 DISCONNECT)
-            except Exception:  # pragma: no cover - a channel bug must not keep it open
-                log.exception("kick failed")
-        if transport is not None and not transport.is_closing():
-            transport.abort()
+                    peer.address(), why)
+        peer.cut(what == "disconnected", why)
 
     # -- distribution points -------------------------------------------------------
 
@@ -411,8 +460,8 @@ class RevocationGuard:
         """Ask again about every live connection's certificate; cut the revoked ones."""
         self._prune()
         certs: dict[tuple[bytes, int], x509.Certificate] = {}
-        for shell in self.live.values():
-            cert = _peer_cert(shell)
+        for peer in self.live.values():
+            cert = peer.certificate()
             if cert is not None:
                 certs[(cert.issuer.public_bytes(), cert.serial_number)] = cert
 
