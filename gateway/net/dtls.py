@@ -524,7 +524,7 @@ class DtlsChannel:
         out = self._start_inner()
         inner: Any = self.inner
         for plain in held:
-            if self.closed:
+            if self.gone():  # the inner channel closed it meanwhile
                 break
             out.extend(self._seal(inner.handle_datagram(plain)))
         return out

@@ -78,14 +78,21 @@ def key_password(section: Any) -> bytes | None:
 
 
 def load_crls(key: str, paths: list[Path]) -> list[tuple[Path, x509.CertificateRevocationList]]:
-    """The CRLs in ``paths`` (PEM, one or more per file; or one DER CRL), with their file."""
+    """The CRLs in ``paths`` (PEM, one or more per file; or one DER CRL), with their file.
+
+    A file must hold whole CRLs only: a PEM block that is not closed (a file caught
+    half-written) or a file without any CRL is refused (:class:`TlsError`), never read
+    as "fewer revocations"."""
     out: list[tuple[Path, x509.CertificateRevocationList]] = []
     begin, end = b"-----BEGIN X509 CRL-----", b"-----END X509 CRL-----"
     for path in paths:
         data = _read(key, path)
         try:
             if begin in data:
-                for block in data.split(end)[:-1]:
+                *blocks, tail = data.split(end)
+                if begin in tail or not blocks:
+                    raise TlsError(key, f'"{path}" ends inside a CRL (half-written?)')
+                for block in blocks:
                     out.append((path, x509.load_pem_x509_crl(block[block.index(begin):] + end)))
             else:
                 out.append((path, x509.load_der_x509_crl(data)))

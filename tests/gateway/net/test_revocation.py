@@ -338,28 +338,37 @@ def test_encrypted_server_key_with_password_file(tmp_path, gatewayd: GatewayFact
 # ------------------------------------------------------------------ DTLS (CoAP)
 
 
-def test_dtls_crlfile_refuses_a_revoked_device(tmp_path, gatewayd: GatewayFactory):
-    tls = pytest.importorskip("mbedtls.tls")
-    from mbedtls import pk
-    from mbedtls import x509 as mx509
-    from mbedtls.exceptions import TLSError
+class Dtls:
+    """A gatewayd with one CoAP DTLS listener (``sec``) requiring client certificates of
+    ``ca``, and python-mbedtls clients posting to ``/ps/t`` (CON, CHANGED expected)."""
 
-    from protocols.coap.codec import CON, Code, decode, encode, make
-
-    ca = Ca(tmp_path)
-    ca.revoke("dev2")
-    port = free_port(socket.SOCK_DGRAM)
     prefix = "GATEWAY_GATEWAY__COAP__LISTENERS__DTLS__SEC__"
-    gw = gatewayd({"enable": "false"}, env={
-        "GATEWAY_GATEWAY__COAP__LISTENERS__UDP__DEFAULT__ENABLE": "false",
-        prefix + "BIND": f"127.0.0.1:{port}",
-        prefix + "CERTFILE": str(ca.crt("server")), prefix + "KEYFILE": str(ca.key("server")),
-        prefix + "CACERTFILE": str(ca.ca), prefix + "VERIFY": "verify_peer",
-        prefix + "FAIL_IF_NO_PEER_CERT": "true", prefix + "CRLFILE": str(ca.crl),
-    })
-    gw._wait(lambda: "listener coap:dtls:sec" in gw.log(), "opening coap:dtls:sec")
 
-    def session(name: str) -> Any:
+    def __init__(self, ca: Ca, gatewayd: GatewayFactory, env: dict[str, str] | None = None,
+                 **listener: str) -> None:
+        self.tls = pytest.importorskip("mbedtls.tls")
+        from mbedtls.exceptions import TLSError
+
+        self.errors = (OSError, TLSError)
+        self.ca = ca
+        self.port = free_port(socket.SOCK_DGRAM)
+        settings = {"BIND": f"127.0.0.1:{self.port}",
+                    "CERTFILE": str(ca.crt("server")), "KEYFILE": str(ca.key("server")),
+                    "CACERTFILE": str(ca.ca), "VERIFY": "verify_peer",
+                    "FAIL_IF_NO_PEER_CERT": "true",
+                    **{k.upper(): v for k, v in listener.items()}}
+        self.gw = gatewayd({"enable": "false"}, env={
+            "GATEWAY_GATEWAY__COAP__LISTENERS__UDP__DEFAULT__ENABLE": "false",
+            **{self.prefix + k: v for k, v in settings.items()}, **(env or {}),
+        })
+        self.gw._wait(lambda: "listener coap:dtls:sec" in self.gw.log(),
+                      "opening coap:dtls:sec")
+
+    def session(self, name: str) -> Any:
+        from mbedtls import pk
+        from mbedtls import x509 as mx509
+
+        tls, ca = self.tls, self.ca
         key = serialization.load_pem_private_key(ca.key(name).read_bytes(), None)
         der = key.private_bytes(serialization.Encoding.DER, serialization.PrivateFormat.PKCS8,
                                 serialization.NoEncryption())
@@ -371,43 +380,122 @@ def test_dtls_crlfile_refuses_a_revoked_device(tmp_path, gatewayd: GatewayFactor
         raw = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         raw.settimeout(3)
         sock = tls.ClientContext(conf).wrap_socket(raw, server_hostname="localhost")
-        sock.connect(("127.0.0.1", port))
+        sock.connect(("127.0.0.1", self.port))
         sock.do_handshake()
         return sock
 
-    def ask(sock: Any, mid: int) -> Code | None:
+    def ask(self, sock: Any, mid: int) -> Any:
+        from protocols.coap.codec import CON, Code, decode, encode, make
+
         try:
             m = make(CON, Code.POST, mid, b"t", b"x")
             m.opt.uri_path = ("ps", "t")
             sock.send(encode(m))
             return Code(decode(sock.recv(2048)).code)
-        except (OSError, TLSError):
+        except self.errors:
             return None  # closed or no answer: refused
 
-    def post(name: str) -> Code | None:
+    def post(self, name: str) -> Any:
         try:
-            sock = session(name)
-        except (OSError, TLSError):
+            sock = self.session(name)
+        except self.errors:
             return None
         try:
-            return ask(sock, 1)
+            return self.ask(sock, 1)
         finally:
             sock.close()
 
-    assert post("dev1") == Code.CHANGED
-    assert post("dev2") is None
+
+def test_dtls_crlfile_refuses_a_revoked_device(tmp_path, gatewayd: GatewayFactory):
+    from protocols.coap.codec import Code
+
+    ca = Ca(tmp_path)
+    ca.revoke("dev2")
+    # file watching practically off: only SIGHUP can make the change known
+    d = Dtls(ca, gatewayd, {"GATEWAY_CRL_CACHE__FILE_CHECK_INTERVAL": "3600"},
+             crlfile=str(ca.crl))
+    gw = d.gw
+    assert d.post("dev1") == Code.CHANGED
+    assert d.post("dev2") is None
     gw._wait(lambda: "refused CN=dev2" in gw.log(), "logging the refusal")
-    live = session("dev3")  # a session that stays up across the revocation
-    assert ask(live, 1) == Code.CHANGED
+    live = d.session("dev3")  # a session that stays up across the revocation
+    assert d.ask(live, 1) == Code.CHANGED
     ca.revoke("dev1")  # SIGHUP re-reads the CRL for new handshakes
     ca.revoke("dev3")  # ... and cuts the live session of a revoked device
     gw.hup("DTLS reloaded")
-    assert post("dev1") is None
+    assert d.post("dev1") is None
     gw._wait(lambda: "disconnected CN=dev3" in gw.log(), "logging the cut")
     try:
-        assert ask(live, 2) is None  # close_notify came: no answer any more
+        assert d.ask(live, 2) is None  # close_notify came: no answer any more
     finally:
         live.close()
+
+
+def test_dtls_crl_file_rewritten_cuts_the_live_session_without_a_signal(
+        tmp_path, gatewayd: GatewayFactory):
+    """The CRL file is watched: a half-written file is refused (one ERROR line, the old
+    CRL kept, nothing cut), the complete one, put in place by a rename, cuts dev3."""
+    from protocols.coap.codec import Code
+
+    ca = Ca(tmp_path)
+    live_crl = tmp_path / "live-crl.pem"
+    live_crl.write_bytes(ca.crl.read_bytes())
+    d = Dtls(ca, gatewayd, {"GATEWAY_CRL_CACHE__FILE_CHECK_INTERVAL": "0.2"},
+             crlfile=str(live_crl))
+    gw = d.gw
+    live = d.session("dev3")
+    try:
+        assert d.ask(live, 1) == Code.CHANGED
+        ca.revoke("dev3")
+        whole = ca.crl.read_bytes()
+        live_crl.write_bytes(whole[: len(whole) // 2])  # a writer caught half-way
+        gw._wait(lambda: "DTLS reload failed" in gw.log(), "refusing the half-written CRL")
+        assert d.ask(live, 2) == Code.CHANGED  # the old CRL is kept: dev3 still served
+        assert d.post("dev1") == Code.CHANGED
+        tmp = tmp_path / "crl.tmp"
+        tmp.write_bytes(whole)
+        tmp.replace(live_crl)
+        gw._wait(lambda: "disconnected CN=dev3" in gw.log(), "cutting dev3")
+        assert d.ask(live, 3) is None
+        assert d.post("dev3") is None  # and it cannot come back
+        assert d.post("dev1") == Code.CHANGED
+        assert gw.log().count("DTLS reload failed") == 1
+    finally:
+        live.close()
+
+
+@needs_openssl
+def test_dtls_distribution_points_and_ocsp(tmp_path, gatewayd: GatewayFactory, make_responder):
+    """DTLS listeners check client certificates' CRL distribution points and ask OCSP,
+    as the TLS listeners do (the same guard); fail_mode closed and open."""
+    from protocols.coap.codec import Code
+
+    ocsp_port, crl_port = free_port(), free_port()
+    ca = Ca(tmp_path, crl_url=f"http://127.0.0.1:{crl_port}/crl.pem",
+            ocsp_url=f"http://127.0.0.1:{ocsp_port}")
+    ca.revoke("dev2")
+    crls = CrlServer(ca.crl, crl_port)
+    try:
+        dp = Dtls(ca, gatewayd, enable_crl_check="true")
+        assert dp.post("dev1") == Code.CHANGED
+        assert dp.post("dev2") is None
+        dp.gw._wait(lambda: "refused CN=dev2" in dp.gw.log(), "logging the CRL refusal")
+        assert crls.requests >= 1
+    finally:
+        crls.close()
+    make_responder.append(OcspResponder(ca.dir, ocsp_port))
+    oc = Dtls(ca, gatewayd, OCSP_CHECK__ENABLE="true")
+    assert oc.post("dev1") == Code.CHANGED
+    assert oc.post("dev2") is None
+    oc.gw._wait(lambda: "refused CN=dev2" in oc.gw.log(), "logging the OCSP refusal")
+    make_responder.pop().close()  # nobody answers any more
+    closed = Dtls(ca, gatewayd, OCSP_CHECK__ENABLE="true", OCSP_CHECK__HTTP_TIMEOUT="1")
+    assert closed.post("dev1") is None
+    closed.gw._wait(lambda: "fail_mode closed" in closed.gw.log(), "logging fail closed")
+    opened = Dtls(ca, gatewayd, OCSP_CHECK__ENABLE="true", OCSP_CHECK__HTTP_TIMEOUT="1",
+                  OCSP_CHECK__FAIL_MODE="open")
+    assert opened.post("dev1") == Code.CHANGED
+    assert "admitted (fail_mode open)" in opened.gw.log()
 
 
 # ------------------------------------------------------------------ wss
