@@ -80,9 +80,9 @@ def key_password(section: Any) -> bytes | None:
 def load_crls(key: str, paths: list[Path]) -> list[tuple[Path, x509.CertificateRevocationList]]:
     """The CRLs in ``paths`` (PEM, one or more per file; or one DER CRL), with their file.
 
-    A file must hold whole CRLs only: a PEM block that is not closed (a file caught
-    half-written) or a file without any CRL is refused (:class:`TlsError`), never read
-    as "fewer revocations"."""
+    A file must hold whole CRLs only: anything but blank space after the last PEM block
+    (a file caught half-written, even between two CRLs) or a file without any CRL is
+    refused (:class:`TlsError`), never read as "fewer revocations"."""
     out: list[tuple[Path, x509.CertificateRevocationList]] = []
     begin, end = b"-----BEGIN X509 CRL-----", b"-----END X509 CRL-----"
     for path in paths:
@@ -90,7 +90,7 @@ def load_crls(key: str, paths: list[Path]) -> list[tuple[Path, x509.CertificateR
         try:
             if begin in data:
                 *blocks, tail = data.split(end)
-                if begin in tail or not blocks:
+                if tail.strip() or not blocks:  # a file caught between two CRLs too
                     raise TlsError(key, f'"{path}" ends inside a CRL (half-written?)')
                 for block in blocks:
                     out.append((path, x509.load_pem_x509_crl(block[block.index(begin):] + end)))
