@@ -145,16 +145,21 @@ def test_a_crl_of_another_ca_is_refused_by_check(tmp_path):
 
 
 class CrlServer:
-    """An HTTP server on a free loopback port serving one file (the CRL)."""
+    """An HTTP server on a free loopback port serving one file (the CRL); with ``gate``,
+    each answer waits until the gate is set (at most 20 s)."""
 
-    def __init__(self, path: Path, port: int = 0) -> None:
+    def __init__(self, path: Path, port: int = 0, gate: threading.Event | None = None) -> None:
         self.path = path
         self.requests = 0
+        self.asked = threading.Event()
         served = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 served.requests += 1
+                served.asked.set()
+                if gate is not None:
+                    gate.wait(20)
                 data = served.path.read_bytes()
                 self.send_response(200)
                 self.send_header("Content-Length", str(len(data)))
@@ -468,15 +473,32 @@ def test_dtls_crl_file_rewritten_cuts_the_live_session_without_a_signal(
 def test_dtls_distribution_points_and_ocsp(tmp_path, gatewayd: GatewayFactory, make_responder):
     """DTLS listeners check client certificates' CRL distribution points and ask OCSP,
     as the TLS listeners do (the same guard); fail_mode closed and open."""
-    from protocols.coap.codec import Code
+    from protocols.coap.codec import CON, Code, decode, encode, make
 
     ocsp_port, crl_port = free_port(), free_port()
     ca = Ca(tmp_path, crl_url=f"http://127.0.0.1:{crl_port}/crl.pem",
             ocsp_url=f"http://127.0.0.1:{ocsp_port}")
     ca.revoke("dev2")
-    crls = CrlServer(ca.crl, crl_port)
+    gate = threading.Event()
+    crls = CrlServer(ca.crl, crl_port, gate)
     try:
         dp = Dtls(ca, gatewayd, enable_crl_check="true")
+        # dev1's verdict waits for the CRL: its requests are held, then answered in order
+        sock = dp.session("dev1")
+        try:
+            assert crls.asked.wait(10)
+            for mid in (1, 2):
+                m = make(CON, Code.POST, mid, b"t", b"x")
+                m.opt.uri_path = ("ps", "t")
+                sock.send(encode(m))
+            sock._socket.settimeout(0.3)  # nothing may come before the verdict
+            with pytest.raises(dp.errors):
+                sock.recv(2048)
+            sock._socket.settimeout(5)
+            gate.set()
+            assert [decode(sock.recv(2048)).mid for _ in (1, 2)] == [1, 2]
+        finally:
+            sock.close()
         assert dp.post("dev1") == Code.CHANGED
         assert dp.post("dev2") is None
         dp.gw._wait(lambda: "refused CN=dev2" in dp.gw.log(), "logging the CRL refusal")
