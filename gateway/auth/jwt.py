@@ -297,7 +297,8 @@ class JwtAcl:
 
         checked = parse_shared(topic)[1] if action == "subscribe" else topic
         decided = authz.decide(action, checked, clientid=client.client_id,
-                               username=client.username, peer_ip=client.peer_host)
+                               username=client.username, peer_ip=client.peer_host,
+                               client_attrs=client.attrs.get("client_attrs"))
         return None if decided is None else Stop(decided)
 
 

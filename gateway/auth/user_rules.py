@@ -52,5 +52,6 @@ class UserRulesAuthorizer:
             clientid=client.client_id,
             username=username,
             peer_ip=client.peer_host,
+            client_attrs=attrs.get("client_attrs"),
         )
         return None if decided is None else Stop(decided)

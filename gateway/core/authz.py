@@ -13,10 +13,12 @@ authorizer's ``no_match`` permission decides. A rule applies to a check when all
 
   - ``"eq X"``: the checked string is exactly ``X`` (no wildcard meaning, no
     placeholders: ``"eq t/#"`` only matches a subscription to ``t/#`` itself);
-  - otherwise a topic filter, in which ``${clientid}`` and ``${username}`` are replaced
-    by the client's values (in one pass: a value is never substituted into again). A
-    filter whose placeholder has no value (no username), an empty value, or a value
-    holding ``+`` or ``#`` (which would turn a client's id into a wildcard) does not match.
+  - otherwise a topic filter, in which ``${clientid}``, ``${username}`` and
+    ``${client_attrs.NAME}`` (an attribute a JWT's ``client_attrs`` claim gave the
+    client, :mod:`gateway.auth.jwt`) are replaced by the client's values (in one pass: a
+    value is never substituted into again). A filter whose placeholder has no value (no
+    username, no such attribute), an empty value, or a value holding ``+`` or ``#``
+    (which would turn a client's value into a wildcard) does not match.
   - publish: the filter matches the topic name (:func:`topic_matches`);
   - subscribe: the requested filter equals the rule's filter or is covered by it
     (:func:`filter_covers`): ``"a/#"`` allows subscribing to ``"a/+/c"``, ``"a/+"`` does
@@ -36,6 +38,7 @@ to match; only placeholder topics are rendered per check.
 from __future__ import annotations
 
 import ipaddress as _ip
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -51,6 +54,9 @@ Action = Literal["publish", "subscribe"]
 Network = _ip.IPv4Network | _ip.IPv6Network
 
 _PLACEHOLDERS = ("${clientid}", "${username}")
+_ATTR_PREFIX = "${client_attrs."
+# every placeholder of a rule topic (an attribute name: 1 to 64 characters, no "}")
+_PLACEHOLDER_RE = re.compile(r"\$\{(?:clientid|username|client_attrs\.[^}]{1,64})\}")
 _EQ_PREFIX = "eq "
 
 
@@ -100,9 +106,7 @@ def _check_rule_topic(topic: str) -> None:
         if not topic[len(_EQ_PREFIX) :]:
             raise ValueError(f"empty topic after 'eq': {topic!r}")
         return
-    probe = topic
-    for placeholder in _PLACEHOLDERS:
-        probe = probe.replace(placeholder, "x")
+    probe = _PLACEHOLDER_RE.sub("x", topic)
     if not is_valid_filter(probe):
         raise ValueError(f"invalid topic filter in rule: {topic!r}")
 
@@ -157,7 +161,7 @@ class _Topic:
         if topic.startswith(_EQ_PREFIX):
             self.kind = _EQ
             self.text = topic[len(_EQ_PREFIX) :]
-        elif "${" in topic and any(p in topic for p in _PLACEHOLDERS):
+        elif "${" in topic and _PLACEHOLDER_RE.search(topic):
             self.kind = _TEMPLATE
             self.text = topic
             self.parts = _split_template(topic)
@@ -165,7 +169,8 @@ class _Topic:
             self.kind = _STATIC
             self.text = topic
 
-    def render(self, clientid: str, username: str | None) -> str | None:
+    def render(self, clientid: str, username: str | None,
+               attrs: Mapping[str, str] | None = None) -> str | None:
         """The filter for this client, or None when a placeholder has no usable value."""
         out: list[str] = []
         for part in self.parts:
@@ -173,6 +178,8 @@ class _Topic:
                 value: str | None = clientid
             elif part == "${username}":
                 value = username
+            elif part.startswith(_ATTR_PREFIX) and part.endswith("}"):
+                value = attrs.get(part[len(_ATTR_PREFIX) : -1]) if attrs else None
             else:
                 out.append(part)
                 continue
@@ -183,18 +190,17 @@ class _Topic:
 
 
 def _split_template(topic: str) -> tuple[str, ...]:
+    """Literal text and placeholders, in order: ``"d/${clientid}/#"`` ->
+    ``("d/", "${clientid}", "/#")``."""
     parts: list[str] = []
-    rest = topic
-    while rest:
-        hits = [(rest.find(p), p) for p in _PLACEHOLDERS if p in rest]
-        if not hits:
-            parts.append(rest)
-            break
-        pos, placeholder = min(hits)
-        if pos:
-            parts.append(rest[:pos])
-        parts.append(placeholder)
-        rest = rest[pos + len(placeholder) :]
+    pos = 0
+    for m in _PLACEHOLDER_RE.finditer(topic):
+        if m.start() > pos:
+            parts.append(topic[pos : m.start()])
+        parts.append(m.group(0))
+        pos = m.end()
+    if pos < len(topic):
+        parts.append(topic[pos:])
     return tuple(parts)
 
 
@@ -255,13 +261,16 @@ class Authorizer:
         clientid: str,
         username: str | None,
         peer_ip: str | None,
+        client_attrs: Mapping[str, str] | None = None,
     ) -> bool:
         """True to allow ``action`` on ``topic`` (a topic name to publish to, or a topic
         filter to subscribe to) for this client. ``peer_ip`` is the peer's address as a
         string (IPv4 or IPv6, no port); None or unparsable matches no ``ipaddress`` rule.
+        ``client_attrs``: the values of ``${client_attrs.NAME}``.
         """
         decided = self.decide(
-            action, topic, clientid=clientid, username=username, peer_ip=peer_ip
+            action, topic, clientid=clientid, username=username, peer_ip=peer_ip,
+            client_attrs=client_attrs,
         )
         return self._no_match if decided is None else decided
 
@@ -273,6 +282,7 @@ class Authorizer:
         clientid: str,
         username: str | None,
         peer_ip: str | None,
+        client_attrs: Mapping[str, str] | None = None,
     ) -> bool | None:
         """Like :meth:`check`, but None when no rule applies (``no_match`` not used)."""
         if action == "publish":
@@ -308,7 +318,7 @@ class Authorizer:
                 if kind == _STATIC:
                     rule_filter = t.text
                 else:
-                    rendered = t.render(clientid, username)
+                    rendered = t.render(clientid, username, client_attrs)
                     if rendered is None:
                         continue
                     rule_filter = rendered

@@ -526,6 +526,7 @@ class Node:
             clientid=client.client_id,
             username=client.username,
             peer_ip=client.peer_host,
+            client_attrs=client.attrs.get("client_attrs"),  # a JWT's (gateway.auth.jwt)
         )
         if hooks.has("client.authorize"):
             later: Deferred[bool] | None = None

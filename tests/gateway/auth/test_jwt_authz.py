@@ -499,3 +499,41 @@ role = "${{client_attrs.role}}"
                 s.close()
         assert connack(g, "b1", hs256(sub="b1", client_attrs=["role", "admin"])) == 0x86
         assert connack(g, "b2", hs256(sub="b2", client_attrs={"n": 1})) == 0x86
+
+
+def test_jwt_client_attrs_in_authorization_rule_topics(tmp_path, gateways):
+    """``${client_attrs.NAME}`` in ``[[authorization.rules]]`` topics and in a token's
+    ``acl`` claim: the token's attribute picks the client's subtree; a client whose token
+    has no such attribute matches no such rule (denied by the rule after it)."""
+    g = start(tmp_path, f"""
+[authentication]
+allow_anonymous = false
+[authentication.jwt]
+enable = true
+secret = "{SECRET}"
+[authorization]
+no_match = "deny"
+[[authorization.rules]]
+permission = "allow"
+action = "all"
+topics = ["sites/${{client_attrs.site}}/#"]
+""")
+    gateways.append(g)
+    s7 = Session(g, "a1", hs256(sub="a1", client_attrs={"site": "s7"}))
+    bare = Session(g, "b1", hs256(sub="b1"))
+    wild = Session(g, "w1", hs256(sub="w1", client_attrs={"site": "+"}))
+    acl = [{"permission": "allow", "action": "publish", "topic": "own/${client_attrs.site}"},
+           {"permission": "deny", "action": "all", "topic": "#"}]
+    claim = Session(g, "c1", hs256(sub="c1", client_attrs={"site": "s9"}, acl=acl))
+    try:
+        assert s7.publish("sites/s7/temp") in (0, 0x10)
+        assert s7.subscribe("sites/s7/#") == 1
+        assert s7.publish("sites/s8/temp") == 0x87
+        assert s7.subscribe("sites/+/temp") == 0x87
+        assert bare.publish("sites/s7/temp") == 0x87
+        assert wild.subscribe("sites/+/temp") == 0x87  # a value is never a wildcard
+        assert claim.publish("own/s9") in (0, 0x10)
+        assert claim.publish("own/s7") == 0x87
+    finally:
+        for s in (s7, bare, wild, claim):
+            s.close()

@@ -6,6 +6,8 @@ import ipaddress
 from types import SimpleNamespace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.core.authz import Authorizer, Rule, from_config
 
@@ -239,6 +241,36 @@ def test_placeholders_are_substituted_in_one_pass() -> None:
     assert not check(authz, "publish", "bob/x", clientid="${username}", username="bob")
 
 
+def test_client_attrs_placeholder() -> None:
+    authz = Authorizer(
+        [Rule("allow", "all", ("sites/${client_attrs.site}/${clientid}/#",)),
+         Rule("deny", "all", ("#",))], "allow"
+    )
+
+    def ok(action: str, topic: str, attrs: dict[str, str] | None) -> bool:
+        return authz.check(action, topic, clientid="c1", username=None,  # type: ignore[arg-type]
+                           peer_ip=None, client_attrs=attrs)
+
+    assert ok("publish", "sites/s7/c1/t", {"site": "s7"})
+    assert not ok("publish", "sites/s8/c1/t", {"site": "s7"})
+    assert not ok("publish", "sites/s7/c1/t", None)  # no attributes: the rule is skipped
+    assert not ok("publish", "sites/s7/c1/t", {"other": "s7"})
+    assert not ok("publish", "sites//c1/t", {"site": ""})
+    assert not ok("subscribe", "sites/+/c1/#", {"site": "+"})  # never a wildcard
+    # one pass: an attribute holding a placeholder is plain text
+    assert ok("publish", "sites/${clientid}/c1/x", {"site": "${clientid}"})
+    assert not ok("publish", "sites/c1/c1/x", {"site": "${clientid}"})
+    (compiled, _) = authz._compiled
+    assert compiled.topics[0].parts == ("sites/", "${client_attrs.site}", "/",
+                                        "${clientid}", "/#")
+
+
+@pytest.mark.parametrize("topic", ["a/${client_attrs.x}#", "${client_attrs.}/+x"])
+def test_client_attrs_placeholder_in_an_invalid_filter_is_refused(topic: str) -> None:
+    with pytest.raises(ValueError, match="invalid topic filter"):
+        Rule("allow", "all", (topic,))
+
+
 def test_static_topics_are_precompiled() -> None:
     authz = Authorizer([Rule("allow", "all", ("a/#", "d/${clientid}", "eq x"))], "deny")
     (compiled,) = authz._compiled
@@ -364,3 +396,19 @@ def test_from_config_with_the_config_schema_model() -> None:
     assert rule == Rule("allow", "subscribe", ("d/${clientid}/#",), ipaddress="10.0.0.0/8")
     authz = Authorizer([rule], "deny")
     assert check(authz, "subscribe", "d/c1/+", clientid="c1", peer_ip="10.9.9.9")
+
+
+@settings(max_examples=300)
+@given(st.lists(st.sampled_from(["a", "/", "+", "#", "$", "{", "}", "${clientid}",
+                                 "${username}", "${client_attrs.", "x}", "${client_attrs.k}"]),
+                max_size=12))
+def test_split_template_keeps_every_character(pieces: list[str]) -> None:
+    """The template's parts put back together are the topic, and each part is either a
+    known placeholder or text holding none."""
+    from gateway.core.authz import _PLACEHOLDER_RE, _split_template
+
+    topic = "".join(pieces)
+    parts = _split_template(topic)
+    assert "".join(parts) == topic
+    for part in parts:
+        assert _PLACEHOLDER_RE.fullmatch(part) or not _PLACEHOLDER_RE.search(part)
