@@ -37,6 +37,17 @@ sessions keep theirs, and a reload that fails keeps the previous one; a session 
 client certificate the reloaded CRLs revoke is closed (close_notify, then the inner
 channel's end as when the peer goes; logged).
 
+Revocation (``crlfile``, ``enable_crl_check``, ``ocsp_check``): the listener's
+:class:`~gateway.security.revocation.RevocationGuard` (``DtlsServer.guard``, set by
+``gateway.frontends.listen``; this module does not import it, gateway.security sits above
+gateway.net) judges each verified client certificate right after the handshake, with the
+channel as its ``Peer``: a known revocation refuses the peer in that very datagram; an
+answer that must be fetched holds the peer (no inner channel yet; decrypted datagrams
+kept, at most :data:`MAX_HELD`) until ``resume`` (the inner channel starts and gets them
+in order) or ``cut`` (closed). Later cuts (a CRL file changed, a refreshed CRL, an OCSP
+answer) come through the session's own handle (``call_channel``). The guard watches the
+CRL files and calls :meth:`DtlsServer.reload` when they change, as SIGHUP does.
+
 python-mbedtls does not say which PSK identity a handshake used, so the key store is a
 :class:`PskStore` that remembers the last identity mbedTLS looked up successfully; every
 handshake step runs synchronously inside one peer's ``handle_datagram``, which clears it

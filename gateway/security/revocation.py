@@ -1,7 +1,9 @@
 """Certificate revocation for a TLS listener: CRL files, CRL distribution points, OCSP.
 
-One :class:`RevocationGuard` per ssl/wss listener that asks for it. Where each source is
-checked:
+One :class:`RevocationGuard` per ssl/wss/dtls listener that asks for it; the connections
+it judges are :class:`Peer` s (a TLS stream shell, or a DTLS session:
+``gateway.net.dtls.DtlsChannel``, which checks CRL files through the guard too, after its
+handshake). Where each source is checked:
 
 The OCSP request and the checks of its answer are in :mod:`gateway.security.ocsp`; the
 certificates' distribution points and OCSP URLs, and the HTTP fetch, in
