@@ -15,6 +15,7 @@ from pydantic import (
 )
 
 from gateway.config.listeners import (
+    KeyPassword,
     OcspCheck,
     PeerCertField,
     TlsVerify,
@@ -110,11 +111,12 @@ def _default_coap_udp() -> dict[str, UdpListener]:
     return {"default": UdpListener(bind="0.0.0.0:5683")}
 
 
-class DtlsListener(UdpListener):
+class DtlsListener(UdpListener, KeyPassword):
     """A UDP listener with DTLS 1.2: pre-shared keys (``psk_file``: ``identity:secret``
     lines, EMQX's PSK file format), certificates (``certfile``/``keyfile``, and
     ``cacertfile`` with ``verify = "verify_peer"`` for client certificates; EMQX's key
-    names and meanings, as on ``[listeners.ssl.<name>]``), or both on one listener.
+    names and meanings, as on ``[listeners.ssl.<name>]``; an encrypted ``keyfile`` with
+    ``password`` or ``password_file``), or both on one listener.
 
     Identity: ``peer_cert_as_clientid``/``peer_cert_as_username`` (``cn``, ``dn``, ``san``)
     take the client id/username from a verified client certificate;
@@ -148,6 +150,8 @@ class DtlsListener(UdpListener):
     def _consistent_dtls(self) -> DtlsListener:
         if (self.certfile is None) != (self.keyfile is None):
             raise ValueError("certfile and keyfile go together")
+        if (self.password is not None or self.password_file is not None) and not self.keyfile:
+            raise ValueError("password/password_file open an encrypted keyfile: set keyfile")
         if self.enable and self.psk_file is None and self.certfile is None:
             raise ValueError("a DTLS listener needs psk_file, or certfile and keyfile")
         if self.verify == "verify_peer":

@@ -156,7 +156,8 @@ def _check_dtls_listeners(config: GatewayConfig, path: str | Path | None) -> Non
         if gw is None:
             continue
         for name, listener in gw.listeners.dtls.items():
-            _resolve(listener, ("psk_file", "certfile", "keyfile", "cacertfile", "crlfile"), path)
+            _resolve(listener, ("psk_file", "certfile", "keyfile", "cacertfile", "crlfile",
+                                "password_file"), path)
             if listener.enable and gw.enable:
                 try:
                     build_dtls_context(listener)

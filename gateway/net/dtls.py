@@ -72,6 +72,7 @@ from gateway.net.tls import (
     check_crl,
     crl_status,
     identity_of,
+    key_password,
     load_certificates,
     load_crls,
     load_key_pair,
@@ -194,7 +195,8 @@ def build_dtls_context(listener: DtlsListener) -> DtlsContext:
     crls: list[x509.CertificateRevocationList] = []
     if listener.certfile is not None and listener.keyfile is not None:
         try:
-            certs, key = load_key_pair(listener.certfile, listener.keyfile)
+            certs, key = load_key_pair(listener.certfile, listener.keyfile,
+                                       key_password(listener))
             cas = (
                 load_certificates("cacertfile", listener.cacertfile)
                 if listener.verify == "verify_peer" and listener.cacertfile is not None

@@ -520,6 +520,33 @@ def test_dtls_distribution_points_and_ocsp(tmp_path, gatewayd: GatewayFactory, m
     assert "admitted (fail_mode open)" in opened.gw.log()
 
 
+def test_dtls_encrypted_key_with_password_file(tmp_path, gatewayd: GatewayFactory):
+    """The DTLS listener's keyfile encrypted, opened with password_file; --check names a
+    wrong password in one line (exit 2)."""
+    from protocols.coap.codec import Code
+
+    ca = Ca(tmp_path)
+    key = serialization.load_pem_private_key(ca.key("server").read_bytes(), None)
+    enc = tmp_path / "server.enc.key"
+    enc.write_bytes(key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.BestAvailableEncryption(b"dtls pass"),
+    ))
+    pw = tmp_path / "pw"
+    pw.write_text("dtls pass\n")
+    d = Dtls(ca, gatewayd, keyfile=str(enc), password_file=str(pw))
+    assert d.post("dev1") == Code.CHANGED
+    env = {k: v for k, v in d.gw.env.items() if k.startswith("GATEWAY_")}
+    env["PATH"] = "/usr/bin:/bin"
+    pw.write_text("wrong\n")
+    bad = subprocess.run([sys.executable, "-m", "gateway.cli.gatewayd", "--check"],
+                         capture_output=True, text=True, env=env, timeout=60, check=False)
+    assert bad.returncode == 2, bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+    assert bad.stderr.strip().endswith(
+        f'gateway.coap.listeners.dtls.sec.password: wrong password for "{enc}"'), bad.stderr
+
+
 # ------------------------------------------------------------------ wss
 
 
