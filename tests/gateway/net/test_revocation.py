@@ -282,17 +282,26 @@ def test_ocsp_check_of_client_certificates(tmp_path, gatewayd: GatewayFactory,
 
 
 @needs_openssl
-def test_ocsp_stapling_seen_by_s_client(tmp_path, gatewayd: GatewayFactory, make_responder):
+@pytest.mark.parametrize("kind", ["ssl", "wss"])
+def test_ocsp_stapling_seen_by_s_client(tmp_path, gatewayd: GatewayFactory, make_responder,
+                                        kind: str):
     port = free_port()
     ca = Ca(tmp_path)
     make_responder.append(OcspResponder(ca.dir, port))
     lst = {"certfile": str(ca.crt("server")), "keyfile": str(ca.key("server")),
            "ocsp__enable_ocsp_stapling": "true", "ocsp__responder_url": f"http://127.0.0.1:{port}",
            "ocsp__issuer_pem": str(ca.ca)}
-    gw = gatewayd(ssl=lst)
+    if kind == "ssl":
+        gw = gatewayd(ssl=lst)
+        at = gw.ssl[1]
+    else:  # the TLS under the WebSocket staples the same way
+        at = free_port()
+        env = {f"GATEWAY_LISTENERS__WSS__DEFAULT__{k.upper()}": v for k, v in lst.items()}
+        gw = gatewayd(ssl={"enable": "false"},
+                      env={**env, "GATEWAY_LISTENERS__WSS__DEFAULT__BIND": f"127.0.0.1:{at}"})
     gw._wait(lambda: "stapling OCSP response (good)" in gw.log(), "fetching the staple")
     out = subprocess.run(
-        ["openssl", "s_client", "-connect", f"127.0.0.1:{gw.ssl[1]}", "-status",
+        ["openssl", "s_client", "-connect", f"127.0.0.1:{at}", "-status",
          "-CAfile", str(ca.ca)],
         input="", capture_output=True, text=True, timeout=30, check=False,
     )
@@ -301,7 +310,7 @@ def test_ocsp_stapling_seen_by_s_client(tmp_path, gatewayd: GatewayFactory, make
     assert "Cert Status: good" in text
     # and without -status nothing is stapled
     out = subprocess.run(
-        ["openssl", "s_client", "-connect", f"127.0.0.1:{gw.ssl[1]}", "-CAfile", str(ca.ca)],
+        ["openssl", "s_client", "-connect", f"127.0.0.1:{at}", "-CAfile", str(ca.ca)],
         input="", capture_output=True, text=True, timeout=30, check=False,
     )
     assert "OCSP Response Status" not in out.stdout + out.stderr
@@ -482,7 +491,8 @@ def test_dtls_distribution_points_and_ocsp(tmp_path, gatewayd: GatewayFactory, m
     gate = threading.Event()
     crls = CrlServer(ca.crl, crl_port, gate)
     try:
-        dp = Dtls(ca, gatewayd, enable_crl_check="true")
+        dp = Dtls(ca, gatewayd, {"GATEWAY_CRL_CACHE__REFRESH_INTERVAL": "1"},
+                  enable_crl_check="true")
         # dev1's verdict waits for the CRL: its requests are held, then answered in order
         sock = dp.session("dev1")
         try:
@@ -503,6 +513,15 @@ def test_dtls_distribution_points_and_ocsp(tmp_path, gatewayd: GatewayFactory, m
         assert dp.post("dev2") is None
         dp.gw._wait(lambda: "refused CN=dev2" in dp.gw.log(), "logging the CRL refusal")
         assert crls.requests >= 1
+        # revoked while its session is up: the next refresh of the CRL closes it
+        live = dp.session("dev3")
+        try:
+            assert dp.ask(live, 1) == Code.CHANGED
+            ca.revoke("dev3")
+            dp.gw._wait(lambda: "disconnected CN=dev3" in dp.gw.log(), "cutting dev3")
+            assert dp.ask(live, 2) is None
+        finally:
+            live.close()
     finally:
         crls.close()
     make_responder.append(OcspResponder(ca.dir, ocsp_port))
