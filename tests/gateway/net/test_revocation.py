@@ -102,12 +102,19 @@ def test_crl_file_refuses_revoked_clients_and_cuts_live_ones(tmp_path, gatewayd:
     sub = MosquittoSub(gw.ssl, ca.ca, "-t", "x", "-i", "dev3-sub",
                        cert=ca.crt("dev3"), key=ca.key("dev3"))
     try:
+        # a half-written CRL file: refused (one line), the old CRL kept, nobody cut
+        whole = ca.crl.read_bytes()
+        ca.crl.write_bytes(whole[: len(whole) // 2])
+        gw._wait(lambda: "TLS reload failed" in gw.log(), "refusing the half-written CRL")
+        assert "ends inside a CRL" in gw.log()
+        assert live.connected and refused(ca, gw.ssl, "dev2")
         # revoked while connected: the CRL file changes, the guard sees it and cuts dev1
         ca.revoke("dev1")
         assert live._gone.wait(10), "dev1 still connected after its revocation"
         gw._wait(lambda: "disconnected CN=dev1" in gw.log(), "logging the cut")
         assert sub.proc.poll() is None  # dev3 is untouched
         assert refused(ca, gw.ssl, "dev1")  # and dev1 cannot come back
+        assert gw.log().count("TLS reload failed") == 1
     finally:
         sub.close()
         live.close()
