@@ -18,12 +18,12 @@ import hashlib
 import os
 import shutil
 import subprocess
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
 
+from tests.harness import wait
 from tests.harness.cache import cache_dir
 
 SUITE = "bookworm"
@@ -78,11 +78,7 @@ def nspawn_run(root: Path, *cmd: str, binds: tuple[str, ...] = ()) -> None:
 
 def until(what: str, check: Callable[[], bool], timeout: float = WAIT) -> None:
     """Poll ``check`` (bounded): for states only visible by asking (systemctl show)."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
+    wait.until(what, check, timeout, 0.2)
 
 
 def container_init(nspawn: int) -> int:

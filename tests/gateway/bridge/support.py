@@ -19,7 +19,6 @@ import shutil
 import socket
 import subprocess
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,7 @@ from tests.harness.gatewayd import (
     gatewayd_command,
     gatewayd_env,
 )
+from tests.harness.wait import until
 
 WAIT = 30.0  # seconds any single expected event may take on a busy machine
 POLL = 0.05
@@ -45,14 +45,7 @@ REPO = Path(__file__).resolve().parents[3]
 
 
 def wait_until(what: str, predicate: Callable[[], Any], timeout: float = WAIT) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(POLL)
+    return until(what, predicate, timeout, POLL)
 
 
 def port_open(port: int) -> bool:
@@ -321,7 +314,7 @@ class Client:
 
     def take_until(self, topic: str, timeout: float = WAIT) -> list[mqtt.MQTTMessage]:
         """Every message up to and including the first on ``topic``."""
-        out = []
+        out: list[mqtt.MQTTMessage] = []
         while True:
             try:
                 m = self.messages.get(timeout=timeout)
