@@ -23,7 +23,9 @@ def test_sighup_cuts_the_live_links_of_a_revoked_node(tmp_path: Path) -> None:
     names = [f"{n}@127.0.0.1" for n in "abc"]
     ca = make_pki(tmp_path / "pki", names)
     assert gatewayctl("certs", "crl", ca).returncode == 0  # an empty CRL to start with
-    crl = {"GATEWAY_CLUSTER__TLS__CRLFILE": str(ca / "crl.pem")}
+    # file watching practically off: only SIGHUP can make the change known
+    crl = {"GATEWAY_CLUSTER__TLS__CRLFILE": str(ca / "crl.pem"),
+           "GATEWAY_CRL_CACHE__FILE_CHECK_INTERVAL": "3600"}
     started: list[Node] = []
     try:
         a = Node(tmp_path, "a", ca, extra=crl).start()
@@ -106,7 +108,9 @@ def test_a_bridge_whose_upstream_is_revoked_is_cut(tmp_path: Path, how: str) -> 
     make_certs(pki)
     assert gatewayctl("certs", "crl", pki).returncode == 0
     crlfile = pki / "crl.pem"
+    interval = "1h"  # sighup: file watching practically off, only the signal tells
     if how == "file":
+        interval = "200ms"
         crlfile = tmp_path / "live-crl.pem"
         crlfile.write_bytes((pki / "crl.pem").read_bytes())
     mosq = Mosquitto(tmp_path / "mosquitto", tls={
@@ -122,7 +126,7 @@ cacertfile = "{pki / "ca.crt"}"
 crlfile = ["{crlfile}"]
 server_name_indication = "localhost"
 [crl_cache]
-file_check_interval = "200ms"
+file_check_interval = "{interval}"
 """)).start()
         gw.wait_bridge("connected", lambda b: b["status"] == "connected")
         assert gatewayctl("certs", "revoke", pki, "upstream").returncode == 0
