@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from gateway.cluster import frames as F
 from gateway.cluster.attach import Attach
+from gateway.cluster.delayed import DelayedTable
 from gateway.cluster.forwarding import Forwarding, Sender
 from gateway.cluster.link import Link, split_addr
 from gateway.cluster.links import Handler, Links, close_links
@@ -55,6 +56,7 @@ from protocols.context import ClientInfo, Message
 
 if TYPE_CHECKING:
     from gateway.core.node import Node
+    from gateway.ext.delayed import DelayedPublisher
 
 
 __all__ = ["Cluster", "ClusterSettings", "Context", "parse_seed"]
@@ -67,6 +69,7 @@ class Cluster:
                  store: ClusterStore) -> None:
         self.ctx = ctx = Context(settings, node, tls, store)
         self.tables = TableSync(ctx.name, ctx.send_ctl, ctx.linked, poll=settings.table_poll)
+        self.delayed: DelayedTable | None = None  # with tables: _open_tables
         self.sender = sender = Sender(ctx)
         # late-bound callables: a part built later (the cycles are Raft <-> membership
         # for CALLs and links <-> attach/membership for dialling)
@@ -188,6 +191,21 @@ class Cluster:
         ctx = self.ctx
         if ctx.node.settings.retainer_enable:
             self.tables.add_retained(ctx.node.retainer)
+        peers = ctx.peers
+
+        def cores(up: bool) -> list[str]:
+            return [p.name for p in peers.values()
+                    if p.role != "replicant" and (not up or p.state == "up")]
+
+        def reachable(name: str) -> bool:
+            peer = peers.get(name)
+            return peer is not None and peer.state in ("up", "partial")
+
+        self.delayed = DelayedTable(
+            ctx.name, self.tables, cores_up=lambda: cores(True),
+            cores_known=lambda: cores(False), origin_up=reachable,
+            grace=2 * ctx.settings.heartbeat_timeout, take_over=not ctx.replicant)
+        self.tables.tables[self.delayed.name] = self.delayed
         data_dir = ctx.settings.data_dir
         if data_dir is not None:
             conn = open_db(db_path(data_dir))
@@ -199,9 +217,17 @@ class Cluster:
                                deleted={"spec": None})
         self.tables.start()
 
+    def attach_delayed(self, publisher: DelayedPublisher) -> None:
+        """``gateway.app``, once the extensions started: this node's delayed messages
+        become rows of the replicated ``delayed`` table (:mod:`gateway.cluster.delayed`)."""
+        if self.delayed is not None:
+            self.delayed.attach(publisher)
+
     async def stop(self) -> None:
         ctx = self.ctx
         ctx.stopping = True
+        if self.delayed is not None:
+            self.delayed.stop()
         self.tables.stop()
         self.raftglue.stop()
         self.membership.stop()

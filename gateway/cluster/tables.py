@@ -363,6 +363,19 @@ class TableSync:
         self._queue("retained", [topic, list(stamp), None if message is None
                                  else encode(message)], None)
 
+    def local_change(self, name: str, key: str, stamp: Stamp | None, value: Value | None
+                     ) -> None:
+        """A row of table ``name`` written here (``stamp``: a given creation stamp, else
+        the clock's next): recorded and sent to every linked peer."""
+        table = self.tables[name]
+        if stamp is None:
+            stamp = self.hlc.tick()
+        else:
+            self.hlc.observe(stamp)
+        table.record(key, stamp, value is not None)
+        table.local_changes += 1
+        self._queue(name, [key, list(stamp), value], None)
+
     @contextlib.contextmanager
     def injecting(self, sends_tables: bool) -> Iterator[None]:
         """Context: a peer's DATA forward is being applied. A retained message in it is
