@@ -189,8 +189,10 @@ class Cluster:
         )
 
         ctx = self.ctx
+        data_dir = ctx.settings.data_dir
+        meta = TableMeta(open_db(db_path(data_dir))) if data_dir is not None else None
         if ctx.node.settings.retainer_enable:
-            self.tables.add_retained(ctx.node.retainer)
+            self.tables.add_retained(ctx.node.retainer, meta)
         peers = ctx.peers
 
         def cores(up: bool) -> list[str]:
@@ -206,10 +208,9 @@ class Cluster:
             cores_known=lambda: cores(False), origin_up=reachable,
             grace=2 * ctx.settings.heartbeat_timeout, take_over=not ctx.replicant)
         self.tables.tables[self.delayed.name] = self.delayed
-        data_dir = ctx.settings.data_dir
-        if data_dir is not None:
-            conn = open_db(db_path(data_dir))
-            meta = TableMeta(conn)
+        if data_dir is not None and meta is not None:
+            conn = meta.conn
+            assert conn is not None
             self.tables.add_db(BannedRows(conn), meta)
             self.tables.add_db(UserRows(conn), meta)
             self.tables.add_db(AutoSubscribeRows(conn), meta)

@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import hashlib
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -152,14 +153,58 @@ class Table:
 
 
 class RetainedTable(Table):
-    """Retained messages: key the topic, value the message (the DATA record encoding)."""
+    """Retained messages: key the topic, value the message (the DATA record encoding).
+
+    With a :class:`TableMeta` the stamps and tombstones are kept in ``cluster_tables``
+    (value digest: publish time and payload hash), written in one transaction per
+    ``poll`` (a crash loses at most the last ``poll`` seconds of stamps: those messages
+    get their publish time as stamp again, as without it)."""
 
     name = "retained"
 
-    def __init__(self, retainer: Any) -> None:
+    def __init__(self, retainer: Any, meta: TableMeta | None = None) -> None:
         super().__init__()
         self.retainer = retainer
         self.applying = False
+        self.meta = meta
+        self._unsaved: dict[str, tuple[Stamp, Value | None]] = {}
+
+    def remember(self, key: str, stamp: Stamp, message: Message | None) -> None:
+        if self.meta is not None:
+            self._unsaved[key] = (stamp, None if message is None else fingerprint(message))
+
+    def saved(self, key: str, stamp: Stamp, value: Value | None) -> None:
+        self.remember(key, stamp, None if value is None else self.retainer.get(key))
+
+    def flush(self) -> None:
+        """Write the stamps remembered since the last flush (one transaction)."""
+        meta, unsaved = self.meta, self._unsaved
+        if meta is None or not unsaved:
+            return
+        self._unsaved = {}
+        with meta.batch():
+            for key, (stamp, value) in unsaved.items():
+                meta.save(self.name, key, stamp, value)
+
+    def load(self, hlc: Hlc) -> None:
+        """At start: the retained messages restored from disk get their saved stamp
+        when the saved digest matches (else their publish time), the saved tombstones
+        come back."""
+        saved = self.meta.load(self.name) if self.meta is not None else {}
+        retainer = self.retainer
+        for topic in retainer.topics():
+            m = retainer.get(topic)
+            if m is None:
+                continue
+            known = saved.get(topic)
+            stamp = (known[0] if known is not None and known[1] == digest(fingerprint(m))
+                     else (int(m.timestamp * 1000), 0, ""))
+            hlc.observe(stamp)
+            self.record(topic, stamp, True)
+        for topic, (stamp, d) in saved.items():
+            if d is None and topic not in self.stamps:
+                hlc.observe(stamp)
+                self.record(topic, stamp, False)
 
     def value(self, key: str) -> Value | None:
         m = self.retainer.get(key)
@@ -199,6 +244,11 @@ def chunks(rows: list[list[Any]]) -> list[list[list[Any]]]:
     if cur:
         out.append(cur)
     return out
+
+
+def fingerprint(m: Message) -> Value:
+    """What identifies a retained message across a restart (its saved digest)."""
+    return {"ts": m.timestamp, "p": hashlib.sha256(m.payload).hexdigest()}
 
 
 def encode(m: Message) -> Value:
@@ -332,14 +382,11 @@ class TableSync:
 
     # -- tables ----------------------------------------------------------------------
 
-    def add_retained(self, retainer: Any) -> RetainedTable:
-        table = RetainedTable(retainer)
-        for topic in retainer.topics():  # restored from disk: stamped by publish time
-            m = retainer.get(topic)
-            if m is not None:
-                stamp = (int(m.timestamp * 1000), 0, "")
-                self.hlc.observe(stamp)
-                table.record(topic, stamp, True)
+    def add_retained(self, retainer: Any, meta: TableMeta | None = None) -> RetainedTable:
+        """The retained messages (restored from disk: their saved stamps with ``meta``,
+        else their publish time)."""
+        table = RetainedTable(retainer, meta)
+        table.load(self.hlc)
         self.tables[table.name] = table
         retainer.on_change = self._retained_changed
         return table
@@ -359,6 +406,7 @@ class TableSync:
             return
         stamp = self.hlc.tick()
         table.record(topic, stamp, message is not None)
+        table.remember(topic, stamp, message)
         table.local_changes += 1
         self._queue("retained", [topic, list(stamp), None if message is None
                                  else encode(message)], None)
@@ -416,9 +464,16 @@ class TableSync:
         retained = self.tables.get("retained")
         if isinstance(retained, RetainedTable):
             retained.retainer.on_change = None
+            with contextlib.suppress(Exception):
+                retained.flush()
 
     def poll(self) -> None:
         for table in self.tables.values():
+            if isinstance(table, RetainedTable):
+                try:
+                    table.flush()
+                except Exception:
+                    log.exception("cluster: saving the retained stamps failed")
             if isinstance(table, DbTable):
                 try:
                     changes = table.poll(self.hlc)
