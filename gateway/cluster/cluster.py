@@ -49,7 +49,7 @@ from gateway.cluster.routes import RouteTable
 from gateway.cluster.sessions import Sessions
 from gateway.cluster.sharing import SharedSubscriptions
 from gateway.cluster.state import ClusterSettings, Context, _share_key, log, parse_seed
-from gateway.cluster.tables import TableSync
+from gateway.cluster.tables import TableSync, open_tables
 from gateway.cluster.tls import ClusterTls
 from gateway.cluster.views import cluster_view
 from protocols.context import ClientInfo, Message
@@ -69,7 +69,7 @@ class Cluster:
                  store: ClusterStore) -> None:
         self.ctx = ctx = Context(settings, node, tls, store)
         self.tables = TableSync(ctx.name, ctx.send_ctl, ctx.linked, poll=settings.table_poll)
-        self.delayed: DelayedTable | None = None  # with tables: _open_tables
+        self.delayed: DelayedTable | None = None  # with tables: open_tables
         self.sender = sender = Sender(ctx)
         # late-bound callables: a part built later (the cycles are Raft <-> membership
         # for CALLs and links <-> attach/membership for dialling)
@@ -160,7 +160,7 @@ class Cluster:
             if name and name != ctx.name:
                 self.membership.member(name, addr, persist=False)
         if settings.tables:
-            self._open_tables()
+            self.delayed = open_tables(ctx, self.tables)
         if settings.dns is not None:
             ctx.spawn(self.membership.dns_loop(settings.dns, bound[0], bound[1]))
         if ctx.replicant:
@@ -175,48 +175,6 @@ class Cluster:
             settings.cluster_name, ctx.name, settings.role, f"{bound[0]}:{bound[1]}",
             settings.advertise, len(ctx.peers),
         )
-
-    def _open_tables(self) -> None:
-        from pathlib import Path
-
-        from gateway.store.db import db_path, open_db
-        from gateway.store.replicated import (
-            AutoSubscribeRows,
-            BannedRows,
-            RuleRows,
-            TableMeta,
-            UserRows,
-        )
-
-        ctx = self.ctx
-        data_dir = ctx.settings.data_dir
-        meta = TableMeta(open_db(db_path(data_dir))) if data_dir is not None else None
-        if ctx.node.settings.retainer_enable:
-            self.tables.add_retained(ctx.node.retainer, meta)
-        peers = ctx.peers
-
-        def cores(up: bool) -> list[str]:
-            return [p.name for p in peers.values()
-                    if p.role != "replicant" and (not up or p.state == "up")]
-
-        def reachable(name: str) -> bool:
-            peer = peers.get(name)
-            return peer is not None and peer.state in ("up", "partial")
-
-        self.delayed = DelayedTable(
-            ctx.name, self.tables, cores_up=lambda: cores(True),
-            cores_known=lambda: cores(False), origin_up=reachable,
-            grace=2 * ctx.settings.heartbeat_timeout, take_over=not ctx.replicant)
-        self.tables.tables[self.delayed.name] = self.delayed
-        if data_dir is not None and meta is not None:
-            conn = meta.conn
-            assert conn is not None
-            self.tables.add_db(BannedRows(conn), meta)
-            self.tables.add_db(UserRows(conn), meta)
-            self.tables.add_db(AutoSubscribeRows(conn), meta)
-            self.tables.add_db(RuleRows(Path(data_dir) / "rules.db"), meta,
-                               deleted={"spec": None})
-        self.tables.start()
 
     def attach_delayed(self, publisher: DelayedPublisher) -> None:
         """``gateway.app``, once the extensions started: this node's delayed messages

@@ -46,13 +46,12 @@ import base64
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gateway.cluster import frames as F
-from gateway.cluster.tables import Stamp, Table, Value
+from gateway.cluster.rows import Stamp, Table, Value
 
 if TYPE_CHECKING:
-    from gateway.cluster.tables import TableSync
     from gateway.ext.delayed import DelayedPublisher, Pending
 
 log = logging.getLogger("gateway.cluster")
@@ -60,12 +59,21 @@ log = logging.getLogger("gateway.cluster")
 NAME = "delayed"
 
 
+class Sync(Protocol):
+    """What this table needs of :class:`gateway.cluster.tables.TableSync`."""
+
+    peer_state: dict[str, dict[str, str]]  # peer -> table -> "sent" / "synced"
+
+    def local_change(self, name: str, key: str, stamp: Stamp | None, value: Value | None
+                     ) -> None: ...
+
+
 class DelayedTable(Table):
     """The ``delayed`` table of one node (see the module docstring)."""
 
     name = NAME
 
-    def __init__(self, me: str, tables: TableSync, *,
+    def __init__(self, me: str, tables: Sync, *,
                  cores_up: Callable[[], list[str]], cores_known: Callable[[], list[str]],
                  origin_up: Callable[[str], bool],
                  grace: float, take_over: bool = True) -> None:
