@@ -12,7 +12,9 @@ How the pieces fit (docs/cluster.md, "The package in parts", has the full pictur
 - :mod:`gateway.cluster.sharing`: shared subscriptions across nodes;
 - :mod:`gateway.cluster.sessions`: session announcements and takeover;
 - :mod:`gateway.cluster.raftglue`: the Raft group of the cores (session registry);
-- :mod:`gateway.cluster.tables`: retained messages, bans, users, rules cluster-wide;
+- :mod:`gateway.cluster.tables`: retained messages, bans, users, rules cluster-wide
+  (their rows in :mod:`gateway.cluster.rows`);
+- :mod:`gateway.cluster.delayed`: delayed messages cluster-wide;
 - :mod:`gateway.cluster.views`: status for gatewayctl and the API.
 
 Invariants:

@@ -1,5 +1,5 @@
-"""What every part of one node's cluster shares: its settings, the member table, the event
-loop and its tasks (:class:`Context`), and the settings themselves.
+"""What every part of one node's cluster shares (:class:`Context`: the settings, the node,
+the member table, the event loop and its tasks), and the settings (:class:`ClusterSettings`).
 
 The cluster is a small :class:`gateway.cluster.cluster.Cluster` that composes separate
 part objects, each in its own module, each owning its own state:
@@ -14,6 +14,8 @@ part objects, each in its own module, each owning its own state:
 :mod:`.sessions`          session announcements and takeover
 :mod:`.raftglue`          the cores' Raft group (session registry)
 :mod:`.tables`            retained messages, bans, users, rules cluster-wide
+:mod:`.rows`              their rows: the clock, the LWW table, the kinds
+:mod:`.delayed`           delayed messages cluster-wide
 :mod:`.views`             status for gatewayctl and the API
 ========================  ==========================================================
 
