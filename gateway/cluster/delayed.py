@@ -256,14 +256,18 @@ class DelayedTable(Table):
         self.tables.local_change(NAME, key, None, None)
 
     def _synced(self) -> bool:
-        """The other cores' snapshots of this table arrived (or ``grace`` passed)."""
+        """The other cores' snapshots of this table arrived (or ``grace`` passed): on a
+        core, every known core's; on a replicant (linked to one core, which passes on
+        the others' rows), its core's."""
         if time.monotonic() - self._since >= self.grace:
             return True
         known = self._cores_known()
         states = self.tables.peer_state
-        return all(states.get(c, {}).get(NAME) == "synced" for c in known)
+        synced = [states.get(c, {}).get(NAME) == "synced" for c in known]
+        return all(synced) if self.take_over else (any(synced) or not known)
 
-    def view(self) -> dict[str, Any]:
+    def extra_view(self) -> dict[str, Any]:
+        """Added to this table's entry in the cluster view (``GET /api/v5/cluster``)."""
         return {"held": self._held, "taken_over": self.taken,
                 "others": len(self.values), "own": len(self.keys)}
 

@@ -275,6 +275,9 @@ class TableSync:
                 "last_change": table.last_change, "peers": peers,
                 "state": "synced" if all(s == "synced" for s in peers.values()) else "syncing",
             }
+            extra = getattr(table, "extra_view", None)
+            if extra is not None:  # the delayed table: held, taken over
+                out[name].update(extra())
         return out
 
 

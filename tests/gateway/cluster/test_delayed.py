@@ -42,6 +42,7 @@ def test_a_delayed_message_survives_its_node_killed_and_is_not_published_twice(
         m = sub.next_message(timeout=WAIT + 10)
         assert (m.topic, m.payload) == ("later/t", b"once")
         assert "(unreachable) published here" in b.log()
+        assert b.cluster()["tables"]["delayed"]["taken_over"] == 1
         wait_until(lambda: delayed(b) == {"rows": 0, "tombstones": 1}, WAIT, "b's tombstone")
         # a comes back with the message in its journal: b's tombstone cancels it there
         a.start()
@@ -72,7 +73,8 @@ def test_in_the_normal_case_each_subscriber_gets_one_copy(nodes: Callable[..., N
         wait_until(lambda: delayed(a) == delayed(b) == {"rows": 0, "tombstones": 1}, WAIT,
                    "the tombstone on both nodes")
         assert sa.drain() == [] and sb.drain() == []
-        assert "published here" not in a.log()
+        assert "published here" not in a.log() + b.log()
+        assert [n.cluster()["tables"]["delayed"]["taken_over"] for n in (a, b)] == [0, 0]
     finally:
         pub.close()
         sa.close()
