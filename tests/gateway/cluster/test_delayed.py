@@ -1,7 +1,7 @@
 """Delayed messages cluster-wide (gateway.cluster.delayed) with real gatewayd nodes over
 mutual TLS: a ``$delayed/N/t`` message taken on a node that is killed -9 before its due
-time is published by the other node; the restarted node does not publish it again; in
-the normal case every subscriber gets exactly one copy.
+time is published by one other core (once); the restarted node does not publish it
+again; in the normal case every subscriber gets exactly one copy.
 
 Every wait is a bounded poll of a visible outcome (a message, the API's table state, a
 log line), never a fixed sleep.
@@ -29,31 +29,38 @@ def delayed(node: Node) -> dict[str, int]:
 def test_a_delayed_message_survives_its_node_killed_and_is_not_published_twice(
     nodes: Callable[..., Node],
 ) -> None:
+    """Three cores: a takes the message and is killed -9 before its due time; b (first
+    by name of the cores left) publishes it, c does not: c's subscriber gets one copy."""
     a = nodes("a", extra=FAST)
     b = nodes("b", seeds=[a], extra=FAST)
-    wait_mesh([a, b])
-    sub = Client(b, "sub-b").subscribe("later/t", 1)
+    c = nodes("c", seeds=[a, b], extra=FAST)
+    wait_mesh([a, b, c])
+    subs = [Client(n, f"sub-{n.short}").subscribe("later/t", 1) for n in (b, c)]
     pub = Client(a, "pub-a")
     try:
         pub.publish("$delayed/3/later/t", b"once", qos=1)
-        wait_until(lambda: delayed(b)["rows"] == 1, WAIT, "b to hold a's delayed row")
+        wait_until(lambda: delayed(b)["rows"] == delayed(c)["rows"] == 1, WAIT,
+                   "b and c to hold a's delayed row")
         pub.close()
         a.kill()
-        m = sub.next_message(timeout=WAIT + 10)
-        assert (m.topic, m.payload) == ("later/t", b"once")
+        for sub in subs:
+            m = sub.next_message(timeout=WAIT + 10)
+            assert (m.topic, m.payload) == ("later/t", b"once")
+        wait_until(lambda: delayed(b) == delayed(c) == {"rows": 0, "tombstones": 1}, WAIT,
+                   "the tombstone on b and c")
         assert "(unreachable) published here" in b.log()
-        assert b.cluster()["tables"]["delayed"]["taken_over"] == 1
-        wait_until(lambda: delayed(b) == {"rows": 0, "tombstones": 1}, WAIT, "b's tombstone")
+        assert [n.cluster()["tables"]["delayed"]["taken_over"] for n in (b, c)] == [1, 0]
         # a comes back with the message in its journal: b's tombstone cancels it there
         a.start()
-        wait_mesh([a, b])
+        wait_mesh([a, b, c])
         wait_until(lambda: "not published again" in a.log(), WAIT,
                    "a to learn that b published it")
         assert delayed(a) == {"rows": 0, "tombstones": 1}
-        assert sub.drain() == []
+        assert [sub.drain() for sub in subs] == [[], []]
     finally:
         pub.close()
-        sub.close()
+        for sub in subs:
+            sub.close()
 
 
 def test_in_the_normal_case_each_subscriber_gets_one_copy(nodes: Callable[..., Node]) -> None:
