@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import gc
 import logging
 import signal
 import sqlite3
@@ -393,24 +392,6 @@ def egress_only(config: GatewayConfig, worker: int | None) -> GatewayConfig:
     )
 
 
-# The cyclic garbage collector's young-generation threshold once the node runs (CPython's
-# default is 700 container allocations). A broker allocates a few short-lived containers
-# per message (packets, deliveries, journal rows) that reference counting frees, so at
-# 700 a collection ran every ~100 messages and took 3-7 % of the loop thread (py-spy
-# --native, bench/README.md "Issue 23, round 2"); at 20,000 the young generation holds at
-# most that many objects (a few MB) between collections. The objects made at start-up
-# (configuration, modules, restored sessions) are frozen: never scanned again.
-GC_GEN0_THRESHOLD = 20_000
-
-
-def tune_gc() -> None:
-    """Freeze what start-up made and collect the young generation less often."""
-    gc.collect()
-    gc.freeze()
-    _, gen1, gen2 = gc.get_threshold()
-    gc.set_threshold(GC_GEN0_THRESHOLD, gen1, gen2)
-
-
 async def serve(config: GatewayConfig, worker: int | None = None) -> int:
     gateway = Gateway(config, worker)
     try:
@@ -421,7 +402,6 @@ async def serve(config: GatewayConfig, worker: int | None = None) -> int:
     except TlsError as exc:
         log.error("cannot load TLS certificates: %s", exc)
         return 1
-    tune_gc()
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -435,7 +415,6 @@ async def serve(config: GatewayConfig, worker: int | None = None) -> int:
     log.info("stopping")
     systemd.stopping()
     await gateway.stop()
-    gc.unfreeze()  # what start-up made is finalized at exit as before (SQLite handles)
     return 0
 
 

@@ -11,9 +11,10 @@ What is persisted, and when:
   PUBREC arrived), and the packet ids of incoming QoS 2 messages awaiting PUBREL;
 - every retained message;
 - message bodies: in the queue row itself (columns ``topic`` to ``expires_at``) when the
-  message went to one persistent session (the common case: one row written and one
-  deleted per message); once a second queue row of it exists, also once in table
-  ``messages``, referenced by ``msg_id`` from every queue row that needs it.
+  message went to one persistent session and its payload is at most ``INLINE_MAX``
+  bytes (the common case: one row written and one deleted per message); otherwise, or
+  once a second queue row of it exists, also once in table ``messages``, referenced by
+  ``msg_id`` from every queue row that needs it.
 QoS 0 deliveries and sessions with expiry 0 live in memory only.
 
 The journal's writes of one loop turn are kept in a :class:`_Journal` segment of the
@@ -188,6 +189,13 @@ _PACKET_ID = 6
 _RELEASED = 7
 _BODY = 9  # the first inline column
 _NO_BODY = (None,) * 9
+# Bodies of at most this many payload bytes go inline. A queue row is updated later
+# (its packet id once an offline session's queue drains), and SQLite rewrites the whole
+# row: a row with overflow pages (a body of a few KiB) would be written twice, and on a
+# full disk such an update needs room a small row does not (the disk-full recovery of
+# tests/gateway/store/test_storage_faults.py). Below this, the row stays inside one
+# leaf page, which the update writes anyway.
+INLINE_MAX = 1024
 
 
 class _Journal:
@@ -417,10 +425,15 @@ class SessionStore:
             seg = self._segment()
         m = d.message
         mid = m.store_id
-        if mid is None:  # its first queue row: the body goes inline
+        if mid is None and len(m.payload) > INLINE_MAX:  # a large body: messages row
             mid = m.store_id = self._next_msg
             self._next_msg += 1
-            body: tuple[Any, ...] = (
+            self._body_row(seg, m, mid)
+            body: tuple[Any, ...] = _NO_BODY
+        elif mid is None:  # its first queue row: the body goes inline
+            mid = m.store_id = self._next_msg
+            self._next_msg += 1
+            body = (
                 m.topic,
                 m.payload,
                 m.qos,
@@ -455,8 +468,9 @@ class SessionStore:
         ]
 
     def _body_row(self, seg: _Journal, m: Message, mid: int) -> None:
-        """Message ``mid`` reaches a second queue row: write its ``messages`` row in this
-        batch; its first row, if still in this batch, need not carry the body too."""
+        """Message ``mid`` needs a ``messages`` row (a large body, or a second queue row):
+        write it in this batch; its first row, if still in this batch, then need not
+        carry the body too."""
         self._bodies.add(mid)
         seg.messages[mid] = (
             mid,

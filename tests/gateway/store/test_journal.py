@@ -15,6 +15,7 @@ from gateway.core.clock import VirtualScheduler
 from gateway.store import bulk
 from gateway.store.bulk import MAX_ROWS, MAX_VARIABLES, chunk_sizes, insert_rows, where_in
 from gateway.store.db import ensure_schema, open_db
+from gateway.store.sessions import INLINE_MAX
 from gateway.store.writer import GroupCommitter, Op
 from protocols.context import ClientInfo, Message, SubOptions
 
@@ -383,6 +384,34 @@ def test_inline_body_gets_a_messages_row_when_a_later_turn_queues_it_again(
         node3.publish(ClientInfo("p"), Message("t", b"new", qos=1, publisher="p"))
         await committed(committer3)
         committer3.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_large_body_goes_to_messages_not_inline(tmp_path: Path) -> None:
+    """A body over INLINE_MAX is not inline (a later packet-id update would rewrite it):
+    its row references a messages row, which goes with the row."""
+
+    async def scenario() -> None:
+        db = tmp_path / "gateway.db"
+        node, committer = make_node(db, VirtualScheduler())
+        a, _ = open_session(node, "a", expiry=3600)
+        node.subscribe(a, "t", SubOptions(qos=1))
+        node.close(a, _, send_will=False)
+        big = b"b" * (INLINE_MAX + 1)
+        node.publish(ClientInfo("p"), Message("t", big, qos=1, publisher="p"))
+        node.publish(ClientInfo("p"), Message("t", b"small", qos=1, publisher="p"))
+        await committed(committer)
+        assert (count(db, "queue"), count(db, "messages")) == (2, 1)
+        committer.close()
+        node2, committer2 = make_node(db, VirtualScheduler())
+        _, h = open_session(node2, "a", expiry=3600)
+        assert [d.message.payload for d in h.delivered] == [big, b"small"]
+        for d in h.delivered:
+            node2.sessions["a"].puback(d.packet_id or 0)
+        await committed(committer2)
+        assert (count(db, "queue"), count(db, "messages")) == (0, 0)
+        committer2.close()
 
     asyncio.run(scenario())
 
