@@ -515,7 +515,9 @@ class SessionStore:
         if ref is None:
             return
         d.ref = None
-        seg = self._segment()
+        seg = self._open
+        if seg is None or not self._is_open(seg):
+            seg = self._segment()
         if seg.queue.pop(ref, None) is None:  # else: inserted this turn, never written
             seg.packet_ids.pop(ref, None)
             seg.released.pop(ref, None)
