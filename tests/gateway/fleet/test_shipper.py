@@ -169,6 +169,30 @@ def test_spool_policy_deletes_oldest_or_keeps(tmp_path: Path) -> None:
     assert view is not None and view["spool_alarm"] and view["pending_segments"] == 3
 
 
+def test_the_pass_itself_raises_and_clears_the_spool_alarm(tmp_path: Path) -> None:
+    """Uplink down (the destination cannot be made) with 900 kB pending of a 1 MB (MiB) spool
+    (alarm at 80 %): the failed pass records ``spool_alarm`` in the status file and logs
+    ``fleet_spool_high`` once (not again on the next failed pass); the pass that ships
+    clears it and says so."""
+    arch = tmp_path / "archive"
+    for i in range(3):
+        write_segment(arch, f"{SEG}/g1-{i}.jsonl.gz", 300_000, seed=i)
+    (tmp_path / "afile").write_text("not a folder")
+    down = config_file(tmp_path, f'type = "local"\npath = "{tmp_path / "afile" / "c"}"\n'
+                                 'spool_max = "1MB"\n')
+    first, second = ship_cli(down), ship_cli(down)
+    assert first.returncode == second.returncode == 1
+    assert "fleet_spool_high: 900,000 bytes pending" in first.stderr
+    assert "fleet_spool_high" not in second.stderr
+    status = shipper.Status.load(arch / shipper.STATUS_FILE)
+    assert status.spool_alarm and status.spool_alarm_since is not None
+    up = config_file(tmp_path, f'type = "local"\npath = "{tmp_path / "c"}"\nspool_max = "1MB"\n')
+    done = ship_cli(up)
+    assert done.returncode == 0 and "fleet_spool_high cleared: 0 bytes pending" in done.stderr
+    status = shipper.Status.load(arch / shipper.STATUS_FILE)
+    assert not status.spool_alarm and status.spool_alarm_since is None
+
+
 @pytest.mark.parametrize(
     ("toml", "message"),
     [
