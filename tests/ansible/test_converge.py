@@ -102,7 +102,9 @@ def write_inventory(path: Path, hosts: dict[str, Host], wheels: Path, pki: Path,
     entries["b"]["gateway_config_show_diff"] = False
     # a ships its fleet archive (to a local path: the uplink is not what is tested here)
     entries["a"]["gateway_fleet_ship_enabled"] = True
-    entries["a"]["gateway_config"]["fleet"] = {
+    config_a = entries["a"]["gateway_config"]
+    assert isinstance(config_a, dict)
+    config_a["fleet"] = {
         "archiver": {"enable": True, "site": "s1", "gw": "a"},
         "shipper": {"enable": True, "type": "local", "path": SHIP_TO},
     }
