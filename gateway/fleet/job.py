@@ -91,12 +91,12 @@ def configure(spark: SparkSession) -> None:
     conf.set("spark.sql.objectHashAggregate.sortBased.fallbackThreshold", "65536")
     # site=001 must stay the string "001": partition values are typed by the schemas.
     conf.set("spark.sql.sources.partitionColumnTypeInference.enabled", "false")
-    master = spark.sparkContext.master or ""
-    if master.startswith("local"):
-        # A few shuffle partitions per core; AQE coalesces further.
-        conf.set(
-            "spark.sql.shuffle.partitions", str(max(4, 2 * spark.sparkContext.defaultParallelism))
-        )
+    sc = spark.sparkContext
+    if not sc.getConf().contains("spark.sql.shuffle.partitions"):
+        # A few shuffle partitions per core, for every master (Spark's default of 200 made
+        # a one-worker standalone cluster run 200 tiny tasks per shuffle); AQE coalesces
+        # further. A value given to spark-submit (--conf) is left alone.
+        conf.set("spark.sql.shuffle.partitions", str(max(4, 2 * sc.defaultParallelism)))
     spark.sparkContext.setLogLevel("ERROR")
 
 

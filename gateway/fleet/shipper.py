@@ -84,6 +84,8 @@ class Status:
     pending_segments: int = 0
     pending_bytes: int = 0
     spool_max: int = 0
+    spool_alarm: bool = False  # pending bytes past spool_alarm x spool_max after the pass
+    spool_alarm_since: float | None = None
     destination: str = ""
 
     @classmethod
@@ -452,9 +454,7 @@ def ship(config: GatewayConfig, rclone: str = "rclone") -> tuple[PassResult, Sta
             status.last_error, status.last_error_at = message, time.time()
             status.consecutive_errors += 1
             status.errors_total += 1
-            pending = sealed_segments(shipper.raw)
-            status.pending_segments = len(pending)
-            status.pending_bytes = sum(s.size for s in pending)
+            _measure_spool(status, cfg, shipper.raw)
             status.save(path)
             raise ShipError(message) from None
         status.last_success = time.time()
@@ -463,11 +463,29 @@ def ship(config: GatewayConfig, rclone: str = "rclone") -> tuple[PassResult, Sta
         status.shipped_bytes_total += result.shipped_bytes
         status.dropped_segments_total += len(result.dropped)
         status.dropped_bytes_total += result.dropped_bytes
-        pending = sealed_segments(shipper.raw)
-        status.pending_segments = len(pending)
-        status.pending_bytes = sum(s.size for s in pending)
+        _measure_spool(status, cfg, shipper.raw)
         status.save(path)
         return result, status
+
+
+def _measure_spool(status: Status, cfg: FleetShipperConfig, raw: Path) -> None:
+    """Pending segments and bytes after a pass, and the spool alarm judged by the pass
+    itself (so it is raised, in the journal and the status file, even when nobody reads
+    the status API): a warning when it starts, an info line when it clears."""
+    pending = sealed_segments(raw)
+    status.pending_segments = len(pending)
+    status.pending_bytes = sum(s.size for s in pending)
+    threshold = int(cfg.spool_alarm * cfg.spool_max)
+    high = status.pending_bytes > threshold
+    if high and not status.spool_alarm:
+        status.spool_alarm_since = time.time()
+        log.warning("fleet_spool_high: %s bytes pending, past the alarm threshold %s "
+                    "(spool_max %s)", f"{status.pending_bytes:,}", f"{threshold:,}",
+                    f"{cfg.spool_max:,}")
+    elif not high and status.spool_alarm:
+        status.spool_alarm_since = None
+        log.warning("fleet_spool_high cleared: %s bytes pending", f"{status.pending_bytes:,}")
+    status.spool_alarm = high
 
 
 def view(config: GatewayConfig) -> dict[str, Any] | None:
@@ -481,6 +499,7 @@ def view(config: GatewayConfig) -> dict[str, Any] | None:
     pending = sealed_segments(root / "raw")
     pending_bytes = sum(s.size for s in pending)
     data = asdict(status)
+    data.pop("spool_alarm_since")  # the pass's own record; the view judges the spool now
     data.update(
         pending_segments=len(pending),
         pending_bytes=pending_bytes,

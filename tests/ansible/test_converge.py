@@ -33,13 +33,16 @@ from tests.nspawn import PACKAGES, Container, base_rootfs, copy_tree, skip_unles
 
 pytestmark = [pytest.mark.ansible, pytest.mark.slow, pytest.mark.timeout(1800)]
 
-# python3-apt: the apt module checks packages through it (offline, no apt-get update)
-TARGET_PACKAGES = (*PACKAGES, "python3-apt")
+# python3-apt: the apt module checks packages through it (offline, no apt-get update);
+# rclone: host a converges with gateway_fleet_ship_enabled and the roots have no APT
+# source, so the cached rootfs has it already (the role's apt task finds it present)
+TARGET_PACKAGES = (*PACKAGES, "python3-apt", "rclone")
 HOSTS = ("a", "b")
 # what the roles write on a host
 WATCHED = ("etc/gateway", "etc/sysctl.d", "etc/security/limits.d", "etc/systemd/system", "opt",
            "usr/lib/sysusers.d", "usr/lib/tmpfiles.d", "etc/passwd", "var/lib")
 BRIDGE_SECRET = "bridge-s3cret-never-logged"
+SHIP_TO = "/var/lib/gateway/central"  # writable under the ship unit's ProtectSystem=strict
 
 
 @dataclass
@@ -97,6 +100,14 @@ def write_inventory(path: Path, hosts: dict[str, Host], wheels: Path, pki: Path,
         "forwards": [{"local": "bridged/#", "remote": "up/${topic}", "qos": 1}],
     }]
     entries["b"]["gateway_config_show_diff"] = False
+    # a ships its fleet archive (to a local path: the uplink is not what is tested here)
+    entries["a"]["gateway_fleet_ship_enabled"] = True
+    config_a = entries["a"]["gateway_config"]
+    assert isinstance(config_a, dict)
+    config_a["fleet"] = {
+        "archiver": {"enable": True, "site": "s1", "gw": "a"},
+        "shipper": {"enable": True, "type": "local", "path": SHIP_TO},
+    }
     inventory = {
         "gateway": {
             "vars": {
@@ -248,6 +259,29 @@ def test_gatewayd_active_and_ready_on_each(booted: dict[str, Host]) -> None:
         status = c.run("gatewayctl", "status", "--json")
         assert status.returncode == 0, status.stderr
         assert json.loads(status.stdout)["status"] == "running"
+
+
+def test_the_fleet_ship_timer_is_enabled_and_a_pass_ships(booted: dict[str, Host]) -> None:
+    """Host a converged with gateway_fleet_ship_enabled: the timer is enabled and
+    active, and a pass started by hand (the service the timer starts, as the gateway
+    user under its hardening) ships a sealed segment and records it."""
+    h = booted["a"]
+    c = h.container
+    assert c is not None
+    assert c.run("systemctl", "is-enabled", "gateway-fleet-ship.timer").stdout.strip() == "enabled"
+    assert c.run("systemctl", "is-active", "gateway-fleet-ship.timer").stdout.strip() == "active"
+    rel = "telemetry/ingest_date=2024-03-01/site=s1/gw=a/a-20240301T000000.000Z.jsonl.gz"
+    seg = f"/var/lib/gateway/archive/raw/{rel}"
+    made = c.run("sh", "-c", f"mkdir -p $(dirname {seg}) && printf '{{}}\\n' | gzip > {seg}"
+                 f" && chown -R gateway:gateway /var/lib/gateway/archive")
+    assert made.returncode == 0, made.stderr
+    ran = c.run("systemctl", "start", "gateway-fleet-ship.service", timeout=120)
+    log = c.run("journalctl", "-u", "gateway-fleet-ship", "--no-pager", "-n", "30").stdout
+    assert ran.returncode == 0, ran.stderr + log
+    assert c.run("test", "-s", f"{SHIP_TO}/{rel}").returncode == 0, log
+    assert c.run("test", "-e", seg).returncode != 0, log
+    status = json.loads(c.run("cat", "/var/lib/gateway/archive/shipper-status.json").stdout)
+    assert status["shipped_segments_total"] == 1 and status["consecutive_errors"] == 0
 
 
 class Paho:

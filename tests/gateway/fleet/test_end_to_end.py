@@ -1,6 +1,7 @@
-"""End to end: two gatewayd units archive what paho clients publish, ship it (one to an
-SFTP server, one to a local path) through a ``kill -9`` and an uplink that goes silent
-mid-transfer, and the central job then holds exactly the published records."""
+"""End to end: two gatewayd units archive what paho clients publish, ship it (one to
+Debian's sshd in a network namespace, one to a local path) through a ``kill -9`` and an
+uplink cut mid-transfer (nft drops every packet in the server's namespace), and the
+central job then holds exactly the published records."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from gateway.fleet import shipper
 from gateway.fleet.settings import JobSettings
 from tests.gateway.admin.gatewayd import Client, Gatewayd
 from tests.gateway.fleet.test_consolidation import snapshot
-from tests.gateway.fleet.test_shipper import PW, SftpServer
+from tests.gateway.fleet.uplink import Sshd, Uplink
 from tests.harness.wait import until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -28,7 +29,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 DEVICES = {"u1": ["d-a", "d-b"], "u2": ["d-c", "d-d"]}
 
 
-def unit_env(tmp: Path, unit: str, port: int) -> dict[str, str]:
+def unit_env(tmp: Path, unit: str, server: Sshd) -> dict[str, str]:
     env = {
         "GATEWAY_FLEET__ARCHIVER__ENABLE": "true",
         "GATEWAY_FLEET__ARCHIVER__SITE": "plant",
@@ -41,16 +42,13 @@ def unit_env(tmp: Path, unit: str, port: int) -> dict[str, str]:
         "GATEWAY_FLEET__SHIPPER__IO_TIMEOUT": "2s",
     }
     if unit == "u1":
-        creds = tmp / "creds"
-        creds.write_text(f"pass = {PW}\n")
-        creds.chmod(0o600)
         env |= {
             "GATEWAY_FLEET__SHIPPER__TYPE": "sftp",
-            "GATEWAY_FLEET__SHIPPER__HOST": "127.0.0.1",
-            "GATEWAY_FLEET__SHIPPER__PORT": str(port),
-            "GATEWAY_FLEET__SHIPPER__USER": "gw",
+            "GATEWAY_FLEET__SHIPPER__HOST": server.host,
+            "GATEWAY_FLEET__SHIPPER__PORT": str(server.port),
+            "GATEWAY_FLEET__SHIPPER__USER": server.user,
+            "GATEWAY_FLEET__SHIPPER__KEY_FILE": str(server.client_key),
             "GATEWAY_FLEET__SHIPPER__PATH": "raw",  # under the server's root: central/
-            "GATEWAY_FLEET__SHIPPER__CREDENTIALS_FILE": str(creds),
         }
     return env
 
@@ -93,29 +91,35 @@ def publish(gw: Gatewayd, batch: int, n: int, sent: dict[tuple[str, int], dict[s
 
 
 @pytest.fixture
-def units(tmp_path: Path) -> Iterator[tuple[Gatewayd, Gatewayd, SftpServer]]:
+def units(tmp_path: Path) -> Iterator[tuple[Gatewayd, Gatewayd, Uplink]]:
+    """u1 ships over SFTP to Debian's sshd in a network namespace (the uplink the test
+    cuts), u2 to a local path."""
     (tmp_path / "central/raw").mkdir(parents=True)
-    sftp = SftpServer(tmp_path / "central", tmp_path / "keys")
+    uplink = Uplink()
     made = []
+    server = None
     try:
+        server = Sshd(tmp_path / "central", tmp_path / "ssh", uplink)
         for unit in ("u1", "u2"):
             gw = Gatewayd(tmp_path / unit, node_name=f"{unit}@127.0.0.1",
-                          extra_env=unit_env(tmp_path, unit, sftp.port))
+                          extra_env=unit_env(tmp_path, unit, server))
             gw.workdir.mkdir()
             made.append(gw.start())
-        yield made[0], made[1], sftp
+        yield made[0], made[1], uplink
     finally:
         for gw in made:
             gw.stop()
-        sftp.stop()
+        if server is not None:
+            server.stop()
+        uplink.close()
 
 
 def test_two_units_ship_through_faults_and_the_job_holds_every_record(
-    spark, units: tuple[Gatewayd, Gatewayd, SftpServer], tmp_path: Path
+    spark, units: tuple[Gatewayd, Gatewayd, Uplink], tmp_path: Path
 ) -> None:
     from gateway.fleet import job
 
-    u1, u2, sftp = units
+    u1, u2, uplink = units
     rng = random.Random(5)
     sent: dict[tuple[str, int], dict[str, float]] = {}
     for gw in (u1, u2):
@@ -133,15 +137,16 @@ def test_two_units_ship_through_faults_and_the_job_holds_every_record(
     assert not list((central / "telemetry").rglob("*.gz")) if (central / "telemetry").exists() \
         else True
 
-    # u1 -> SFTP: the uplink goes silent mid-copy; the pass fails on its I/O timeout
+    # u1 -> SFTP: the uplink is cut mid-copy (every packet dropped in the server's
+    # namespace); the pass fails on its I/O timeout
     staging = central / ".incoming/plant/u1"
     cut = ship(u1, bwlimit="16KB/s", wait=False)
     until("u1 copy not begun", lambda: any(p.is_file() for p in staging.rglob("*")), 30)
-    os.kill(sftp.proc.pid, signal.SIGSTOP)
+    uplink.cut()
     try:
         _, err = cut.communicate(timeout=60)
     finally:
-        os.kill(sftp.proc.pid, signal.SIGCONT)
+        uplink.restore()
     assert cut.returncode == 1 and "ship failed" in err
     # gatewayd shows it: API, Prometheus
     view = u1.get("/api/v5/status")["fleet_shipper"]
