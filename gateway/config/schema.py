@@ -674,9 +674,18 @@ class BridgeTls(KeyPassword):
     ciphers: Annotated[str, BeforeValidator(_join_ciphers)] = ""
     # CRLs of the upstream's CA: a revoked upstream certificate fails the handshake
     crlfile: Annotated[list[Path], BeforeValidator(_split_commas)] = Field(default_factory=list)
+    # the upstream certificate's CRL distribution points ([crl_cache]) and OCSP, checked
+    # after the handshake and before CONNECT, as on [listeners.ssl.<name>]
+    enable_crl_check: bool = False
+    ocsp_check: OcspCheck = Field(default_factory=OcspCheck)
 
     @model_validator(mode="after")
     def _cert_and_key(self) -> BridgeTls:
+        if (self.enable_crl_check or self.ocsp_check.enable) and (
+            self.verify != "verify_peer" or self.cacertfile is None
+        ):
+            raise ValueError('enable_crl_check and ocsp_check need verify = "verify_peer" '
+                             "and cacertfile (the upstream's CA)")
         if (self.certfile is None) != (self.keyfile is None):
             raise ValueError("certfile and keyfile go together")
         if self.certfile is None and (self.password is not None
