@@ -442,6 +442,7 @@ class ApiConfig(KeyPassword):
     ``certfile`` and ``keyfile`` (PEM, checked at start like an ssl listener's): the port
     speaks HTTPS only, so the dashboard can be opened from the LAN. An encrypted
     ``keyfile`` takes ``password`` or ``password_file`` (its first line), as listeners do.
+    ``[api.ocsp]``: OCSP stapling of the API's certificate, as ``[listeners.ssl.<name>.ocsp]``.
     """
 
     enable: bool = True
@@ -451,11 +452,14 @@ class ApiConfig(KeyPassword):
     metrics_auth: bool = False
     certfile: Path | None = None
     keyfile: Path | None = None
+    ocsp: OcspStapling = Field(default_factory=OcspStapling)
 
     @model_validator(mode="after")
     def _cert_and_key(self) -> ApiConfig:
         if (self.certfile is None) != (self.keyfile is None):
             raise ValueError("certfile and keyfile go together")
+        if self.ocsp.enable_ocsp_stapling and self.certfile is None:
+            raise ValueError("ocsp.enable_ocsp_stapling needs certfile and keyfile (HTTPS)")
         if self.certfile is None and (self.password is not None
                                       or self.password_file is not None):
             raise ValueError("password/password_file are for the keyfile: set certfile "
