@@ -116,3 +116,26 @@ def test_bridge_upstream_checked_by_ocsp_and_cut_when_revoked(tmp_path: Path) ->
         gw.stop()
         mosq.stop()
         responder.close()
+
+
+def test_check_refuses_link_revocation_without_a_ca(tmp_path: Path) -> None:
+    """``gatewayd --check``: enable_crl_check on a bridge without cacertfile, or API
+    stapling without HTTPS, is one line naming the key, exit 2."""
+    import subprocess
+    import sys
+
+    def check(toml: str) -> subprocess.CompletedProcess[str]:
+        conf = tmp_path / "gw.toml"
+        conf.write_text(toml)
+        return subprocess.run([sys.executable, "-m", "gateway.cli.gatewayd", "--config",
+                               str(conf), "--check"], capture_output=True, text=True,
+                              env={"PATH": "/usr/bin:/bin"}, timeout=60, check=False)
+
+    bad = check('[bridges.mqtt.cloud]\nserver = "127.0.0.1:8883"\n'
+                "[bridges.mqtt.cloud.tls]\nenable = true\nenable_crl_check = true\n")
+    assert bad.returncode == 2, bad
+    assert "enable_crl_check and ocsp_check need" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+    api = check('[api.ocsp]\nenable_ocsp_stapling = true\nresponder_url = "http://x"\n'
+                'issuer_pem = "/etc/hostname"\n')
+    assert api.returncode == 2 and "ocsp.enable_ocsp_stapling needs certfile" in api.stderr
