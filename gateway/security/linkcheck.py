@@ -35,7 +35,7 @@ from cryptography import x509
 
 from gateway.security.revocation import GuardSettings, RevocationGuard
 
-__all__ = ["LinkRevocation", "link_guard_settings"]
+__all__ = ["LinkRevocation", "check_stream", "link_guard_settings", "wanted"]
 
 
 def link_guard_settings(tls: Any, crl_cache: Any) -> GuardSettings:
@@ -136,3 +136,20 @@ class LinkRevocation:
             peer.verdict.set_result(None)  # decided from what is cached
         # the guard answers within its HTTP timeouts (or "gone", see _LinkPeer.gone)
         return await peer.verdict
+
+
+async def check_stream(revocation: LinkRevocation | None, writer: asyncio.StreamWriter,
+                       cut: Callable[[str], None] | None = None) -> str | None:
+    """:meth:`LinkRevocation.check` for an asyncio stream link (a cluster link, dialled or
+    accepted): None when admitted or when ``revocation`` is None. A later revocation
+    calls ``cut`` (default: abort the transport, so the owner sees the link lost)."""
+    if revocation is None:
+        return None
+    peer = writer.get_extra_info("peername")
+    address = f"{peer[0]}:{peer[1]}" if peer else "?"
+
+    def abort(why: str) -> None:
+        writer.transport.abort()
+
+    return await revocation.check(writer.get_extra_info("ssl_object"), address,
+                                  gone=writer.is_closing, cut=cut or abort)
