@@ -165,6 +165,8 @@ class Gateway:
             self.bridges.start()
         self.rules = await start_rules(self)  # before the listeners: rules see every event
         self.ext = start_extensions(self)  # MQTT extensions, before the listeners too
+        if self.cluster is not None and self.ext.delayed is not None:
+            self.cluster.attach_delayed(self.ext.delayed)  # delayed messages cluster-wide
         await self._start_frontends(node, store)
         self._watch_link_crls(loop)
         await self.admin.start()  # API, $SYS, trace: once the core and listeners exist

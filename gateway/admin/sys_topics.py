@@ -194,7 +194,15 @@ class SysPublisher:
 
         self.node.scheduler.call_later(0.0, later)
 
+    def _listened(self, client: ClientInfo, event: str) -> bool:
+        """Does anyone subscribe to this client event (else nothing is built for it)?"""
+        topic = self._event_topic(client, event)
+        return topic is not None and self.node.broker.index.has_match(topic)
+
     def _on_connected(self, client: ClientInfo) -> None:
+        # every CONNECT passes here: no payload (dict, listener port) when nobody listens
+        if not self._listened(client, "connected"):
+            return
         payload = self._common(client)
         session = self.node.sessions.get(client.client_id)
         payload.update(
@@ -205,6 +213,8 @@ class SysPublisher:
         self._emit(client, "connected", payload)
 
     def _on_disconnected(self, client: ClientInfo) -> None:
+        if not self._listened(client, "disconnected"):
+            return
         payload = self._common(client)
         payload.update(
             reason=str(client.attrs.get("disconnect_reason", "unknown")),

@@ -43,6 +43,7 @@ from pysyncobj import (  # type: ignore[import-untyped]
     SyncObjConsumer,
     replicated,
 )
+from pysyncobj.monotonic import monotonic as raft_clock  # type: ignore[import-untyped]
 from pysyncobj.node import Node as RaftNode  # type: ignore[import-untyped]
 from pysyncobj.transport import Transport  # type: ignore[import-untyped]
 
@@ -232,7 +233,22 @@ class RaftGroup:
         self.sync.transferLeadership()
 
     def link_up(self, name: str) -> None:
+        """The links to ``name`` are up. A follower then waits a whole election timeout
+        from now before it may campaign, so the leader's next heartbeat reaches it
+        first: pysyncobj set the election deadline when the group was built, and a
+        core restarted with its journal whose links came up after that deadline
+        (a loaded machine: TLS handshakes take a while) campaigned at once with the
+        first peer linked, at a higher term. Its log being behind it could not win, but
+        the higher term deposed the leader (pysyncobj has no pre-vote): the group
+        changed leader for nothing (tests/gateway/cluster/test_raft.py,
+        ``test_a_restarted_follower_does_not_depose_the_leader``)."""
+        if name in self.transport.connected:
+            return
         self.transport.link_up(name)
+        if name in self.transport.connected and not self.sync._isLeader():
+            deadline = raft_clock() + self.sync._SyncObj__generateRaftTimeout()
+            if self.sync._SyncObj__raftElectionDeadline < deadline:
+                self.sync._SyncObj__raftElectionDeadline = deadline
 
     def link_down(self, name: str) -> None:
         self.transport.link_down(name)

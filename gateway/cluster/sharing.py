@@ -1,6 +1,12 @@
 """Shared subscriptions across nodes: the publishing node picks one node with members of
 each matching group; that node picks the member.
 
+Owns: the cached order of each group's nodes (``_share_order``).
+
+Given: the :class:`~gateway.cluster.state.Context`, the peers' routes (``routes``, read
+only, owned by :mod:`gateway.cluster.replication`) and the
+:class:`~gateway.cluster.forwarding.Sender` that queues records for a peer.
+
 Invariants:
 - Each message goes to one member of a group in the whole cluster while a member exists;
   messages queued for a node that went down are given to other nodes with members (at
@@ -11,34 +17,33 @@ Invariants:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from gateway.cluster import frames as F
+from gateway.cluster.forwarding import Sender
 from gateway.cluster.peer import Peer
-from gateway.cluster.state import (
-    MAX_QOS0_PENDING,
-    ClusterState,
-    log,
-)
+from gateway.cluster.routes import RouteTable
+from gateway.cluster.state import MAX_QOS0_PENDING, Context, log
 from gateway.core.shared import SharedGroup
 from protocols.context import Message
 
-if TYPE_CHECKING:
-    pass
 
-
-class SharedPart(ClusterState):
+class SharedSubscriptions:
     """Choosing a node per shared-group message, and rerouting."""
 
-    def _forward_shared(self, message: Message) -> int:
+    def __init__(self, ctx: Context, routes: RouteTable, sender: Sender) -> None:
+        self.ctx = ctx
+        self.routes = routes
+        self.sender = sender
+        self._share_order: dict[tuple[str, str], tuple[frozenset[str], SharedGroup[str]]] = {}
+
+    def forward(self, message: Message) -> int:
         targets: dict[tuple[str, str], set[str]] = {}
         for group, real, nodes in self.routes.match_groups(message.topic):
             targets[(group, real)] = set(nodes)
-        for key in self.node.broker.shared_groups(message.topic):
-            targets.setdefault(key, set()).add(self.name)
+        for key in self.ctx.node.broker.shared_groups(message.topic):
+            targets.setdefault(key, set()).add(self.ctx.name)
         n = 0
         for (group, real), nodes in targets.items():
-            if self._dispatch_shared(message, group, real, nodes, ()):
+            if self.dispatch(message, group, real, nodes, ()):
                 n += 1
         return n
 
@@ -47,28 +52,28 @@ class SharedPart(ClusterState):
         """A shared-group message whose chosen member or node is gone: give it to another
         node with members of the group (this one included unless excluded)."""
         nodes = set(self.routes.groups.get(real, {}).get(group, ()))
-        if self.node.broker.shared.get(real, {}).get(group) is not None:
-            nodes.add(self.name)
-        return self._dispatch_shared(message, group, real, nodes, exclude)
+        if self.ctx.node.broker.shared.get(real, {}).get(group) is not None:
+            nodes.add(self.ctx.name)
+        return self.dispatch(message, group, real, nodes, exclude)
 
-    def _dispatch_shared(self, message: Message, group: str, real: str, nodes: set[str],
+    def dispatch(self, message: Message, group: str, real: str, nodes: set[str],
                          exclude: tuple[str, ...] | set[str]) -> bool:
         """One node for the group, tried in the strategy's order: this node delivers to a
         local member itself; a reachable peer gets a record marked with the group. With
         no reachable peer left, a QoS 1/2 message waits in the first candidate's outbox."""
         order = [n for n in self._node_order(group, real, nodes, message) if n not in exclude]
-        broker = self.node.broker
+        broker = self.ctx.node.broker
         for name in order:
-            if name == self.name:
+            if name == self.ctx.name:
                 if broker.deliver_shared(message, real, group):
                     return True
                 continue
-            peer = self.peers.get(name)
+            peer = self.ctx.peers.get(name)
             if peer is not None and peer.data_out is not None and not peer.data_out.closed:
                 return self._send_shared(peer, message, group, real)
         if message.qos:
             for name in order:
-                peer = self.peers.get(name)
+                peer = self.ctx.peers.get(name)
                 if peer is not None:
                     return self._send_shared(peer, message, group, real)
         return False
@@ -80,10 +85,9 @@ class SharedPart(ClusterState):
             if len(peer.qos0) >= MAX_QOS0_PENDING:
                 peer.dropped += 1
                 return False
-            peer.qos0.append(F.record(0, body))
-            self._schedule_flush(peer)
+            self.sender.queue(peer, body, 0)
             return True
-        seq = peer.outbox.append(body, lambda p=peer: self._schedule_flush(p))  # type: ignore[misc]
+        seq = peer.outbox.append(body, lambda p=peer: self.sender.schedule(p))  # type: ignore[misc]
         peer.shared_pending[seq] = (group, real, message)
         return True
 
@@ -105,15 +109,15 @@ class SharedPart(ClusterState):
                 self._share_order[key] = (members, order)
         else:
             order = entry[1]
-        strategy = self.node.broker.shared_strategy
+        strategy = self.ctx.node.broker.shared_strategy
         if strategy == "local":
-            if self.name in members:
-                return [self.name, *(n for n in order if n != self.name)]
+            if self.ctx.name in members:
+                return [self.ctx.name, *(n for n in order if n != self.ctx.name)]
             strategy = "random"
         return list(order.candidates(strategy, topic=message.topic,
-                                     publisher=message.publisher, rng=self.node.broker.rng))
+                                     publisher=message.publisher, rng=self.ctx.node.broker.rng))
 
-    def _reroute_shared(self, peer: Peer) -> None:
+    def reroute(self, peer: Peer) -> None:
         """``peer`` is down or removed: its unacknowledged shared-group messages go to
         other nodes with members (at least once: it may have applied some)."""
         pending = peer.shared_pending

@@ -1,43 +1,51 @@
-"""The state of one node's cluster, shared by the parts that make up
-:class:`gateway.cluster.cluster.Cluster`, and the interface the parts offer each other.
+"""What every part of one node's cluster shares (:class:`Context`: the settings, the node,
+the member table, the event loop and its tasks), and the settings (:class:`ClusterSettings`).
 
-The cluster is one object built from parts, each in its own module and each holding one
-concern (membership, links, replicant attach, route replication, forwarding, shared
-subscriptions, sessions and takeover, Raft glue, views; the replicated tables in
-:mod:`gateway.cluster.tables`). The parts are classes over this one :class:`ClusterState`;
-the stubs at the end of it name every method one part calls on another, so each module
-reads on its own and a type checker sees the whole interface.
+The cluster is a small :class:`gateway.cluster.cluster.Cluster` that composes separate
+part objects, each in its own module, each owning its own state:
 
-Invariants:
-- Every attribute of the node's cluster is created here, in ``__init__``; the parts add
-  none.
-- Every stub here is implemented by exactly one part (the part modules' ``*Part``
-  classes come before ``ClusterState`` in ``Cluster``'s method order).
+========================  ==========================================================
+:mod:`.membership`        members, join/leave/forget, CALLs, heartbeats, peer states
+:mod:`.links`             the mutual-TLS links (dial, accept, frames to handlers)
+:mod:`.attach`            a replicant's one core; a core's relay to its replicants
+:mod:`.replication`       routes and session announcements, out and in
+:mod:`.forwarding`        forwards out (outboxes, flushing) and DATA in
+:mod:`.sharing`           shared subscriptions across nodes
+:mod:`.sessions`          session announcements and takeover
+:mod:`.raftglue`          the cores' Raft group (session registry)
+:mod:`.tables`            retained messages, bans, users, rules cluster-wide
+:mod:`.rows`              their rows: the clock, the LWW table, the kinds
+:mod:`.delayed`           delayed messages cluster-wide
+:mod:`.views`             status for gatewayctl and the API
+========================  ==========================================================
+
+Parts talk to each other only through what they are given at construction (callables or
+small Protocols); the ``Cluster`` wires them and sequences the events that touch several
+parts (a link coming up or going, a member forgotten, a peer's state changing).
+
+Invariants of :class:`Context`:
+- It holds no part's state: only the settings, the node, the member table ``peers``,
+  ``stopping``, the loop and the tasks started through :meth:`Context.spawn`.
+- ``peers`` gains and loses members only through :mod:`.membership`; a
+  :class:`~gateway.cluster.peer.Peer`'s link fields are set only by :mod:`.links`. The
+  other parts read it and update the figures and queues of a ``Peer`` they are given.
 - Everything runs on the event loop thread; no part blocks it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-import socket
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from gateway.cluster import frames as F
 from gateway.cluster.discovery import DnsSettings
-from gateway.cluster.link import Link, split_addr
+from gateway.cluster.link import split_addr
 from gateway.cluster.outbox import ClusterStore
 from gateway.cluster.peer import Peer
-from gateway.cluster.relay import Announcer, ReplicaLog
-from gateway.cluster.routes import RouteTable
-from gateway.cluster.tables import TableSync
-from gateway.cluster.takeover import SessionRegistry
 from gateway.cluster.tls import ClusterTls
-from gateway.core.shared import SharedGroup
-from protocols.context import ClientInfo, Message
 
 if TYPE_CHECKING:
     from gateway.core.node import Node
@@ -88,219 +96,58 @@ def parse_seed(seed: str, default_port: int = 5370) -> tuple[str, str]:
     return f"{name}@{host}", f"{host}:{port}"
 
 
-class ClusterState:
-    """Attributes of the node's cluster, and the parts' shared interface."""
+class Context:
+    """The node, its settings and the member table, shared read-mostly by every part."""
 
-    def __init__(
-        self,
-        settings: ClusterSettings,
-        node: Node,
-        tls: ClusterTls,
-        store: ClusterStore,
-    ) -> None:
+    def __init__(self, settings: ClusterSettings, node: Node, tls: ClusterTls,
+                 store: ClusterStore) -> None:
         self.settings = settings
         self.name = settings.node_name
         self.node = node
         self.tls = tls
         self.store = store
-        self.routes = RouteTable()
-        # plain routes of peers whose control link went without a LEAVE (dead or cut
-        # off): QoS 1/2 messages still queue durably for them until they return (their
-        # snapshot replaces this) or are removed (autoclean, force-leave)
-        self.parked = RouteTable()
         self.peers: dict[str, Peer] = {}
-        self.local_keys: set[str] = set()
-        self.registry = SessionRegistry()  # client id -> other nodes holding a session
-        self.local_sessions: set[str] = set()
-        # what to announce to whom (a core stands in for its replicants: relay.py)
-        self.route_ann = Announcer(lambda: self.local_keys, lambda: self.routes.by_node,
-                                   lambda k: self.routes.nodes_of.get(k, ()))
-        self.session_ann = Announcer(lambda: self.local_sessions,
-                                     lambda: self.registry.by_node, self.registry.holders)
-        # cid -> (link a relayed takeover came on, when); forgotten after a minute
-        self._takeovers: dict[str, tuple[Link, float]] = {}
-        self._calls: dict[int, asyncio.Future[dict[str, Any]]] = {}
-        self._call_id = 0
-        self._raft_removed: set[str] = set()  # voters removed here; not re-added while up
-        self._raft_forget: set[str] = set()  # voters forgotten here, for the leader to remove
-        self._raft_asking: set[str] = set()  # ... a CALL for them under way
-        self._rlog_seq = 0  # entries of the Raft session table applied here (cores)
-        # a replicant: the one core it is attached to
-        self.core: str | None = None
-        self._candidate: str | None = None  # the core being dialled or attached to
-        self.core_since: float | None = None
-        self.core_switches = 0
-        self.routes_bootstrapped = False  # the core's route snapshot arrived
-        self._attach_wake = asyncio.Event()
-        self._leaving = False
-        self._route_rev = 0
-        self._routes_scheduled = False
-        self.inbox: dict[str, tuple[str, int]] = store.inbox()
-        self.lsock: socket.socket | None = None
-        self.bound: tuple[str, int] | None = None
         self.stopping = False
-        self._tick: asyncio.TimerHandle | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.tasks: set[asyncio.Task[Any]] = set()
         self.started_at = time.time()
-        self.on_peer_down: list[Callable[[str], None]] = []
-        # (group, filter) -> (the nodes with members, their order for the strategy)
-        self.raft: Any = None  # gateway.cluster.raft.RaftGroup with cluster.raft on a core
-        self.raft_sessions: Any = None  # its SessionTable (cores write it)
-        # a replicant's copy of its core's table (streamed by the core, relay.py)
-        self.raft_view: ReplicaLog | None = ReplicaLog() if (
-            settings.raft and settings.role == "replicant") else None
-        self._share_order: dict[tuple[str, str], tuple[frozenset[str], SharedGroup[str]]] = {}
-        self.tables = TableSync(self.name, self._send_ctl, self._linked,
-                                poll=settings.table_poll)
 
-    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
-        assert self._loop is not None
-        task = self._loop.create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    @property
+    def replicant(self) -> bool:
+        return self.settings.role == "replicant"
+
+    def spawn(self, coro: Any) -> asyncio.Task[Any]:
+        assert self.loop is not None
+        task = self.loop.create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
         return task
 
-    def _send_ctl(self, name: str, data: bytes) -> bool:
+    def reps(self) -> list[str]:
+        """The replicants attached to this core (their control link to us is open)."""
+        if self.replicant:
+            return []
+        return [p.name for p in self.peers.values()
+                if p.role == "replicant" and p.ctl_in is not None]
+
+    def send_ctl(self, name: str, data: bytes) -> bool:
+        """``data`` on our control link to ``name``; False without one."""
         peer = self.peers.get(name)
         if peer is None or peer.ctl_out is None:
             return False
         peer.ctl_out.send(data)
         return True
 
-    def _linked(self) -> list[str]:
+    def linked(self) -> list[str]:
+        """The members our control link goes to."""
         return [p.name for p in self.peers.values() if p.ctl_out is not None]
 
-    # -- what the parts offer each other (implemented in their modules) ----------
-
-    async def _accept_loop(self, lsock: socket.socket) -> None:
-        raise NotImplementedError
-
-    def _announce_members(self) -> None:
-        raise NotImplementedError
-
-    async def _attach_loop(self) -> None:
-        raise NotImplementedError
-
-    def _close_peer(self, peer: Peer, why: str) -> None:
-        raise NotImplementedError
-
-    def _dial_address(self, addr: str) -> None:
-        raise NotImplementedError
-
-    async def _dial_link(self, addr: str, channel: str, expect: str | None, *,
-                         probe: bool = False) -> Link:
-        raise NotImplementedError
-
-    async def _dial_loop(self, peer: Peer) -> None:
-        raise NotImplementedError
-
-    def _dispatch_shared(self, message: Message, group: str, real: str, nodes: set[str],
-                         exclude: tuple[str, ...] | set[str]) -> bool:
-        raise NotImplementedError
-
-    async def _dns_loop(self, dns: DnsSettings) -> None:
-        raise NotImplementedError
-
-    def _drop(self, ann: Announcer, table: Any, node: str, reps: list[str]) -> int:
-        raise NotImplementedError
-
-    async def _forward_removal(self, leader: str, name: str) -> None:
-        raise NotImplementedError
-
-    def _forward_shared(self, message: Message) -> int:
-        raise NotImplementedError
-
-    def _heartbeat(self) -> None:
-        raise NotImplementedError
-
-    def _learn(self, members: Any, sender: str | None = None) -> None:
-        raise NotImplementedError
-
-    def _links_up(self, peer: Peer, ctl: Link, data: Link) -> None:
-        raise NotImplementedError
-
-    def _local_route(self, key: str, added: bool) -> None:
-        raise NotImplementedError
-
-    def _member(self, name: str, addr: str, *, persist: bool = True, role: str = "core"
-                ) -> Peer:
-        raise NotImplementedError
-
-    def _on_call(self, link: Link, msg: dict[str, Any]) -> None:
-        raise NotImplementedError
-
-    def _on_data(self, peer: Peer, link: Link, body: bytes) -> None:
-        raise NotImplementedError
-
-    def _on_rlog(self, msg: dict[str, Any]) -> None:
-        raise NotImplementedError
-
-    def _on_routes(self, peer: Peer, link: Link, msg: dict[str, Any]) -> None:
-        raise NotImplementedError
-
-    def _raft_journal_exists(self) -> bool:
-        raise NotImplementedError
-
-    async def _raft_leave(self, timeout: float = 5.0) -> None:
-        raise NotImplementedError
-
-    def _raft_membership(self) -> None:
-        raise NotImplementedError
-
-    def _raft_table(self) -> Any:
-        raise NotImplementedError
-
-    def _relay_takeover(self, peer: Peer, link: Link, cid: str, msg: dict[str, Any]) -> None:
-        raise NotImplementedError
-
-    def _relay_to(self, fwd: F.Forwarded) -> None:
-        raise NotImplementedError
-
-    def _reps(self) -> list[str]:
-        raise NotImplementedError
-
-    def _reroute_shared(self, peer: Peer) -> None:
-        raise NotImplementedError
-
-    def _rlog_snapshot(self, peer: Peer) -> None:
-        raise NotImplementedError
-
-    def _schedule_flush(self, peer: Peer) -> None:
-        raise NotImplementedError
-
-    def _schedule_routes(self) -> None:
-        raise NotImplementedError
-
-    def _sent_rev(self, peer: Peer) -> None:
-        raise NotImplementedError
-
-    def _session_created(self, client: ClientInfo) -> None:
-        raise NotImplementedError
-
-    def _start_raft(self) -> None:
-        raise NotImplementedError
-
-    def _state_changed(self, peer: Peer) -> None:
-        raise NotImplementedError
-
-    async def call(self, name: str, request: dict[str, Any], timeout: float
-                   ) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def forget(self, name: str, why: str, *, claims: bool = True) -> bool:
-        raise NotImplementedError
-
-    def members_list(self) -> list[list[str]]:
-        raise NotImplementedError
-
-    @property
-    def replicant(self) -> bool:
-        raise NotImplementedError
-
-    def reshare(self, message: Message, group: str, real: str,
-                exclude: tuple[str, ...] | set[str] = ()) -> bool:
-        raise NotImplementedError
+    async def cancel_tasks(self) -> None:
+        for task in list(self.tasks):
+            task.cancel()
+        for task in list(self.tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
 
 
 def _share_key(group: str, real: str) -> str:

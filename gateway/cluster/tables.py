@@ -9,6 +9,10 @@ commutative, associative and idempotent, so nodes that saw the same writes in an
 any number of times, hold the same tables: there is nothing to reconcile after a partition
 but exchanging rows.
 
+The rows themselves (clock, tables, encoding) are in :mod:`gateway.cluster.rows`;
+:func:`open_tables` builds this node's set at start (:mod:`gateway.cluster.delayed` adds
+the delayed messages).
+
 How rows travel (TABLE frames, JSON, on the control link we dialled to each peer):
 
 - when a control link comes up, each side sends its whole tables (a *snapshot*, in chunks,
@@ -38,280 +42,37 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import logging
-import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from gateway.cluster import frames as F
-from gateway.store.replicated import RowTable, TableMeta, digest
+from gateway.cluster.rows import (  # noqa: F401 - the rows' names, re-exported
+    CHUNK,
+    CHUNK_BYTES,
+    TOMBSTONES_MAX,
+    DbTable,
+    Hlc,
+    RetainedTable,
+    Stamp,
+    Table,
+    Value,
+    _stamp,
+    chunks,
+    decode,
+    encode,
+    fingerprint,
+)
+from gateway.store.replicated import RowTable, TableMeta
 from protocols.context import Message
 
+if TYPE_CHECKING:
+    from gateway.cluster.delayed import DelayedTable
+    from gateway.cluster.state import Context
+
 log = logging.getLogger("gateway.cluster")
-
-Stamp = tuple[int, int, str]
-Value = dict[str, Any]
-CHUNK = 500  # rows per TABLE frame at most
-CHUNK_BYTES = 4 << 20  # ... and about this many bytes of values (frames stay far below
-# frames.MAX_FRAME whatever the retained payloads)
-TOMBSTONES_MAX = 100_000  # retained deletions remembered (oldest forgotten first)
-
-
-class Hlc:
-    """A hybrid logical clock (Kulkarni et al.): wall-clock milliseconds, a counter for
-    events within one millisecond or behind a faster peer, and the node name as tie-break."""
-
-    def __init__(self, node: str, now: Callable[[], float] = time.time) -> None:
-        self.node = node
-        self._now = now
-        self.wall = 0
-        self.logical = 0
-
-    def tick(self) -> Stamp:
-        pt = int(self._now() * 1000)
-        if pt > self.wall:
-            self.wall, self.logical = pt, 0
-        else:
-            self.logical += 1
-        return (self.wall, self.logical, self.node)
-
-    def observe(self, stamp: Stamp) -> None:
-        wall, logical = stamp[0], stamp[1]
-        if (wall, logical) > (self.wall, self.logical):
-            self.wall, self.logical = wall, logical
-
-
-def _stamp(obj: Any) -> Stamp:
-    if (isinstance(obj, list) and len(obj) == 3 and isinstance(obj[0], int)
-            and isinstance(obj[1], int) and isinstance(obj[2], str)
-            and not isinstance(obj[0], bool) and not isinstance(obj[1], bool)):
-        return (obj[0], obj[1], obj[2])
-    raise ValueError(f"bad stamp {obj!r}")
-
-
-class Table:
-    """One replicated table: the stamps of its rows; values come from the local store."""
-
-    name: str
-
-    def __init__(self) -> None:
-        self.stamps: dict[str, Stamp] = {}
-        self.dead: dict[str, Stamp] = {}  # tombstones
-        self.local_changes = 0
-        self.remote_changes = 0
-        self.last_change: float | None = None
-
-    def stamp(self, key: str) -> Stamp | None:
-        return self.stamps.get(key) or self.dead.get(key)
-
-    def value(self, key: str) -> Value | None:
-        raise NotImplementedError
-
-    def apply(self, key: str, value: Value | None) -> None:
-        raise NotImplementedError
-
-    def check(self, key: str, value: Value | None) -> None:
-        return None
-
-    def saved(self, key: str, stamp: Stamp, value: Value | None) -> None:
-        return None
-
-    def record(self, key: str, stamp: Stamp, alive: bool) -> None:
-        if alive:
-            self.stamps[key] = stamp
-            self.dead.pop(key, None)
-        else:
-            self.stamps.pop(key, None)
-            self.dead[key] = stamp
-            if len(self.dead) > TOMBSTONES_MAX:
-                del self.dead[next(iter(self.dead))]
-        self.last_change = time.time()
-
-    def rows(self) -> list[list[Any]]:
-        out: list[list[Any]] = []
-        for key, stamp in self.stamps.items():
-            value = self.value(key)
-            if value is not None:
-                out.append([key, list(stamp), value])
-        out.extend([key, list(stamp), None] for key, stamp in self.dead.items())
-        return out
-
-    def merge(self, key: str, stamp: Stamp, value: Value | None) -> bool:
-        """Apply a peer's row if it is newer; True when it was."""
-        current = self.stamp(key)
-        if current is not None and current >= stamp:
-            return False
-        self.check(key, value)
-        self.apply(key, value)
-        self.record(key, stamp, value is not None)
-        self.saved(key, stamp, value)
-        self.remote_changes += 1
-        return True
-
-
-class RetainedTable(Table):
-    """Retained messages: key the topic, value the message (the DATA record encoding)."""
-
-    name = "retained"
-
-    def __init__(self, retainer: Any) -> None:
-        super().__init__()
-        self.retainer = retainer
-        self.applying = False
-
-    def value(self, key: str) -> Value | None:
-        m = self.retainer.get(key)
-        return None if m is None else encode(m)
-
-    def check(self, key: str, value: Value | None) -> None:
-        if value is not None:
-            m = decode(value)
-            if m.topic != key:
-                raise ValueError("retained row: topic and key differ")
-
-    def apply(self, key: str, value: Value | None) -> None:
-        self.applying = True
-        try:
-            if value is None:
-                self.retainer.delete(key)
-            else:
-                self.retainer.store(decode(value))
-        finally:
-            self.applying = False
-
-
-def chunks(rows: list[list[Any]]) -> list[list[list[Any]]]:
-    """``rows`` cut into frames of at most :data:`CHUNK` rows and about
-    :data:`CHUNK_BYTES` of retained payload (a row bigger than that goes alone)."""
-    out: list[list[list[Any]]] = []
-    cur: list[list[Any]] = []
-    size = 0
-    for row in rows:
-        value = row[2]
-        n = len(value.get("m", "")) if isinstance(value, dict) else 0
-        if cur and (len(cur) >= CHUNK or size + n > CHUNK_BYTES):
-            out.append(cur)
-            cur, size = [], 0
-        cur.append(row)
-        size += n
-    if cur:
-        out.append(cur)
-    return out
-
-
-def encode(m: Message) -> Value:
-    return {"m": base64.b64encode(F.encode_message(m)).decode()}
-
-
-def decode(value: Value) -> Message:
-    data = value.get("m")
-    if not isinstance(data, str):
-        raise ValueError("retained row without a message")
-    try:
-        m = F.decode_body(base64.b64decode(data, validate=True)).message
-    except (F.FrameError, ValueError) as exc:
-        raise ValueError(f"bad retained row: {exc}") from None
-    m.retain = True
-    return m
-
-
-class DbTable(Table):
-    """A database table read through a :class:`RowTable` adapter."""
-
-    def __init__(self, rows: RowTable, meta: TableMeta, *, deleted: Value | None = None
-                 ) -> None:
-        super().__init__()
-        self.name = rows.name
-        self.rows_ = rows
-        self.meta = meta
-        self.deleted = deleted  # what a vanished row becomes (rules: a tombstone row)
-        self.values: dict[str, Value] = {}
-        self._fingerprint: object = None  # of the table when last read
-
-    def value(self, key: str) -> Value | None:
-        return self.values.get(key)
-
-    def check(self, key: str, value: Value | None) -> None:
-        if not isinstance(key, str):
-            raise ValueError("bad key")
-        if value is not None and not isinstance(value, dict):
-            raise ValueError("bad value")
-        self.rows_.check(key, value)
-
-    def apply(self, key: str, value: Value | None) -> None:
-        self.rows_.write(key, value)
-        if value is None:
-            self.values.pop(key, None)
-        else:
-            self.values[key] = value
-
-    def saved(self, key: str, stamp: Stamp, value: Value | None) -> None:
-        self.meta.save(self.name, key, stamp, value)
-
-    def load(self, hlc: Hlc) -> list[list[Any]]:
-        """At start: stamps from the meta table; rows changed while the node was down
-        (or never stamped) are local changes now. Returns those changes."""
-        meta = self.meta.load(self.name)
-        for _, (stamp, _d) in meta.items():
-            hlc.observe(stamp)
-        with self.meta.batch():
-            return self._load(hlc, meta)
-
-    def _load(self, hlc: Hlc, meta: dict[str, tuple[Stamp, str | None]]) -> list[list[Any]]:
-        changes: list[list[Any]] = []
-        self._fingerprint = self.rows_.fingerprint()
-        current = self.rows_.read()
-        for key, value in current.items():
-            known = meta.get(key)
-            if known is not None and known[1] == digest(value):
-                self.record(key, known[0], True)
-                self.values[key] = value
-            else:
-                changes.extend(self._local(hlc, key, value))
-        for key, (stamp, d) in meta.items():
-            if key in current:
-                continue
-            if d is None:
-                self.record(key, stamp, False)
-            else:
-                changes.extend(self._local(hlc, key, self.deleted))
-        return changes
-
-    def poll(self, hlc: Hlc) -> list[list[Any]]:
-        """The rows that changed locally since the last look, stamped (the table is read
-        only when its fingerprint moved)."""
-        fingerprint = self.rows_.fingerprint()
-        if fingerprint is not None and fingerprint == self._fingerprint:
-            return []
-        self._fingerprint = fingerprint
-        current = self.rows_.read()
-        changes: list[list[Any]] = []
-        with self.meta.batch():
-            for key, value in current.items():
-                if self.values.get(key) != value:
-                    changes.extend(self._local(hlc, key, value))
-            for key in [k for k in self.values if k not in current]:
-                changes.extend(self._local(hlc, key, self.deleted))
-        return changes
-
-    def _local(self, hlc: Hlc, key: str, value: Value | None) -> list[list[Any]]:
-        if value is None and key not in self.values and key in self.dead:
-            return []
-        if value is not None and value is self.deleted:
-            # a vanished row of a table that keeps tombstone rows (rules): write the
-            # tombstone, so the next look finds the row as recorded here
-            self.rows_.write(key, value)
-        stamp = hlc.tick()
-        if value is None:
-            self.values.pop(key, None)
-        else:
-            self.values[key] = value
-        self.record(key, stamp, value is not None)
-        self.saved(key, stamp, value)
-        self.local_changes += 1
-        return [[key, list(stamp), value]]
 
 
 class TableSync:
@@ -332,14 +93,11 @@ class TableSync:
 
     # -- tables ----------------------------------------------------------------------
 
-    def add_retained(self, retainer: Any) -> RetainedTable:
-        table = RetainedTable(retainer)
-        for topic in retainer.topics():  # restored from disk: stamped by publish time
-            m = retainer.get(topic)
-            if m is not None:
-                stamp = (int(m.timestamp * 1000), 0, "")
-                self.hlc.observe(stamp)
-                table.record(topic, stamp, True)
+    def add_retained(self, retainer: Any, meta: TableMeta | None = None) -> RetainedTable:
+        """The retained messages (restored from disk: their saved stamps with ``meta``,
+        else their publish time)."""
+        table = RetainedTable(retainer, meta)
+        table.load(self.hlc)
         self.tables[table.name] = table
         retainer.on_change = self._retained_changed
         return table
@@ -359,9 +117,23 @@ class TableSync:
             return
         stamp = self.hlc.tick()
         table.record(topic, stamp, message is not None)
+        table.remember(topic, stamp, message)
         table.local_changes += 1
         self._queue("retained", [topic, list(stamp), None if message is None
                                  else encode(message)], None)
+
+    def local_change(self, name: str, key: str, stamp: Stamp | None, value: Value | None
+                     ) -> None:
+        """A row of table ``name`` written here (``stamp``: a given creation stamp, else
+        the clock's next): recorded and sent to every linked peer."""
+        table = self.tables[name]
+        if stamp is None:
+            stamp = self.hlc.tick()
+        else:
+            self.hlc.observe(stamp)
+        table.record(key, stamp, value is not None)
+        table.local_changes += 1
+        self._queue(name, [key, list(stamp), value], None)
 
     @contextlib.contextmanager
     def injecting(self, sends_tables: bool) -> Iterator[None]:
@@ -403,9 +175,16 @@ class TableSync:
         retained = self.tables.get("retained")
         if isinstance(retained, RetainedTable):
             retained.retainer.on_change = None
+            with contextlib.suppress(Exception):
+                retained.flush()
 
     def poll(self) -> None:
         for table in self.tables.values():
+            if isinstance(table, RetainedTable):
+                try:
+                    table.flush()
+                except Exception:
+                    log.exception("cluster: saving the retained stamps failed")
             if isinstance(table, DbTable):
                 try:
                     changes = table.poll(self.hlc)
@@ -496,4 +275,50 @@ class TableSync:
                 "last_change": table.last_change, "peers": peers,
                 "state": "synced" if all(s == "synced" for s in peers.values()) else "syncing",
             }
+            extra = getattr(table, "extra_view", None)
+            if extra is not None:  # the delayed table: held, taken over
+                out[name].update(extra())
         return out
+
+
+def open_tables(ctx: Context, tables: TableSync) -> DelayedTable:
+    """This node's replicated tables, registered with ``tables`` and started: retained
+    messages (with the retainer on), the delayed messages (their publisher is attached
+    later, ``Cluster.attach_delayed``), and with a data directory the bans, users,
+    auto-subscribe topics and rules; the stamps in ``cluster_tables`` of ``gateway.db``."""
+    from gateway.cluster.delayed import DelayedTable
+    from gateway.store.db import db_path, open_db
+    from gateway.store.replicated import (
+        AutoSubscribeRows,
+        BannedRows,
+        RuleRows,
+        UserRows,
+    )
+
+    data_dir = ctx.settings.data_dir
+    conn = open_db(db_path(data_dir)) if data_dir is not None else None
+    meta = TableMeta(conn) if conn is not None else None
+    if ctx.node.settings.retainer_enable:
+        tables.add_retained(ctx.node.retainer, meta)
+    peers = ctx.peers
+
+    def cores(up: bool) -> list[str]:
+        return [p.name for p in peers.values()
+                if p.role != "replicant" and (not up or p.state == "up")]
+
+    def reachable(name: str) -> bool:
+        peer = peers.get(name)
+        return peer is not None and peer.state in ("up", "partial")
+
+    delayed = DelayedTable(
+        ctx.name, tables, cores_up=lambda: cores(True), cores_known=lambda: cores(False),
+        origin_up=reachable, grace=2 * ctx.settings.heartbeat_timeout,
+        take_over=not ctx.replicant)
+    tables.tables[delayed.name] = delayed
+    if data_dir is not None and conn is not None and meta is not None:
+        tables.add_db(BannedRows(conn), meta)
+        tables.add_db(UserRows(conn), meta)
+        tables.add_db(AutoSubscribeRows(conn), meta)
+        tables.add_db(RuleRows(Path(data_dir) / "rules.db"), meta, deleted={"spec": None})
+    tables.start()
+    return delayed

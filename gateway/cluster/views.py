@@ -1,77 +1,71 @@
 """Views: the cluster as ``gatewayctl cluster status`` and ``GET /api/v5/cluster`` show it.
 
+Owns nothing: :func:`cluster_view` reads the parts it is given.
+
 Invariants:
 - Views only read; building one never changes the cluster's state.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from gateway.cluster.state import (
-    ClusterState,
-)
+from gateway.cluster.attach import Attach
+from gateway.cluster.raftglue import RaftGlue
+from gateway.cluster.replication import RouteReplication
+from gateway.cluster.state import Context
+from gateway.cluster.tables import TableSync
 
-if TYPE_CHECKING:
-    pass
+
+def cluster_view(ctx: Context, replication: RouteReplication, attach: Attach, raft: RaftGlue,
+                 tables: TableSync, connections: int) -> dict[str, Any]:
+    settings = ctx.settings
+    routes = replication.routes
+    me = {
+        "node": ctx.name,
+        "addr": settings.advertise,
+        "status": "running",
+        "role": settings.role,
+        "version": settings.version,
+        "self": True,
+        "connections": connections,
+        "routes": len(replication.local_keys),
+    }
+    members: list[dict[str, Any]] = [me]
+    for peer in sorted(ctx.peers.values(), key=lambda p: p.name):
+        v = peer.view()
+        v["routes"] = routes.count(peer.name)
+        v["parked_routes"] = replication.parked.count(peer.name)
+        members.append(v)
+    up = sum(1 for p in ctx.peers.values() if p.state == "up")
+    return {
+        "enabled": True,
+        "status": "running",
+        "name": settings.cluster_name,
+        "role": settings.role,
+        "self": ctx.name,
+        "members": members,
+        "nodes_up": up + 1,
+        "nodes_total": len(ctx.peers) + 1,
+        "routes": {"local": len(replication.local_keys), "remote": len(routes)},
+        "raft": raft.status(attach.core),
+        "replicant": replicant_view(ctx, attach, raft) if ctx.replicant else None,
+        "replicants": None if ctx.replicant else ctx.reps(),
+        "tables": tables.view(),
+    }
 
 
-class ViewsPart(ClusterState):
-    """The status views."""
-
-    def view(self, connections: int) -> dict[str, Any]:
-        me = {
-            "node": self.name,
-            "addr": self.settings.advertise,
-            "status": "running",
-            "role": self.settings.role,
-            "version": self.settings.version,
-            "self": True,
-            "connections": connections,
-            "routes": len(self.local_keys),
-        }
-        members: list[dict[str, Any]] = [me]
-        for peer in sorted(self.peers.values(), key=lambda p: p.name):
-            v = peer.view()
-            v["routes"] = self.routes.count(peer.name)
-            v["parked_routes"] = self.parked.count(peer.name)
-            members.append(v)
-        up = sum(1 for p in self.peers.values() if p.state == "up")
-        return {
-            "enabled": True,
-            "status": "running",
-            "name": self.settings.cluster_name,
-            "role": self.settings.role,
-            "self": self.name,
-            "members": members,
-            "nodes_up": up + 1,
-            "nodes_total": len(self.peers) + 1,
-            "routes": {"local": len(self.local_keys), "remote": len(self.routes)},
-            "raft": self._raft_view(),
-            "replicant": self._replicant_view() if self.replicant else None,
-            "replicants": None if self.replicant else self._reps(),
-            "tables": self.tables.view(),
-        }
-
-    def _raft_view(self) -> dict[str, Any] | None:
-        if self.raft is not None:
-            return {**self.raft.status(), "sessions": len(self.raft_sessions)}
-        if self.raft_view is not None:  # a replicant: its core's table, streamed
-            return {**self.raft_view.status(), "core": self.core,
-                    "sessions": len(self.raft_view)}
-        return None
-
-    def _replicant_view(self) -> dict[str, Any]:
-        """Which core this replicant is attached to, its state and lag: with Raft those
-        of the session table streamed by the core; without, ``bootstrap`` until the
-        core's route snapshot arrived, then ``normal`` (lag: route revisions this
-        node sent its core and the core has not acknowledged)."""
-        core = self.peers.get(self.core) if self.core is not None else None
-        if self.raft_view is not None:
-            st = self.raft_view.status()
-            state, lag = st["state"], st["lag"]
-        else:
-            state = "normal" if self.routes_bootstrapped else "bootstrap"
-            lag = 0 if core is None else core.rev_sent - core.rev_acked
-        return {"core": self.core, "state": state if core is not None else "bootstrap",
-                "lag": lag, "since": self.core_since, "switches": self.core_switches}
+def replicant_view(ctx: Context, attach: Attach, raft: RaftGlue) -> dict[str, Any]:
+    """Which core this replicant is attached to, its state and lag: with Raft those
+    of the session table streamed by the core; without, ``bootstrap`` until the
+    core's route snapshot arrived, then ``normal`` (lag: route revisions this
+    node sent its core and the core has not acknowledged)."""
+    core = ctx.peers.get(attach.core) if attach.core is not None else None
+    if raft.view is not None:
+        st = raft.view.status()
+        state, lag = st["state"], st["lag"]
+    else:
+        state = "normal" if attach.routes_bootstrapped else "bootstrap"
+        lag = 0 if core is None else core.rev_sent - core.rev_acked
+    return {"core": attach.core, "state": state if core is not None else "bootstrap",
+            "lag": lag, "since": attach.core_since, "switches": attach.core_switches}

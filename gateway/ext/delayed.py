@@ -21,6 +21,12 @@ is a row written through the node's group commit before the publisher's acknowle
 leaves, and deleted in the same commit batch as the deliveries it produces; at start-up
 :meth:`DelayedPublisher.restore` loads the rows and fires those already due.
 
+Cluster-wide (:mod:`gateway.cluster.delayed`): ``on_change(pending, alive)`` tells the
+cluster of every message added (True) and fired or cancelled (False); ``hold()`` keeps
+messages already due from firing until ``release()`` (a restarted node first learns
+which of its messages another node published while it was down, and ``cancel`` drops
+them); ``publish_for(due, message)`` publishes a message another node held.
+
 Invariants: ``pending`` holds exactly the messages not yet fired or cancelled; the heap
 holds every pending id (and possibly ids already cancelled, skipped when popped); one
 timer is armed for the earliest due time while anything is pending.
@@ -30,7 +36,7 @@ from __future__ import annotations
 
 import heapq
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -95,6 +101,8 @@ class DelayedPublisher:
         self._timer_due = 0.0
         self._next_id = first_id
         self._attached = False
+        self.on_change: Callable[[Pending, bool], None] | None = None
+        self._held = False
 
     # -- hooks --------------------------------------------------------------------------
 
@@ -153,6 +161,8 @@ class DelayedPublisher:
         if self.journal is not None:
             self.journal.added(p)
         self._put(p)
+        if self.on_change is not None:
+            self.on_change(p, True)
         return p
 
     def restore(self, rows: Iterable[Pending]) -> None:
@@ -174,8 +184,19 @@ class DelayedPublisher:
             return False
         if self.journal is not None:
             self.journal.removed(id_)
+        if self.on_change is not None:
+            self.on_change(p, False)
         self._arm()
         return True
+
+    def hold(self) -> None:
+        """Fire nothing until :meth:`release` (the cluster is learning what others did)."""
+        self._held = True
+
+    def release(self) -> None:
+        if self._held:
+            self._held = False
+            self._arm()
 
     def _arm(self) -> None:
         heap = self._heap
@@ -196,6 +217,8 @@ class DelayedPublisher:
 
     def _fire(self) -> None:
         self._timer = None
+        if self._held:
+            return  # release() arms again
         now = self.node.now()
         heap = self._heap
         while heap and heap[0][0] <= now:
@@ -206,7 +229,13 @@ class DelayedPublisher:
             if self.journal is not None:
                 self.journal.removed(id_)
             self._publish(p, now)
+            if self.on_change is not None:
+                self.on_change(p, False)
         self._arm()
+
+    def publish_for(self, due: float, message: Message) -> None:
+        """Publish now a message another node held until ``due`` (it took it over)."""
+        self._publish(Pending(0, due, message), self.node.now())
 
     def _publish(self, p: Pending, now: float) -> None:
         m = p.message

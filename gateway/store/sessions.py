@@ -10,7 +10,11 @@ What is persisted, and when:
   delivery queued or inflight for it (with its packet id once assigned, and whether its
   PUBREC arrived), and the packet ids of incoming QoS 2 messages awaiting PUBREL;
 - every retained message;
-- message bodies once (table ``messages``), referenced by the queue rows that need them.
+- message bodies: in the queue row itself (columns ``topic`` to ``expires_at``) when the
+  message went to one persistent session and its payload is at most ``INLINE_MAX``
+  bytes (the common case: one row written and one deleted per message); otherwise, or
+  once a second queue row of it exists, also once in table ``messages``, referenced by
+  ``msg_id`` from every queue row that needs it.
 QoS 0 deliveries and sessions with expiry 0 live in memory only.
 
 The journal's writes of one loop turn are kept in a :class:`_Journal` segment of the
@@ -21,10 +25,16 @@ Invariants:
 - Once a batch is committed, a queue row exists exactly while its delivery is in a
   persistent session's ``inflight`` or ``mqueue``; ``ref`` orders a session's rows as
   they were queued.
+- Every committed queue row can find its body: in its own columns (``topic`` not NULL),
+  or else in the ``messages`` row ``msg_id``. A message gets its ``messages`` row in the
+  same batch as its second queue row, or before it (the first row keeps its inline copy;
+  both are the same message).
 - A ``messages`` row is deleted with the last queue row of it that this process counted
   (written or loaded); rows unreferenced by any queue row otherwise (their session was
   deleted whole) are garbage, removed at start-up. A body is never deleted while a queue
   row of it exists.
+- A file made before inline bodies gets the columns at start-up (:func:`upgrade_schema`);
+  its rows (``topic`` NULL) keep their bodies in ``messages``.
 """
 
 from __future__ import annotations
@@ -80,7 +90,16 @@ CREATE TABLE IF NOT EXISTS queue(
     sub_ids TEXT,
     packet_id INTEGER,
     released INTEGER NOT NULL DEFAULT 0,
-    share TEXT
+    share TEXT,
+    topic TEXT,
+    payload BLOB,
+    mqos INTEGER,
+    mretain INTEGER,
+    props TEXT,
+    publisher TEXT,
+    username TEXT,
+    ts REAL,
+    expires_at REAL
 );
 CREATE INDEX IF NOT EXISTS queue_by_client ON queue(client_id, ref);
 CREATE TABLE IF NOT EXISTS awaiting_rel(
@@ -110,6 +129,30 @@ _PROP_FIELDS = (
 )
 
 
+# the columns of an inline body, added to ``queue`` after its first release
+_INLINE_COLUMNS = (
+    ("topic", "TEXT"),
+    ("payload", "BLOB"),
+    ("mqos", "INTEGER"),
+    ("mretain", "INTEGER"),
+    ("props", "TEXT"),
+    ("publisher", "TEXT"),
+    ("username", "TEXT"),
+    ("ts", "REAL"),
+    ("expires_at", "REAL"),
+)
+
+
+def upgrade_schema(conn: sqlite3.Connection) -> None:
+    """Give a ``queue`` table made before inline bodies their columns (idempotent)."""
+    have = {r[1] for r in conn.execute("PRAGMA table_info(queue)")}
+    if not have:
+        return
+    for name, kind in _INLINE_COLUMNS:
+        if name not in have:
+            conn.execute(f"ALTER TABLE queue ADD COLUMN {name} {kind}")
+
+
 def dump_props(p: Properties) -> str | None:
     if p is NO_PROPERTIES:
         return None
@@ -135,10 +178,24 @@ def load_props(s: str | None) -> Properties:
     return Properties(**d)
 
 
-# columns of a queue row as _Journal keeps it
-_QUEUE_COLS = "ref, client_id, msg_id, qos, retain, sub_ids, packet_id, released, share"
+# columns of a queue row as _Journal keeps it: the delivery's, then the inline body's
+# (NULL when the body is in ``messages``)
+_QUEUE_COLS = (
+    "ref, client_id, msg_id, qos, retain, sub_ids, packet_id, released, share, "
+    "topic, payload, mqos, mretain, props, publisher, username, ts, expires_at"
+)
+_QUEUE_WIDTH = 18
 _PACKET_ID = 6
 _RELEASED = 7
+_BODY = 9  # the first inline column
+_NO_BODY = (None,) * 9
+# Bodies of at most this many payload bytes go inline. A queue row is updated later
+# (its packet id once an offline session's queue drains), and SQLite rewrites the whole
+# row: a row with overflow pages (a body of a few KiB) would be written twice, and on a
+# full disk such an update needs room a small row does not (the disk-full recovery of
+# tests/gateway/store/test_storage_faults.py). Below this, the row stays inside one
+# leaf page, which the update writes anyway.
+INLINE_MAX = 1024
 
 
 class _Journal:
@@ -159,6 +216,7 @@ class _Journal:
         "deleted_refs",
         "deleted_messages",
         "awaiting",
+        "inline",
     )
 
     def __init__(self) -> None:
@@ -169,6 +227,7 @@ class _Journal:
         self.deleted_refs: list[int] = []  # older rows deleted
         self.deleted_messages: list[int] = []
         self.awaiting: dict[tuple[str, int], bool] = {}  # (client, packet id) -> present
+        self.inline: dict[int, int] = {}  # message id -> ref of its row with the body inline
 
     def empty(self) -> bool:
         return not (
@@ -190,7 +249,9 @@ class _Journal:
         if self.messages:
             out += insert_rows("INSERT INTO messages", 10, list(self.messages.values()))
         if self.queue:
-            out += insert_rows(f"INSERT INTO queue({_QUEUE_COLS})", 9, list(self.queue.values()))
+            out += insert_rows(
+                f"INSERT INTO queue({_QUEUE_COLS})", _QUEUE_WIDTH, list(self.queue.values())
+            )
         if self.packet_ids:
             out += update_column("queue", "ref", "packet_id", list(self.packet_ids.items()))
         if self.released:
@@ -230,6 +291,11 @@ class SessionStore:
         # with their whole session are not counted down: their bodies stay until the
         # next start-up collects them.
         self._msg_refs: dict[int, int] = {}
+        # ids of the messages with a ``messages`` row (written or pending): those that
+        # reached a second queue row. The others have their body inline in their one row.
+        self._bodies: set[int] = set()
+        self._is_open = committer.is_open
+        upgrade_schema(conn)
 
     # -- start-up ------------------------------------------------------------------
 
@@ -238,7 +304,11 @@ class SessionStore:
         c = self.conn
         refs: dict[int, int] = {}
         c.execute("DELETE FROM messages WHERE id NOT IN (SELECT msg_id FROM queue)")
-        self._next_msg = (c.execute("SELECT MAX(id) FROM messages").fetchone()[0] or 0) + 1
+        # message ids live in queue rows too (inline bodies have no messages row)
+        self._next_msg = max(
+            c.execute("SELECT MAX(id) FROM messages").fetchone()[0] or 0,
+            c.execute("SELECT MAX(msg_id) FROM queue").fetchone()[0] or 0,
+        ) + 1
         self._next_ref = (c.execute("SELECT MAX(ref) FROM queue").fetchone()[0] or 0) + 1
         sessions: dict[str, StoredSession] = {}
         for cid, expiry, disc, created in c.execute(
@@ -262,14 +332,23 @@ class SessionStore:
             )
             m.store_id = row[0]
             messages[row[0]] = m
-        for ref, cid, msg_id, qos, retain, sub_ids, pid, released, share in c.execute(
-            "SELECT ref, client_id, msg_id, qos, retain, sub_ids, packet_id, released, share "
-            "FROM queue ORDER BY ref"
-        ):
+        bodies = set(messages)
+        for row in c.execute(f"SELECT {_QUEUE_COLS} FROM queue ORDER BY ref"):
+            ref, cid, msg_id, qos, retain, sub_ids, pid, released, share = row[:_BODY]
             s = sessions.get(cid)
-            body = messages.get(msg_id)
-            if s is None or body is None:
+            if s is None:
                 continue
+            body = messages.get(msg_id)
+            if body is None:
+                if row[_BODY] is None:
+                    continue  # no body anywhere (cannot happen: see the invariants)
+                topic, payload, mqos, mretain, props, pub, user, ts, exp = row[_BODY:]
+                body = Message(
+                    topic, payload, mqos, bool(mretain), load_props(props), pub or "",
+                    user, ts or 0.0, exp,
+                )
+                body.store_id = msg_id
+                messages[msg_id] = body
             ids = tuple(int(x) for x in sub_ids.split(",")) if sub_ids else ()
             share_t = tuple(json.loads(share)) if share else None
             d = Delivery(body, qos, bool(retain), ids, pid, pid is not None, share_t)
@@ -279,6 +358,7 @@ class SessionStore:
             if released and pid is not None:
                 s.released.add(pid)
         self._msg_refs = {mid: n for mid, n in refs.items() if n > 1}
+        self._bodies = bodies
         for cid, pid in c.execute("SELECT client_id, packet_id FROM awaiting_rel"):
             s = sessions.get(cid)
             if s is not None:
@@ -334,45 +414,79 @@ class SessionStore:
         """This turn's open journal segment (a new one once the last was handed to the
         writer or another write followed it)."""
         seg = self._open
-        if seg is None or not self.committer.is_open(seg):
+        if seg is None or not self._is_open(seg):
             seg = self._open = _Journal()
             self.committer.add_segment(seg)
         return seg
 
     def queued(self, client_id: str, d: Delivery) -> None:
-        seg = self._segment()
+        seg = self._open
+        if seg is None or not self._is_open(seg):
+            seg = self._segment()
         m = d.message
         mid = m.store_id
-        if mid is None:
+        if mid is None and len(m.payload) > INLINE_MAX:  # a large body: messages row
             mid = m.store_id = self._next_msg
             self._next_msg += 1
-            seg.messages[mid] = (
-                mid,
+            self._body_row(seg, m, mid)
+            body: tuple[Any, ...] = _NO_BODY
+        elif mid is None:  # its first queue row: the body goes inline
+            mid = m.store_id = self._next_msg
+            self._next_msg += 1
+            body = (
                 m.topic,
                 m.payload,
                 m.qos,
                 int(m.retain),
-                dump_props(m.properties),
+                None if m.properties is NO_PROPERTIES else dump_props(m.properties),
                 m.publisher,
                 m.username,
                 m.timestamp,
                 m.expires_at,
             )
+            seg.inline[mid] = self._next_ref
         else:
             self._msg_refs[mid] = self._msg_refs.get(mid, 1) + 1
+            body = _NO_BODY
+            if mid not in self._bodies:  # a second row: the body gets its messages row
+                self._body_row(seg, m, mid)
         d.ref = ref = self._next_ref
         self._next_ref += 1
+        ids = d.subscription_ids
+        share = d.share
         seg.queue[ref] = [
             ref,
             client_id,
             mid,
             d.qos,
             int(d.retain),
-            ",".join(map(str, d.subscription_ids)) or None,
+            ",".join(map(str, ids)) if ids else None,
             d.packet_id,
             0,
-            json.dumps(d.share) if d.share else None,
+            json.dumps(share) if share else None,
+            *body,
         ]
+
+    def _body_row(self, seg: _Journal, m: Message, mid: int) -> None:
+        """Message ``mid`` needs a ``messages`` row (a large body, or a second queue row):
+        write it in this batch; its first row, if still in this batch, then need not
+        carry the body too."""
+        self._bodies.add(mid)
+        seg.messages[mid] = (
+            mid,
+            m.topic,
+            m.payload,
+            m.qos,
+            int(m.retain),
+            dump_props(m.properties),
+            m.publisher,
+            m.username,
+            m.timestamp,
+            m.expires_at,
+        )
+        first = seg.queue.get(seg.inline.pop(mid, -1))
+        if first is not None:
+            first[_BODY:] = _NO_BODY
 
     def assigned(self, d: Delivery) -> None:
         ref = d.ref
@@ -401,7 +515,9 @@ class SessionStore:
         if ref is None:
             return
         d.ref = None
-        seg = self._segment()
+        seg = self._open
+        if seg is None or not self._is_open(seg):
+            seg = self._segment()
         if seg.queue.pop(ref, None) is None:  # else: inserted this turn, never written
             seg.packet_ids.pop(ref, None)
             seg.released.pop(ref, None)
@@ -410,15 +526,20 @@ class SessionStore:
         mid = m.store_id
         if mid is None:
             return
-        n = self._msg_refs.pop(mid, 1) - 1
-        if n > 1:
-            self._msg_refs[mid] = n
-        if n > 0:
-            return
-        # the last queue row of this message: its body goes too
+        refs = self._msg_refs
+        if refs:
+            n = refs.pop(mid, 1) - 1
+            if n > 1:
+                refs[mid] = n
+            if n > 0:
+                return
+        # the last queue row of this message: its body goes too (inline: with that row)
         m.store_id = None
-        if seg.messages.pop(mid, None) is None:
-            seg.deleted_messages.append(mid)
+        bodies = self._bodies
+        if mid in bodies:
+            bodies.discard(mid)
+            if seg.messages.pop(mid, None) is None:
+                seg.deleted_messages.append(mid)
 
     def awaiting_rel_added(self, client_id: str, packet_id: int) -> None:
         self._segment().awaiting[(client_id, packet_id)] = True

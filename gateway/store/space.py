@@ -30,7 +30,7 @@ whether the node takes new durable work:
 Invariants:
 - ``node.store_refusal`` is non-zero exactly while :attr:`refusing` is a reason (it is set
   on every evaluation, which runs every ``check_interval``, after every commit (at most
-  every 5 ms) and on every change of the committer's fault).
+  every 20 ms, measured on the writer thread) and on every change of the committer's fault).
 - While a space fault lasts, the committer is asked to retry as soon as free space grows.
 - At most one maintenance task is queued at a time.
 """
@@ -50,6 +50,7 @@ from typing import Any, Protocol
 from gateway.store.db import JOURNAL_SIZE_LIMIT, ensure_schema, open_db
 from gateway.store.faults import StoreFault
 from gateway.store.salvage import SalvageReport, salvage
+from gateway.store.sessions import upgrade_schema
 from gateway.store.writer import GroupCommitter, Task
 
 log = logging.getLogger("gateway.store")
@@ -63,10 +64,10 @@ BOOT_RESERVE_SIZE = 256 * 1024
 MIN_FREE = 256 * 1024  # the free minimum without a reserve
 VACUUM_CHUNK = 256  # pages per incremental_vacuum step (checkpointed in between)
 VACUUM_MIN_BYTES = 256 * 1024  # free pages inside the file worth giving back
-COMMIT_CHECK_EVERY = 0.02  # seconds: at most one evaluation per this after commits (each
-# evaluation stats the file system from the loop thread; at 5 ms it was 9 % of the
-# py-spy samples of p2p-qos1-persistent, bench/README.md; 20 ms at 10 MB/s of writes is
-# 200 KB, well inside the 1 MB reserve)
+COMMIT_CHECK_EVERY = 0.02  # seconds: at most one evaluation per this after commits (the
+# writer thread measures the disk after the commit, the loop only decides: a statvfs on
+# the loop thread handed the GIL to the writer and waited ~0.7 ms to get it back, issue
+# 23 round 2; 20 ms at 10 MB/s of writes is 200 KB, well inside the 1 MB reserve)
 QUOTA_EXCEEDED = 0x97
 
 
@@ -245,6 +246,9 @@ class StoreGuard:
         c = self.committer
         c.on_fault = self._on_fault
         c.on_commit = self._on_commit
+        data_dir, db = self.data_dir, self.db
+        c.probe = lambda: measure(data_dir, db)
+        c.probe_every = COMMIT_CHECK_EVERY
         c.release_space = self.reserve.release
         usage = measure(self.data_dir, self.db)
         if self.settings.reserve_size and usage.free >= 2 * self.settings.reserve_size:
@@ -263,7 +267,7 @@ class StoreGuard:
             self._timer.cancel()
             self._timer = None
         c = self.committer
-        c.on_fault = c.on_commit = None
+        c.on_fault = c.on_commit = c.probe = None
         c.release_space = None
 
     def _tick(self) -> None:
@@ -304,6 +308,7 @@ class StoreGuard:
             fresh = open_db(db, check_same_thread=False)
             for ddl in schemas:
                 ensure_schema(fresh, ddl)
+            upgrade_schema(fresh)  # a salvaged queue table of an older release
             return fresh
 
         def done(_: object, error: BaseException | None) -> None:
@@ -323,23 +328,26 @@ class StoreGuard:
 
         self.committer.submit(Task(run, done, replaces=True))
 
-    def _on_commit(self) -> None:
-        assert self._loop is not None
-        now = self._loop.time()
-        if now - self._last_eval >= COMMIT_CHECK_EVERY:
-            self.evaluate()
+    def _on_commit(self, usage: Usage | None) -> None:
+        """After a commit: decide with what the writer thread measured just after it
+        (``usage``, at most every ``COMMIT_CHECK_EVERY``; None: not measured this time)."""
+        if usage is not None:
+            self.evaluate(usage)
 
     # -- the decision --------------------------------------------------------------
 
-    def evaluate(self) -> None:
+    def evaluate(self, usage: Usage | None = None) -> None:
+        """Measure (unless ``usage`` was measured already) and decide."""
         if self._loop is not None:
             self._last_eval = self._loop.time()
         s = self.settings
-        try:
-            usage = self.usage = measure(self.data_dir, self.db)
-        except OSError as exc:
-            log.error("store: cannot measure %s: %s", self.data_dir, exc)
-            return
+        if usage is None:
+            try:
+                usage = measure(self.data_dir, self.db)
+            except OSError as exc:
+                log.error("store: cannot measure %s: %s", self.data_dir, exc)
+                return
+        self.usage = usage
         fault = self.committer.fault
         # room for the reserve's worth of writes plus a full WAL to be checkpointed into
         # the main file (the two hold the same pages for a while)

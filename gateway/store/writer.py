@@ -40,6 +40,11 @@ Invariants:
   changes kind, and with None when it ends.
 - A segment is changed by its owner only while it is the last item of the batch still
   accumulating (:meth:`is_open`); from then on it is the writer thread's to read.
+- ``probe`` (if set) runs on the writer thread after a successful commit, at most every
+  ``probe_every`` seconds; its result reaches ``on_commit`` on the loop (None when it did
+  not run). It is how :class:`~gateway.store.space.StoreGuard` measures the disk without
+  ``statvfs``/``stat`` on the loop thread (each gave the GIL to the writer thread, and the
+  loop then waited up to a switch interval to get it back).
 - ``flush_sync`` (shutdown) never runs a batch again that the writer thread committed;
   ``close`` commits everything added, then stops the thread.
 """
@@ -52,6 +57,7 @@ import logging
 import queue
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -115,13 +121,14 @@ class Task:
 
 
 class _Batch:
-    __slots__ = ("items", "callbacks", "ok", "error")
+    __slots__ = ("items", "callbacks", "ok", "error", "probed")
 
     def __init__(self, items: list[Item], callbacks: list[Callable[[], None]]) -> None:
         self.items = items
         self.callbacks = callbacks
         self.ok = False
         self.error: BaseException | None = None
+        self.probed: Any = None  # what ``probe`` returned after this commit, if it ran
 
 
 class GroupCommitter:
@@ -145,7 +152,12 @@ class GroupCommitter:
         self.failures = 0  # commits that failed
         self.fault: StoreFault | None = None
         self.on_fault: Callable[[StoreFault | None], None] | None = None
-        self.on_commit: Callable[[], None] | None = None
+        # on the loop after every successful commit, with the probe's result (or None)
+        self.on_commit: Callable[[Any], None] | None = None
+        # writer thread, after a commit, at most every probe_every seconds
+        self.probe: Callable[[], Any] | None = None
+        self.probe_every = 0.0
+        self._probed_at = -1e9  # writer thread only
         # writer thread: free some space (the reserve file); True if it did
         self.release_space: Callable[[], bool] | None = None
         self._retry_delay = RETRY_FIRST
@@ -237,6 +249,15 @@ class GroupCommitter:
             try:
                 self._commit_or_release(batch.items)
                 batch.ok = True
+                probe = self.probe
+                if probe is not None:
+                    now = time.monotonic()
+                    if now - self._probed_at >= self.probe_every:
+                        self._probed_at = now
+                        try:
+                            batch.probed = probe()
+                        except Exception as exc:  # the commit stands; the loop measures
+                            log.debug("store probe failed: %s", exc)
             except Exception as exc:  # never let the thread die: the node would stall
                 batch.error = exc
                 self.failures += 1
@@ -338,7 +359,7 @@ class GroupCommitter:
         for cb in callbacks:
             cb()
         if self.on_commit is not None:
-            self.on_commit()
+            self.on_commit(batch.probed)
 
     def _failed(self, fault: StoreFault) -> None:
         """A commit failed: fail the soft callbacks, keep the strict ones, retry later."""

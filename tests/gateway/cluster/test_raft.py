@@ -6,7 +6,9 @@ Every wait is a bounded wait for a condition."""
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -96,6 +98,59 @@ def test_leader_election_replication_and_heal() -> None:
             await until(lambda: tables[first].get("client-2") == "b@x",
                         "the old leader catching up after the heal")
             await until(lambda: leader() is not None, "one leader for all three")
+        finally:
+            for g in hub.groups.values():
+                g.stop()
+
+    asyncio.run(main())
+
+
+def test_a_restarted_follower_does_not_depose_the_leader(tmp_path: Path) -> None:
+    """A follower restarted after its election deadline passed (its links come up late:
+    a loaded machine) is linked to the other follower first, then to the leader: it
+    must not campaign before the leader's heartbeat reaches it. It used to, at a higher
+    term, which deposed the leader (pysyncobj has no pre-vote): the cause of
+    ``test_raft_log_is_durable_and_members_leave_the_group`` failing once under load."""
+    dirs = {n: str(tmp_path / n.partition("@")[0]) for n in NAMES}
+    for d in dirs.values():
+        os.makedirs(d)
+
+    async def main() -> None:
+        hub = Hub()
+        tables = {n: ReplDict() for n in NAMES}
+        for n in NAMES:
+            hub.groups[n] = RaftGroup(n, [o for o in NAMES if o != n], hub.sender(n),
+                                      [tables[n]], tick=0.01, data_dir=dirs[n])
+        for g in hub.groups.values():
+            g.start()
+        hub.connect_all()
+        try:
+            await until(lambda: len({g.status()["leader"] for g in hub.groups.values()}
+                                    - {None}) == 1
+                        and all(g.status()["leader"] for g in hub.groups.values()), "a leader")
+            lead = str(hub.groups[NAMES[0]].status()["leader"])
+            term = hub.groups[lead].status()["term"]
+            tables[lead].set("k", "v", sync=False)
+            await until(lambda: all(t.get("k") == "v" for t in tables.values()), "the write")
+            restarted, other = (n for n in NAMES if n != lead)
+            hub.isolate(restarted)
+            hub.groups[restarted].stop()
+            tables[restarted] = ReplDict()
+            fresh = RaftGroup(restarted, [lead, other], hub.sender(restarted),
+                              [tables[restarted]], tick=0.01, data_dir=dirs[restarted])
+            assert fresh.resumed  # its term and log come from its journal
+            hub.groups[restarted] = fresh
+            hub.cut.clear()
+            fresh.sync._SyncObj__raftElectionDeadline = 0  # its start was long ago
+            hub.groups[other].link_up(restarted)
+            fresh.link_up(other)  # the other follower first ...
+            fresh.sync.doTick(0.0)  # ... and it ticks before the leader's link is up
+            fresh.start()
+            hub.groups[lead].link_up(restarted)
+            fresh.link_up(lead)
+            await until(lambda: tables[restarted].get("k") == "v", "the restarted one caught up")
+            assert {g.status()["leader"] for g in hub.groups.values()} == {lead}
+            assert {g.status()["term"] for g in hub.groups.values()} == {term}
         finally:
             for g in hub.groups.values():
                 g.stop()

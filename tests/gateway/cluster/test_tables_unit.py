@@ -289,3 +289,116 @@ def test_a_late_retained_forward_never_undoes_a_newer_row() -> None:
     assert not retainer.paused and not table.applying
     # A's snapshot row (older) is ignored; a newer one from A wins
     assert not table.merge("cfg/x", (newer[0] - 1, 0, "a"), {"m": "unused"})
+
+
+def test_retained_stamps_and_tombstones_survive_a_restart(tmp_path: Path) -> None:
+    """With the meta table, a restored retained message keeps the stamp it had (not its
+    publish time) and a deletion stays a tombstone, so after a restart an older row from
+    a peer still loses to both; a message changed behind the table's back (another
+    digest) falls back to its publish time."""
+    from gateway.cluster.tables import TableSync
+    from gateway.core.retainer import Retainer
+    from protocols.context import Message
+
+    def node() -> tuple[Retainer, TableSync, Any]:
+        retainer = Retainer(now=lambda: 0.0)
+        sync = TableSync("b", lambda _p, _f: True, lambda: [])
+        return retainer, sync, TableMeta(sqlite3.connect(tmp_path / "m.db"))
+
+    retainer, sync, meta = node()
+    table = sync.add_retained(retainer, meta)
+    retainer.on_publish(Message("cfg/x", b"x", 1, True, timestamp=1.0))
+    retainer.on_publish(Message("cfg/y", b"y", 1, True, timestamp=1.0))
+    retainer.on_publish(Message("cfg/y", b"", 1, True, timestamp=1.0))  # deleted
+    merged = (10**13, 0, "a")  # a peer's row, far newer than the publish times
+    assert table.merge("cfg/z", merged, _encoded(Message("cfg/z", b"z", 1, True,
+                                                         timestamp=1.0)))
+    x, y = table.stamp("cfg/x"), table.stamp("cfg/y")
+    assert x is not None and y is not None and x[0] > 1000  # HLC stamps, not publish times
+    sync.stop()  # flushes
+    # the restart: the retainer restores its messages (not through on_change)
+    restored = [retainer.get("cfg/x"), retainer.get("cfg/z")]
+    retainer2, sync2, meta2 = node()
+    for m in restored:
+        assert m is not None
+        retainer2.store(m, journal=False)
+    retainer2.store(Message("cfg/w", b"w", 1, True, timestamp=3.0), journal=False)
+    table2 = sync2.add_retained(retainer2, meta2)
+    assert table2.stamp("cfg/x") == x
+    assert table2.stamp("cfg/z") == merged
+    assert table2.stamp("cfg/y") == y and "cfg/y" in table2.dead
+    assert table2.stamp("cfg/w") == (3000, 0, "")
+    assert not table2.merge("cfg/y", (y[0] - 1, 0, "a"), {"m": "unused"})
+
+
+def _encoded(m: Any) -> Any:
+    from gateway.cluster.tables import encode
+
+    return encode(m)
+
+
+def test_delayed_rows_taken_over_once_cancelled_at_the_origin() -> None:
+    """The delayed table: a row of an unreachable origin is taken over by the first core
+    by name only; the origin's own row tombstoned by a peer is cancelled there (and not
+    echoed as a local change)."""
+    import asyncio
+
+    from gateway.cluster.delayed import DelayedTable
+    from gateway.cluster.tables import TableSync
+    from protocols.context import Message
+
+    class Publisher:
+        def __init__(self) -> None:
+            self.pending: dict[int, Any] = {}
+            self.published: list[Message] = []
+            self.on_change: Any = None
+
+        def cancel(self, id_: int) -> bool:
+            return self.pending.pop(id_, None) is not None
+
+        def hold(self) -> None: ...
+        def release(self) -> None: ...
+
+        def publish_for(self, due: float, m: Message) -> None:
+            self.published.append(m)
+
+    async def main() -> None:
+        from gateway.ext.delayed import Pending
+
+        def make(me: str, up: list[str]) -> tuple[DelayedTable, Publisher, TableSync]:
+            sync = TableSync(me, lambda _p, _f: True, lambda: [])
+            pub = Publisher()
+            t = DelayedTable(me, sync, cores_up=lambda: up, cores_known=lambda: up,
+                             origin_up=lambda _n: False, grace=0.0)
+            sync.tables[t.name] = t
+            t.attach(pub)  # type: ignore[arg-type]
+            return t, pub, sync
+
+        m = Message("t", b"p", 1, False, timestamp=1.0)
+        key = "a@x/1/1000"
+        row = {"m": _delayed_value(m), "due": 0.0, "origin": "a@x"}
+        b, pub_b, _ = make("b@x", ["c@x"])
+        c, pub_c, _ = make("c@x", ["b@x"])
+        for t in (b, c):
+            assert t.merge(key, (1000, 0, "a@x"), row)
+        b._check()
+        c._check()
+        assert len(pub_b.published) == 1 and pub_c.published == []  # b is first by name
+        assert key in b.dead and b.local_changes == 1
+        # the origin back: b's tombstone cancels its restored message, no echo
+        a, pub_a, _ = make("a@x", [])
+        pub_a.pending[1] = Pending(1, 0.0, m)
+        a._own(pub_a.pending[1])
+        stamp = b.stamp(key)
+        assert stamp is not None and a.merge(key, stamp, None)
+        assert pub_a.pending == {} and a.local_changes == 0
+
+    asyncio.run(main())
+
+
+def _delayed_value(m: Any) -> str:
+    import base64
+
+    from gateway.cluster import frames as F
+
+    return base64.b64encode(F.encode_message(m)).decode()

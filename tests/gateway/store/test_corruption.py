@@ -88,7 +88,7 @@ CASES = {
     # name: (where, what is overwritten)
     "header": "the first 100 bytes (the file header: 'not a database')",
     "btree_root_retained": "the root page of table retained",
-    "btree_leaf_queue": "a leaf page in the middle of table messages",
+    "btree_leaf_queue": "a leaf page in the middle of table queue (bodies inline)",
     "wal_frame": "bytes inside the middle frame of the WAL (gatewayd killed with -9, WAL "
                  "not checkpointed)",
 }
@@ -120,7 +120,7 @@ def test_corruption_at_offset_starts_salvages_alarms(tmp_path: Path, case: str) 
                 corrupt(db, 0, 100)
             else:
                 table, leaf = {"btree_root_retained": ("retained", False),
-                               "btree_leaf_queue": ("messages", True)}[case]
+                               "btree_leaf_queue": ("queue", True)}[case]
                 page, size = page_of(db, table, leaf)
                 corrupt(db, (page - 1) * size + 8, 512)
         t0 = time.monotonic()

@@ -15,6 +15,7 @@ from gateway.core.clock import VirtualScheduler
 from gateway.store import bulk
 from gateway.store.bulk import MAX_ROWS, MAX_VARIABLES, chunk_sizes, insert_rows, where_in
 from gateway.store.db import ensure_schema, open_db
+from gateway.store.sessions import INLINE_MAX
 from gateway.store.writer import GroupCommitter, Op
 from protocols.context import ClientInfo, Message, SubOptions
 
@@ -146,7 +147,8 @@ def test_many_rows_in_one_turn_round_trip_in_order(tmp_path: Path) -> None:
         for i in range(900):  # < max_mqueue_len
             node.publish(ClientInfo("p"), Message(f"t/{i % 7}", b"%d" % i, qos=1, publisher="p"))
         await committed(committer)
-        assert (count(db, "queue"), count(db, "messages")) == (900, 900)
+        # one subscriber each: the bodies are inline in the queue rows
+        assert (count(db, "queue"), count(db, "messages")) == (900, 0)
         _, h = open_session(node, "sub", expiry=3600, rmax=100)  # 100 assigned, sent
         await committed(committer)
         session = node.sessions["sub"]
@@ -164,7 +166,13 @@ def test_many_rows_in_one_turn_round_trip_in_order(tmp_path: Path) -> None:
         assert sorted(d.packet_id or 0 for d in s2.inflight.values()) == sorted(
             session.inflight
         )
-        assert count(db, "messages") == 860
+        assert (count(db, "queue"), count(db, "messages")) == (860, 0)
+        # a message after the restart gets an id no loaded (inline) row has
+        node2.publish(ClientInfo("p"), Message("t/1", b"new", qos=1, publisher="p"))
+        assert s2.mqueue[-1].message.payload == b"new"
+        assert (s2.mqueue[-1].message.store_id or 0) > max(
+            d.message.store_id or 0 for d in restored
+        )
         committer2.close()
 
     asyncio.run(scenario())
@@ -329,3 +337,126 @@ def test_body_of_a_fanned_out_message_stays_until_its_last_copy_goes(tmp_path: P
         committer2.close()
 
     asyncio.run(scenario())
+
+
+def test_inline_body_gets_a_messages_row_when_a_later_turn_queues_it_again(
+    tmp_path: Path,
+) -> None:
+    """A retained QoS 1 message goes to one persistent session (body inline in its row,
+    committed); in a later batch a second session subscribes and gets the same message:
+    its body is written to ``messages`` with that row. Each copy survives a restart on
+    its own: the inline one acknowledged first, then the other."""
+
+    async def scenario() -> None:
+        db = tmp_path / "gateway.db"
+        node, committer = make_node(db, VirtualScheduler())
+        a, ha = open_session(node, "a", expiry=3600)
+        node.subscribe(a, "t", SubOptions(qos=1))
+        node.publish(ClientInfo("p"), Message("t", b"kept", qos=1, retain=True, publisher="p"))
+        await committed(committer)
+        assert (count(db, "queue"), count(db, "messages")) == (1, 0)
+        b, hb = open_session(node, "b", expiry=3600)
+        existed = node.subscribe(b, "t", SubOptions(qos=1))
+        node.deliver_retained(b, "t", SubOptions(qos=1), existed)
+        await committed(committer)
+        assert [d.message.payload for d in hb.delivered] == [b"kept"]
+        assert hb.delivered[0].message is ha.delivered[0].message  # the same message
+        assert (count(db, "queue"), count(db, "messages")) == (2, 1)
+        committer.close()  # both unacknowledged: a restart must give both their body
+
+        node2, committer2 = make_node(db, VirtualScheduler())
+        _, ha2 = open_session(node2, "a", expiry=3600)
+        _, hb2 = open_session(node2, "b", expiry=3600)
+        assert [d.message.payload for d in ha2.delivered] == [b"kept"]
+        assert [d.message.payload for d in hb2.delivered] == [b"kept"]
+        node2.sessions["a"].puback(ha2.delivered[0].packet_id or 0)  # the inline copy
+        await committed(committer2)
+        assert (count(db, "queue"), count(db, "messages")) == (1, 1)
+        committer2.close()
+
+        node3, committer3 = make_node(db, VirtualScheduler())
+        _, hb3 = open_session(node3, "b", expiry=3600)
+        assert [d.message.payload for d in hb3.delivered] == [b"kept"]
+        node3.sessions["b"].puback(hb3.delivered[0].packet_id or 0)
+        await committed(committer3)
+        assert (count(db, "queue"), count(db, "messages")) == (0, 0)
+        # new messages after a restart never reuse an id of an inline row
+        node3.publish(ClientInfo("p"), Message("t", b"new", qos=1, publisher="p"))
+        await committed(committer3)
+        committer3.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_large_body_goes_to_messages_not_inline(tmp_path: Path) -> None:
+    """A body over INLINE_MAX is not inline (a later packet-id update would rewrite it):
+    its row references a messages row, which goes with the row."""
+
+    async def scenario() -> None:
+        db = tmp_path / "gateway.db"
+        node, committer = make_node(db, VirtualScheduler())
+        a, _ = open_session(node, "a", expiry=3600)
+        node.subscribe(a, "t", SubOptions(qos=1))
+        node.close(a, _, send_will=False)
+        big = b"b" * (INLINE_MAX + 1)
+        node.publish(ClientInfo("p"), Message("t", big, qos=1, publisher="p"))
+        node.publish(ClientInfo("p"), Message("t", b"small", qos=1, publisher="p"))
+        await committed(committer)
+        assert (count(db, "queue"), count(db, "messages")) == (2, 1)
+        committer.close()
+        node2, committer2 = make_node(db, VirtualScheduler())
+        _, h = open_session(node2, "a", expiry=3600)
+        assert [d.message.payload for d in h.delivered] == [big, b"small"]
+        for d in h.delivered:
+            node2.sessions["a"].puback(d.packet_id or 0)
+        await committed(committer2)
+        assert (count(db, "queue"), count(db, "messages")) == (0, 0)
+        committer2.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_file_of_the_previous_layout_is_upgraded_and_its_rows_load(tmp_path: Path) -> None:
+    """A queue table without the inline columns (bodies in ``messages`` only) gets them
+    at start-up; its rows load with their bodies, and new rows go inline beside them."""
+    db = tmp_path / "gateway.db"
+    old = open_db(db)
+    ensure_schema(old, OLD_SCHEMA)
+    old.execute("INSERT INTO sessions VALUES ('s', 3600, 1.0, 1.0)")
+    old.execute("INSERT INTO subscriptions VALUES ('s', 't', 1, 0, 0, 0, NULL)")
+    old.execute("INSERT INTO messages VALUES (7, 't', x'6f6c64', 1, 0, NULL, 'p', NULL, 1.0, NULL)")
+    old.execute("INSERT INTO queue(ref, client_id, msg_id, qos, retain) VALUES (3, 's', 7, 1, 0)")
+    old.close()
+
+    async def scenario() -> None:
+        node, committer = make_node(db, VirtualScheduler())
+        node.publish(ClientInfo("p"), Message("t", b"new", qos=1, publisher="p"))
+        await committed(committer)
+        committer.close()
+        node2, committer2 = make_node(db, VirtualScheduler())
+        _, h = open_session(node2, "s", expiry=3600)
+        assert [d.message.payload for d in h.delivered] == [b"old", b"new"]
+        assert len({d.message.store_id for d in h.delivered}) == 2
+        for d in h.delivered:
+            node2.sessions["s"].puback(d.packet_id or 0)
+        await committed(committer2)
+        assert (count(db, "queue"), count(db, "messages")) == (0, 0)
+        committer2.close()
+
+    asyncio.run(scenario())
+
+
+# the session tables as the release before inline bodies made them
+OLD_SCHEMA = """
+CREATE TABLE sessions(client_id TEXT PRIMARY KEY, expiry_interval INTEGER NOT NULL,
+    disconnected_at REAL, created_at REAL NOT NULL);
+CREATE TABLE subscriptions(client_id TEXT NOT NULL, filter TEXT NOT NULL,
+    qos INTEGER NOT NULL, no_local INTEGER NOT NULL, rap INTEGER NOT NULL,
+    rh INTEGER NOT NULL, sid INTEGER, PRIMARY KEY (client_id, filter)) WITHOUT ROWID;
+CREATE TABLE messages(id INTEGER PRIMARY KEY, topic TEXT NOT NULL, payload BLOB NOT NULL,
+    qos INTEGER NOT NULL, retain INTEGER NOT NULL, props TEXT, publisher TEXT,
+    username TEXT, ts REAL, expires_at REAL);
+CREATE TABLE queue(ref INTEGER PRIMARY KEY, client_id TEXT NOT NULL,
+    msg_id INTEGER NOT NULL, qos INTEGER NOT NULL, retain INTEGER NOT NULL, sub_ids TEXT,
+    packet_id INTEGER, released INTEGER NOT NULL DEFAULT 0, share TEXT);
+"""
