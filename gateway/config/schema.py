@@ -534,6 +534,16 @@ class ClusterTlsConfig(KeyPassword):
     # CRLs of the cluster CA: a revoked node is refused at the handshake; re-read on
     # change (its live links are cut) and on SIGHUP
     crlfile: Annotated[list[Path], BeforeValidator(_split_commas)] = Field(default_factory=list)
+    # the peer certificate's CRL distribution points ([crl_cache]) and OCSP, checked on
+    # both ends after the handshake, before HELLO/WELCOME (gateway/security/linkcheck.py)
+    enable_crl_check: bool = False
+    ocsp_check: OcspCheck = Field(default_factory=OcspCheck)
+
+    @model_validator(mode="after")
+    def _revocation_needs_ca(self) -> ClusterTlsConfig:
+        if (self.enable_crl_check or self.ocsp_check.enable) and self.cacertfile is None:
+            raise ValueError("enable_crl_check and ocsp_check need cacertfile (the cluster CA)")
+        return self
 
 
 class ClusterDnsConfig(_Section):

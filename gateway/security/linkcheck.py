@@ -35,7 +35,8 @@ from cryptography import x509
 
 from gateway.security.revocation import GuardSettings, RevocationGuard
 
-__all__ = ["LinkRevocation", "check_stream", "link_guard_settings", "wanted"]
+__all__ = ["LinkRevocation", "check_stream", "cluster_revocation", "link_guard_settings",
+           "wanted"]
 
 
 def link_guard_settings(tls: Any, crl_cache: Any) -> GuardSettings:
@@ -57,6 +58,15 @@ def wanted(tls: Any) -> bool:
     """Whether a link ``tls`` table asks for distribution points or OCSP."""
     return tls is not None and bool(getattr(tls, "enable_crl_check", False)
                                     or getattr(getattr(tls, "ocsp_check", None), "enable", False))
+
+
+def cluster_revocation(config: Any, incr: Callable[[str], None]) -> LinkRevocation | None:
+    """The cluster's checks when ``[cluster.tls]`` asks for distribution points or OCSP
+    (not started); the cluster calls :func:`check_stream` when it dials and accepts."""
+    tls = config.cluster.tls
+    if not wanted(tls):
+        return None
+    return LinkRevocation("cluster", link_guard_settings(tls, config.crl_cache), incr=incr)
 
 
 class _LinkPeer:
