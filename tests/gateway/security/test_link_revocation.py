@@ -5,6 +5,7 @@ Debian's mosquitto over TLS, the upstream's certificate naming a CRL HTTP server
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -141,33 +142,43 @@ def test_check_refuses_link_revocation_without_a_ca(tmp_path: Path) -> None:
     assert api.returncode == 2 and "ocsp.enable_ocsp_stapling needs certfile" in api.stderr
 
 
-def test_cluster_peer_cut_and_refused_by_its_distribution_point(tmp_path: Path) -> None:
-    """Node a checks its peers' distribution points (b does not): b's certificate revoked
-    → a's next refresh cuts b's links; b's redials are refused by a after the handshake
-    (accept side) and a's own dials to b are refused before HELLO (dial side)."""
+@needs_openssl
+@pytest.mark.parametrize("source", ["crl", "ocsp"])
+def test_cluster_peer_cut_and_refused_by_revocation(tmp_path: Path, source: str) -> None:
+    """Node a checks its peers' distribution points or OCSP (b does not): b's certificate
+    revoked → a's next refresh/re-check cuts b's links; b's redials are refused by a
+    after the handshake (accept side) and a's own dials to b are refused before HELLO
+    (dial side)."""
     from tests.gateway.cluster.harness import Node, gatewayctl, make_pki, wait_mesh
     from tests.gateway.cluster.harness import wait_until as wait_for
 
     port = free_port()
     names = [f"{n}@127.0.0.1" for n in "ab"]
     ca = make_pki(tmp_path / "pki", [])
-    for name in names:  # node certificates naming the CRL server
-        r = gatewayctl("certs", "issue", ca, name, "--server-client", "--crl-url",
-                       f"http://127.0.0.1:{port}/crl.pem")
+    where = (["--crl-url", f"http://127.0.0.1:{port}/crl.pem"] if source == "crl"
+             else ["--ocsp-url", f"http://127.0.0.1:{port}"])
+    for name in names:  # node certificates naming the CRL server / OCSP responder
+        r = gatewayctl("certs", "issue", ca, name, "--server-client", *where)
         assert r.returncode == 0, r.stderr
     assert gatewayctl("certs", "crl", ca).returncode == 0
-    server = CrlServer(ca / "crl.pem", port)
+    closers: list[Any] = [CrlServer(ca / "crl.pem", port) if source == "crl"
+                          else OcspResponder(ca, port)]
+    env = ({"GATEWAY_CLUSTER__TLS__ENABLE_CRL_CHECK": "true",
+            "GATEWAY_CRL_CACHE__REFRESH_INTERVAL": "1"} if source == "crl" else
+           {"GATEWAY_CLUSTER__TLS__OCSP_CHECK__ENABLE": "true",
+            "GATEWAY_CLUSTER__TLS__OCSP_CHECK__CACHE_TTL": "1"})
     started: list[Node] = []
     try:
-        a = Node(tmp_path, "a", ca, extra={"GATEWAY_CLUSTER__TLS__ENABLE_CRL_CHECK": "true",
-                                           "GATEWAY_CRL_CACHE__REFRESH_INTERVAL": "1"}).start()
+        a = Node(tmp_path, "a", ca, extra=env).start()
         started.append(a)
         b = Node(tmp_path, "b", ca, seeds=[a]).start()
         started.append(b)
         wait_mesh([a, b])
-        assert server.requests >= 1
         assert gatewayctl("certs", "revoke", ca, "b@127.0.0.1").returncode == 0
         assert gatewayctl("certs", "crl", ca).returncode == 0
+        if source == "ocsp":  # openssl ocsp reads index.txt when it starts
+            closers.pop().close()
+            closers.append(OcspResponder(ca, port))
         wait_for(lambda: "cluster: disconnected CN=b@127.0.0.1" in a.log(),
                  what="the cut in a's log")
         wait_for(lambda: "cluster: refused b@127.0.0.1 from" in a.log()
@@ -175,8 +186,10 @@ def test_cluster_peer_cut_and_refused_by_its_distribution_point(tmp_path: Path) 
         wait_for(lambda: "HandshakeError: peer certificate revoked" in a.log(),
                  what="a's dial to b refused before HELLO")
         assert a.state_of(b) not in ("up", "partial")
-        assert "certificate revoked (CRL distribution point)" in a.log()
+        why = "CRL distribution point" if source == "crl" else "OCSP"
+        assert f"certificate revoked ({why})" in a.log()
     finally:
         for n in started:
             n.stop()
-        server.close()
+        for c in closers:
+            c.close()
