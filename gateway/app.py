@@ -48,6 +48,7 @@ from gateway.protect.banned import BanGuard
 from gateway.protect.flapping import FlappingDetector, FlappingSettings
 from gateway.rules.service import RulesService, start_rules
 from gateway.security.crlwatch import FileWatch, watch_links
+from gateway.security.linkcheck import LinkRevocation, cluster_revocation
 from gateway.store import startup as store_startup
 from gateway.store.banned import BannedStore
 from gateway.store.db import db_path, ensure_schema, open_db
@@ -128,6 +129,7 @@ class Gateway:
         self.rules: RulesService | None = None  # gateway.rules: rule engine and webhooks
         self.ext: Extensions | None = None  # gateway.ext: auto-subscribe, delayed, rewrite...
         self.crl_watch: FileWatch | None = None  # cluster/bridge CRL files (crlwatch)
+        self.link_revocation: LinkRevocation | None = None  # cluster peers: DPs / OCSP
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -148,6 +150,11 @@ class Gateway:
         self._start_protection(node)
         self.auth = install_auth(node, config, loop, data_dir=self.shared_dir)
         self.cluster = cluster_from_config(config, node, self.committer, self.admin.version)
+        if self.cluster is not None:
+            self.cluster.ctx.revocation = self.link_revocation = cluster_revocation(
+                config, node.metrics.incr)  # distribution points / OCSP of peers
+            if self.link_revocation is not None:
+                self.link_revocation.start(loop)
         if self.cluster is not None:  # before the listeners: publishes are forwarded
             await self.cluster.start()
             if self.worker is not None:
@@ -347,6 +354,8 @@ class Gateway:
             dtls.close()
         if self.crl_watch is not None:
             self.crl_watch.close()
+        if self.link_revocation is not None:
+            self.link_revocation.close()
         for server in self.servers:
             server.close()
         node = self.node

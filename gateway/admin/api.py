@@ -79,6 +79,7 @@ class ManagementApi:
         self.runner: web.AppRunner | None = None
         self.addresses: list[str] = []
         self.tls: Any = None  # the ReloadableContext when the API speaks HTTPS
+        self.stapling: Any = None  # OCSP stapling of the HTTPS certificate ([api.ocsp])
 
     # -- serving -----------------------------------------------------------------------
 
@@ -88,8 +89,14 @@ class ManagementApi:
             from gateway.config.loader import api_tls_listener
             from gateway.net.tls import ReloadableContext
 
-            self.tls = ReloadableContext("api", api_tls_listener(self.admin.config))
+            lst = api_tls_listener(self.admin.config)
+            self.tls = ReloadableContext("api", lst)
             ssl_context = self.tls.server_context
+            if lst.ocsp.enable_ocsp_stapling:  # as an ssl listener (gateway.security.stapling)
+                from gateway.security.stapling import OcspStapling
+
+                self.stapling = OcspStapling("api", lst, self.tls)
+                self.stapling.start(asyncio.get_running_loop())
             if self.dashboard is not None:
                 self.dashboard.secure = True  # Secure cookies, https:// setup link
         self.runner = web.AppRunner(self.app, access_log=None, handle_signals=False,
@@ -101,6 +108,9 @@ class ManagementApi:
         self.addresses = [format_address(a) for a in self.runner.addresses]
 
     async def stop(self) -> None:
+        if self.stapling is not None:
+            self.stapling.close()
+            self.stapling = None
         if self.runner is not None:
             await self.runner.cleanup()
             self.runner = None

@@ -14,6 +14,7 @@ a node's bridges, as ``gateway.app`` starts and stops them).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -23,10 +24,11 @@ from gateway.bridge.link import AsyncioDialer
 from gateway.bridge.outbox import Outbox
 from gateway.bridge.settings import BridgeSettings, settings_from_config
 from gateway.bridge.store import OutboxStore
-from gateway.bridge.tls import client_context, server_hostname
+from gateway.bridge.tls import client_context, link_check, server_hostname
 from gateway.config.schema import GatewayConfig
 from gateway.core.node import Node
 from gateway.net.tls import TlsError
+from gateway.security.linkcheck import LinkRevocation, link_guard_settings, wanted
 from gateway.store.sessions import SessionStore
 
 __all__ = [
@@ -57,6 +59,7 @@ class Bridges:
         self.session_store = session_store  # the node's gateway.db, when durability is on
         self.bridges: dict[str, Bridge] = {}
         self.dialers: list[AsyncioDialer] = []
+        self.revocations: list[LinkRevocation] = []  # distribution points / OCSP, per bridge
         self.store: OutboxStore | None = None
 
     def start(self) -> None:
@@ -85,6 +88,13 @@ class Bridges:
             gate = session_store.committer if session_store is not None else None
             bridge = Bridge(settings, node, self.store, dialer, gate=gate)
             self.bridges[name] = bridge
+            if wanted(settings.tls):
+                revocation = LinkRevocation(
+                    f"bridge {name}", link_guard_settings(settings.tls, self.config.crl_cache),
+                    incr=node.metrics.incr)
+                revocation.start(asyncio.get_running_loop())
+                self.revocations.append(revocation)
+                dialer.check = link_check(revocation, bridge.client)
         if self.store is None and self.bridges:
             log.warning(
                 "durability disabled: bridge outboxes are kept in memory only "
@@ -111,6 +121,8 @@ class Bridges:
         wait a little for the sockets to close."""
         for bridge in self.bridges.values():
             bridge.stop()
+        for revocation in self.revocations:
+            revocation.close()
         for dialer in self.dialers:
             await dialer.wait_closed(STOP_TIMEOUT)
 

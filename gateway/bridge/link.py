@@ -13,12 +13,17 @@ import asyncio
 import contextlib
 import socket
 import ssl
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, cast
 
 if TYPE_CHECKING:
     from gateway.bridge.client import UpstreamClient
 
 WRITE_BUFFER_HIGH = 512 * 1024  # pause draining the outbox above this many bytes unsent
+
+# a revocation check of the link just handshaken (gateway.security.linkcheck, set up by
+# gateway.bridge.Bridges): None admits it, a string refuses it (the reason)
+LinkCheck = Callable[["AsyncioLink"], Awaitable["str | None"]]
 
 
 def describe_error(exc: BaseException) -> str:
@@ -73,11 +78,13 @@ class AsyncioLink:
         port: int,
         ssl_context: ssl.SSLContext | None,
         server_hostname: str | None,
+        check: LinkCheck | None = None,
     ) -> None:
         self.client = client
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.done = asyncio.Event()  # set once the socket is gone (or never was)
+        self.check = check
         self.task = asyncio.get_running_loop().create_task(
             self._open(host, port, ssl_context, server_hostname)
         )
@@ -107,7 +114,21 @@ class AsyncioLink:
             if self.transport is not None:
                 self.transport.close()
             return
+        if self.check is not None and ctx is not None:
+            # after the handshake, before CONNECT: the upstream certificate's revocation
+            refusal = await self.check(self)
+            if self._given_up():  # the connect timeout, or stop(), came first
+                return
+            if refusal is not None:
+                self.closed = True
+                if self.transport is not None:
+                    self.transport.abort()
+                self.client.link_failed(self, f"upstream certificate {refusal}")
+                return
         self.client.link_up(self)
+
+    def _given_up(self) -> bool:
+        return self.closed  # (a method: mypy would take ``closed`` as still False)
 
     def write(self, data: bytes) -> None:
         transport = self.transport
@@ -120,7 +141,7 @@ class AsyncioLink:
         self.closed = True
         if self.transport is not None:
             self.transport.close()
-        elif not self.task.done():
+        if not self.task.done():  # still connecting, or waiting for a revocation verdict
             self.task.cancel()
 
     async def wait_closed(self) -> None:
@@ -140,11 +161,13 @@ class AsyncioDialer:
         self.port = port
         self.ssl_context = ssl_context
         self.server_hostname = server_hostname
+        self.check: LinkCheck | None = None  # revocation of each new TLS link (Bridges)
         self.links: set[AsyncioLink] = set()
 
     def dial(self, client: UpstreamClient) -> AsyncioLink:
         self.links = {old for old in self.links if not old.done.is_set()}
-        link = AsyncioLink(client, self.host, self.port, self.ssl_context, self.server_hostname)
+        link = AsyncioLink(client, self.host, self.port, self.ssl_context, self.server_hostname,
+                           self.check)
         self.links.add(link)
         return link
 

@@ -9,18 +9,25 @@
   mutual TLS (``gatewayctl certs issue DIR NAME --client`` makes one).
 - Every file is checked on its own before OpenSSL sees it, so a problem names the key at
   fault (:class:`~gateway.net.tls.TlsError`).
+- ``enable_crl_check`` / ``ocsp_check``: :func:`link_check` judges the upstream's
+  certificate after each handshake, before CONNECT, with
+  :class:`gateway.security.linkcheck.LinkRevocation` (a refusal fails the attempt, which
+  is retried with the backoff; a revocation learnt later drops the live link likewise).
 """
 
 from __future__ import annotations
 
 import ssl
 import warnings
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gateway.net.tls import TlsError, add_crls, key_password, load_certificates, load_key_pair
 
 if TYPE_CHECKING:
+    from gateway.bridge.client import UpstreamClient
+    from gateway.bridge.link import AsyncioLink, LinkCheck
     from gateway.config.schema import BridgeTls
+    from gateway.security.linkcheck import LinkRevocation
 
 _VERSIONS = {
     "tlsv1": ssl.TLSVersion.TLSv1,
@@ -79,3 +86,20 @@ def server_hostname(tls: BridgeTls, host: str) -> str | None:
     if sni == "disable":
         return None
     return sni or host
+
+
+def link_check(revocation: LinkRevocation, client: UpstreamClient) -> LinkCheck:
+    """The dialer's check of each new TLS link of ``client`` (see the module doc)."""
+
+    async def check(link: AsyncioLink) -> str | None:
+        transport = link.transport
+        ssl_object: Any = transport.get_extra_info("ssl_object") if transport else None
+        peer = transport.get_extra_info("peername") if transport else None
+        address = f"{peer[0]}:{peer[1]}" if peer else "?"
+
+        def cut(why: str) -> None:  # as if the upstream had gone: backoff, reconnect
+            client.link_lost(link, f"upstream certificate {why}")
+
+        return await revocation.check(ssl_object, address, gone=lambda: link.closed, cut=cut)
+
+    return check

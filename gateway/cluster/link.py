@@ -26,7 +26,7 @@ import socket
 import ssl
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from gateway.cluster.frames import (
@@ -174,16 +174,21 @@ async def dial(
     expect: str | None,
     verify_name: bool,
     timeout: float,
+    check: Callable[[asyncio.StreamWriter], Awaitable[str | None]] | None = None,
 ) -> Link:
     """Connect to ``addr``, shake hands; a :class:`Link` not yet started.
 
     ``expect``: the node name the peer must have (None when joining by address only).
+    ``check``: the peer certificate's revocation, after TLS and before HELLO (None: ok).
     """
     host, port = split_addr(addr)
 
     async def go() -> Link:
         reader, writer = await asyncio.open_connection(host, port, ssl=ctx, server_hostname=host)
         try:
+            refusal = await check(writer) if check is not None else None
+            if refusal is not None:
+                raise HandshakeError(f"peer certificate {refusal}")
             writer.write(control(HELLO, hello))
             kind, body = await read_frame(reader)
             if kind != WELCOME:

@@ -41,6 +41,7 @@ from gateway.cluster.link import HandshakeError, Link, accept_tls, dial, refuse
 from gateway.cluster.peer import Peer
 from gateway.cluster.state import NOT_MY_CORE, Context, log
 from gateway.cluster.tls import peer_common_name
+from gateway.security.linkcheck import check_stream
 
 Handler = Callable[[Peer, Link, bytes], None]
 
@@ -112,6 +113,7 @@ class Links:
         return await dial(
             addr, self.ctx.tls.client, self._hello(channel, probe), expect=expect,
             verify_name=self.ctx.tls.verify_node_name, timeout=self.ctx.settings.connect_timeout,
+            check=lambda writer: check_stream(self.ctx.revocation, writer),
         )
 
     async def dial_loop(self, peer: Peer) -> None:
@@ -224,6 +226,9 @@ class Links:
             cn = peer_common_name(writer.get_extra_info("ssl_object"))
             if cn != name:
                 why = f"certificate CN {cn!r} is not the node name {name!r}"
+        if why is None and self.ctx.revocation is not None:  # distribution points / OCSP
+            refusal = await check_stream(self.ctx.revocation, writer)
+            why = f"peer certificate {refusal}" if refusal is not None else None
         if why is None and self.ctx.replicant and not hello.get("probe"):
             if hello.get("role") == "replicant":
                 why = "a replicant attaches to a core, not to another replicant"

@@ -106,6 +106,9 @@ class Context:
         self.node = node
         self.tls = tls
         self.store = store
+        # distribution points / OCSP of peer certificates (gateway.security.linkcheck's
+        # LinkRevocation, set by gateway.app when [cluster.tls] asks for them)
+        self.revocation: Any = None
         self.peers: dict[str, Peer] = {}
         self.stopping = False
         self.loop: asyncio.AbstractEventLoop | None = None

@@ -128,6 +128,7 @@ def _check_api_tls(config: GatewayConfig, path: str | Path | None) -> None:
     an ssl listener's and loaded now."""
     api = config.api
     _resolve(api, ("certfile", "keyfile", "password_file"), path)
+    _resolve(api.ocsp, ("issuer_pem",), path)
     if api.enable and api.certfile is not None:
         from gateway.net.tls import TlsError, build_context
 
@@ -143,7 +144,8 @@ def api_tls_listener(config: GatewayConfig) -> Any:
 
     api = config.api
     return SslListener(bind=api.bind, certfile=api.certfile, keyfile=api.keyfile,
-                       password=api.password, password_file=api.password_file)
+                       password=api.password, password_file=api.password_file,
+                       ocsp=api.ocsp)
 
 
 def _check_dtls_listeners(config: GatewayConfig, path: str | Path | None) -> None:

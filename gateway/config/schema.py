@@ -442,6 +442,7 @@ class ApiConfig(KeyPassword):
     ``certfile`` and ``keyfile`` (PEM, checked at start like an ssl listener's): the port
     speaks HTTPS only, so the dashboard can be opened from the LAN. An encrypted
     ``keyfile`` takes ``password`` or ``password_file`` (its first line), as listeners do.
+    ``[api.ocsp]``: OCSP stapling of the API's certificate, as ``[listeners.ssl.<name>.ocsp]``.
     """
 
     enable: bool = True
@@ -451,11 +452,14 @@ class ApiConfig(KeyPassword):
     metrics_auth: bool = False
     certfile: Path | None = None
     keyfile: Path | None = None
+    ocsp: OcspStapling = Field(default_factory=OcspStapling)
 
     @model_validator(mode="after")
     def _cert_and_key(self) -> ApiConfig:
         if (self.certfile is None) != (self.keyfile is None):
             raise ValueError("certfile and keyfile go together")
+        if self.ocsp.enable_ocsp_stapling and self.certfile is None:
+            raise ValueError("ocsp.enable_ocsp_stapling needs certfile and keyfile (HTTPS)")
         if self.certfile is None and (self.password is not None
                                       or self.password_file is not None):
             raise ValueError("password/password_file are for the keyfile: set certfile "
@@ -530,6 +534,16 @@ class ClusterTlsConfig(KeyPassword):
     # CRLs of the cluster CA: a revoked node is refused at the handshake; re-read on
     # change (its live links are cut) and on SIGHUP
     crlfile: Annotated[list[Path], BeforeValidator(_split_commas)] = Field(default_factory=list)
+    # the peer certificate's CRL distribution points ([crl_cache]) and OCSP, checked on
+    # both ends after the handshake, before HELLO/WELCOME (gateway/security/linkcheck.py)
+    enable_crl_check: bool = False
+    ocsp_check: OcspCheck = Field(default_factory=OcspCheck)
+
+    @model_validator(mode="after")
+    def _revocation_needs_ca(self) -> ClusterTlsConfig:
+        if (self.enable_crl_check or self.ocsp_check.enable) and self.cacertfile is None:
+            raise ValueError("enable_crl_check and ocsp_check need cacertfile (the cluster CA)")
+        return self
 
 
 class ClusterDnsConfig(_Section):
@@ -674,9 +688,18 @@ class BridgeTls(KeyPassword):
     ciphers: Annotated[str, BeforeValidator(_join_ciphers)] = ""
     # CRLs of the upstream's CA: a revoked upstream certificate fails the handshake
     crlfile: Annotated[list[Path], BeforeValidator(_split_commas)] = Field(default_factory=list)
+    # the upstream certificate's CRL distribution points ([crl_cache]) and OCSP, checked
+    # after the handshake and before CONNECT, as on [listeners.ssl.<name>]
+    enable_crl_check: bool = False
+    ocsp_check: OcspCheck = Field(default_factory=OcspCheck)
 
     @model_validator(mode="after")
     def _cert_and_key(self) -> BridgeTls:
+        if (self.enable_crl_check or self.ocsp_check.enable) and (
+            self.verify != "verify_peer" or self.cacertfile is None
+        ):
+            raise ValueError('enable_crl_check and ocsp_check need verify = "verify_peer" '
+                             "and cacertfile (the upstream's CA)")
         if (self.certfile is None) != (self.keyfile is None):
             raise ValueError("certfile and keyfile go together")
         if self.certfile is None and (self.password is not None

@@ -179,7 +179,9 @@ class RevocationGuard:
         *,
         incr: Callable[[str], None] = lambda metric: None,
         on_files_changed: Callable[[], object] | None = None,
+        kind: str = "listener",
     ) -> None:
+        self.kind = kind  # what ``name`` is, in log lines: "listener", "bridge", "cluster"
         self.name = name
         self.s = settings
         self.incr = incr
@@ -241,7 +243,7 @@ class RevocationGuard:
         now = {p: _stat(p) for p in self.s.crlfile}  # inode, mtime, size: a rename too
         if now != self._stats:
             self._stats = now
-            log.info("listener %s: CRL file changed", self.name)
+            log.info("%s %s: CRL file changed", self.kind, self.name)
             if self.on_files_changed is not None:
                 self.on_files_changed()
             else:
@@ -254,15 +256,15 @@ class RevocationGuard:
             for path, crl in loaded:
                 check_crl("crlfile", path, crl, self.cas)
         except TlsError as exc:
-            log.error("listener %s: CRLs not reloaded, keeping the previous ones: %s",
-                      self.name, exc)
+            log.error("%s %s: CRLs not reloaded, keeping the previous ones: %s",
+                      self.kind, self.name, exc)
             return False
         self._stats = {p: _stat(p) for p in self.s.crlfile}
         self.file_crls = [crl for _, crl in loaded]
         if loaded:
             total = sum(len(list(crl)) for crl in self.file_crls)
-            log.info("listener %s: %d CRL(s) loaded, %d revoked serials",
-                     self.name, len(loaded), total)
+            log.info("%s %s: %d CRL(s) loaded, %d revoked serials",
+                     self.kind, self.name, len(loaded), total)
         if rescan:
             self.rescan("CRL file")
         return True
@@ -314,8 +316,8 @@ class RevocationGuard:
             if mode == "closed":
                 self._cut(peer, cert, "refused", f"status unknown ({why}), fail_mode closed")
                 return
-            log.warning("listener %s: revocation status of %s unknown (%s), admitted "
-                        "(fail_mode open)", self.name, _who(cert), why)
+            log.warning("%s %s: revocation status of %s unknown (%s), admitted "
+                        "(fail_mode open)", self.kind, self.name, _who(cert), why)
         peer.resume()
 
     def _lookups(self, cert: x509.Certificate) -> list[tuple[str, Any]]:
@@ -366,8 +368,8 @@ class RevocationGuard:
             ca = x509.load_der_x509_certificate(der)
             key = ca.subject.public_bytes()
             if key not in self.learned:
-                log.info("listener %s: intermediate CA %s learnt from a verified chain",
-                         self.name, ca.subject.rfc4514_string())
+                log.info("%s %s: intermediate CA %s learnt from a verified chain",
+                         self.kind, self.name, ca.subject.rfc4514_string())
             self.learned[key] = ca
             self.learned.move_to_end(key)
             while len(self.learned) > self.s.capacity:
@@ -393,7 +395,7 @@ class RevocationGuard:
     def _cut(self, peer: Peer, cert: x509.Certificate, what: str, why: str) -> None:
         self.live.pop(id(peer), None)
         self.incr(f"tls.revoked.{what}" if why.startswith("revoked") else "tls.revocation.refused")
-        log.warning("listener %s: %s %s from %s: certificate %s", self.name, what, _who(cert),
+        log.warning("%s %s: %s %s from %s: certificate %s", self.kind, self.name, what, _who(cert),
                     peer.address(), why)
         peer.cut(what == "disconnected", why)
 
@@ -420,7 +422,7 @@ class RevocationGuard:
         while len(self.dp) > self.s.capacity:
             self.dp.popitem(last=False)
         self.incr("tls.crl.fetched")
-        log.info("listener %s: CRL from %s: %d revoked, next update %s", self.name, url,
+        log.info("%s %s: CRL from %s: %d revoked, next update %s", self.kind, self.name, url,
                  len(list(crl)), _when(crl.next_update_utc))
 
     def _refresh_dp(self) -> None:
@@ -433,8 +435,8 @@ class RevocationGuard:
                 try:
                     await self._fetch_dp(url)
                 except (OSError, ValueError, TlsError) as exc:
-                    log.warning("listener %s: CRL refresh from %s failed, keeping the "
-                                "cached one: %s", self.name, url, exc)
+                    log.warning("%s %s: CRL refresh from %s failed, keeping the "
+                                "cached one: %s", self.kind, self.name, url, exc)
                     continue
                 changed = changed or self.dp.get(url) is not before
             if changed:
@@ -475,7 +477,7 @@ class RevocationGuard:
                 try:
                     await self._ask_ocsp(cert, issuer)
                 except (OSError, ValueError) as exc:
-                    log.warning("listener %s: OCSP re-check of %s failed: %s", self.name,
+                    log.warning("%s %s: OCSP re-check of %s failed: %s", self.kind, self.name,
                                 _who(cert), exc)
             self.rescan("OCSP")
 

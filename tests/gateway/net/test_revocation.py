@@ -289,7 +289,7 @@ def test_ocsp_check_of_client_certificates(tmp_path, gatewayd: GatewayFactory,
 
 
 @needs_openssl
-@pytest.mark.parametrize("kind", ["ssl", "wss"])
+@pytest.mark.parametrize("kind", ["ssl", "wss", "api"])
 def test_ocsp_stapling_seen_by_s_client(tmp_path, gatewayd: GatewayFactory, make_responder,
                                         kind: str):
     port = free_port()
@@ -301,11 +301,17 @@ def test_ocsp_stapling_seen_by_s_client(tmp_path, gatewayd: GatewayFactory, make
     if kind == "ssl":
         gw = gatewayd(ssl=lst)
         at = gw.ssl[1]
-    else:  # the TLS under the WebSocket staples the same way
+    elif kind == "wss":  # the TLS under the WebSocket staples the same way
         at = free_port()
         env = {f"GATEWAY_LISTENERS__WSS__DEFAULT__{k.upper()}": v for k, v in lst.items()}
         gw = gatewayd(ssl={"enable": "false"},
                       env={**env, "GATEWAY_LISTENERS__WSS__DEFAULT__BIND": f"127.0.0.1:{at}"})
+    else:  # the HTTPS management API ([api] certfile, [api.ocsp])
+        at = free_port()
+        env = {f"GATEWAY_API__{k.upper()}": v for k, v in lst.items()}
+        gw = gatewayd(ssl={"enable": "false"},
+                      env={**env, "GATEWAY_API__ENABLE": "true",
+                           "GATEWAY_API__BIND": f"127.0.0.1:{at}"})
     gw._wait(lambda: "stapling OCSP response (good)" in gw.log(), "fetching the staple")
     out = subprocess.run(
         ["openssl", "s_client", "-connect", f"127.0.0.1:{at}", "-status",
