@@ -102,8 +102,9 @@ class Message:
         self.expires_at = expires_at
         self.headers: dict[str, Any] | None = None
         self.store_id: int | None = None  # row id once persisted (gateway.store)
-        # encoded PUBLISH templates shared by every subscriber: key -> (bytes, id offset)
-        self.wire: dict[Any, tuple[bytes, int]] | None = None
+        # encoded PUBLISH templates shared by every subscriber: key -> (bytes, id offset,
+        # ...) (see protocols.mqtt.channel's _shared_publish)
+        self.wire: dict[Any, tuple[Any, ...]] | None = None
 
     def __repr__(self) -> str:
         return (

@@ -94,6 +94,7 @@ __all__ = ["MqttChannel", "MqttSettings", "State"]
 log = logging.getLogger("protocols.mqtt.channel")
 
 RC = ReasonCode
+_PID = struct.Struct(">H").pack  # a packet id, as in an encoded PUBLISH
 _ACK = struct.Struct(">BBH")  # PUBACK/PUBREC/PUBREL/PUBCOMP: type+flags, length 2, packet id
 _PINGRESP = b"\xd0\x00"
 NO_EXPIRY = 0xFFFFFFFF
@@ -1149,9 +1150,14 @@ class MqttChannel:
         """The PUBLISH bytes of a delivery whose encoding is the same for every
         subscriber at this (version, QoS, retain) but for the packet id and DUP.
 
-        The first delivery is encoded directly and kept; a second one splits those
-        bytes around the packet id once, and every further one joins three pieces. A
-        message with one subscriber (point to point) thus costs one encode, no copy.
+        The cache entry (``msg.wire[key]``) goes through three forms: ``(data, -1)``
+        (encoded, the packet id's offset not yet looked up; the publisher's own bytes
+        come with their offset), ``(data, offset, None)`` (one copy with another id was
+        made) and ``(data, offset, head, tail)`` (the bytes before and after the id,
+        split once). The first delivery of an encoded message is those bytes, no copy;
+        the first copy is one patch as before; every later one joins ``head``, the id
+        and ``tail`` (one allocation instead of two slices and two joins). A message
+        with one subscriber (point to point) never keeps a split copy.
         """
         msg = d.message
         wire = msg.wire
@@ -1174,13 +1180,19 @@ class MqttChannel:
             if not d.dup:
                 wire[key] = (data, -1)
             return data
-        data, offset = cached
         if not qos:
-            return data
-        if offset < 0:  # second subscriber: find where the packet id sits, once
+            return cached[0]
+        pid = d.packet_id or 0
+        if len(cached) == 4 and not d.dup and 0 < pid <= 0xFFFF:
+            return cached[2] + _PID(pid) + cached[3]
+        data, offset = cached[0], cached[1]
+        if offset < 0:  # the first copy: find where the packet id sits, once
             offset = publish_packet_id_offset(data)
-            wire[key] = (data, offset)
-        return encode_publish_with_id(data, offset, d.packet_id or 0, dup=d.dup)
+        if len(cached) == 3:  # a second copy: split around the id, once
+            wire[key] = (data, offset, data[:offset], data[offset + 2 :])
+        elif len(cached) == 2:
+            wire[key] = (data, offset, None)
+        return encode_publish_with_id(data, offset, pid, dup=d.dup)
 
     def _v5_publish_fields(
         self, d: Delivery, topic: str, now: float
