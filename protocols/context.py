@@ -53,6 +53,11 @@ class ClientInfo:
         self.attrs[key] = value
 
 
+# a cached encoded PUBLISH (Message.wire): (bytes, packet id offset or -1), then
+# (bytes, offset, None) after one copy with another id, (bytes, offset, head, tail) after two
+WireForm = tuple[bytes, int] | tuple[bytes, int, None] | tuple[bytes, int, bytes, bytes]
+
+
 class Message:
     """An application message inside the broker (protocol-neutral).
 
@@ -104,7 +109,7 @@ class Message:
         self.store_id: int | None = None  # row id once persisted (gateway.store)
         # encoded PUBLISH templates shared by every subscriber: key -> (bytes, id offset,
         # ...) (see protocols.mqtt.channel's _shared_publish)
-        self.wire: dict[Any, tuple[Any, ...]] | None = None
+        self.wire: dict[Any, WireForm] | None = None
 
     def __repr__(self) -> str:
         return (

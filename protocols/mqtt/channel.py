@@ -1093,7 +1093,7 @@ class MqttChannel:
         out = self._out
         v5 = self.version == MQTT_5
         mount = self.settings.mountpoint
-        dropped: list[Delivery] = []
+        dropped: list[Delivery] | None = None  # made on the first delivery not sent
         limit = conn.max_outgoing_packet_size
         shareable = not mount and not self.client_alias_max
         for d in deliveries:
@@ -1105,6 +1105,8 @@ class MqttChannel:
                 # retain); only the packet id (and DUP) differ, patched into a copy.
                 data = self._shared_publish(d, v5)
                 if limit is not None and len(data) > limit:
+                    if dropped is None:
+                        dropped = []
                     dropped.append(d)
                     log.info(
                         "%s: not sent (%d bytes, peer accepts %d)", self._who(), len(data), limit
@@ -1125,6 +1127,8 @@ class MqttChannel:
             try:
                 out.append(conn.send(packet))
             except LocalProtocolError as exc:
+                if dropped is None:
+                    dropped = []
                 dropped.append(d)
                 log.info("%s: not sent (%s)", self._who(), exc)
                 continue
@@ -1180,12 +1184,14 @@ class MqttChannel:
             if not d.dup:
                 wire[key] = (data, -1)
             return data
+        data = cached[0]
         if not qos:
-            return cached[0]
+            return data
         pid = d.packet_id or 0
         if len(cached) == 4 and not d.dup and 0 < pid <= 0xFFFF:
-            return cached[2] + _PID(pid) + cached[3]
-        data, offset = cached[0], cached[1]
+            head: bytes = cached[2]
+            return head + _PID(pid) + cached[3]
+        offset: int = cached[1]
         if offset < 0:  # the first copy: find where the packet id sits, once
             offset = publish_packet_id_offset(data)
         if len(cached) == 3:  # a second copy: split around the id, once

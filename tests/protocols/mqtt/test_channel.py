@@ -208,7 +208,7 @@ def test_fan_out_copies_carry_each_subscribers_packet_id(
         w = client(node, clock, f"s{i}", level=level)
         w.send(Subscribe(1, (Subscription("f/#", qos=1),)))
         w.take()
-        for j in range(i):  # a different next packet id at every subscriber
+        for _ in range(i):  # a different next packet id at every subscriber
             w.channel.session._allocate_pid()  # type: ignore[union-attr]
         subs.append((w, level))
     pub = client(node, clock, "pub", level=pub_level)
