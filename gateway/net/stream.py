@@ -132,11 +132,9 @@ class ListenerLimits:
 
 class StreamSite(Site):
     """A stream listener's shared part of its connections: the gate and loop, the
-    listener's limits and the factory of its channels, and the shells with writes
-    gathered this loop turn (``flushes``: one ``call_soon`` per turn for all of them,
-    not one per connection; None while there are none)."""
+    listener's limits and the factory of its channels."""
 
-    __slots__ = ("factory", "flushes", "limits")
+    __slots__ = ("factory", "limits")
 
     def __init__(
         self,
@@ -148,20 +146,6 @@ class StreamSite(Site):
         super().__init__(gate, loop)
         self.limits = limits
         self.factory = factory
-        self.flushes: list[StreamShell] | None = None
-
-    def flush_all(self) -> None:
-        """Hand every shell's gathered writes to its transport, in the order the shells
-        first wrote this turn. A shell that writes while this runs (or after) is flushed
-        by the next call, which its write schedules."""
-        shells, self.flushes = self.flushes, None
-        if shells is None:
-            return
-        for shell in shells:
-            try:
-                shell._flush()
-            except Exception:  # one connection's failure must not hold back the others
-                log.exception("flushing a connection's writes failed")
 
 
 class StreamShell(EffectLoop, asyncio.Protocol):
@@ -322,12 +306,7 @@ class StreamShell(EffectLoop, asyncio.Protocol):
         buf = self.wbuf
         if buf is None:
             self.wbuf = buf = []
-            site = self.site
-            pending = site.flushes
-            if pending is None:
-                site.flushes = pending = []
-                site.loop.call_soon(site.flush_all)
-            pending.append(self)
+            self.site.loop.call_soon(self._flush)
         buf.extend(writes)
 
     def _flush(self) -> None:
