@@ -44,8 +44,9 @@ class ClientInfo:
     clean_start: bool = True
     connected_at: float = 0.0
     attrs: dict[str, Any] = field(default_factory=lambda: _NO_ATTRS)
-    # (action, topic) -> (allowed, valid until, generation); owned by the core's authorizer
-    authz_cache: dict[tuple[str, str], tuple[bool, float, int]] | None = None
+    # topic -> (allowed, valid until, rules generation): publish decisions only, owned by
+    # the core's authorizer
+    authz_cache: dict[str, tuple[bool, float, int]] | None = None
 
     def set_attr(self, key: str, value: Any) -> None:
         if self.attrs is _NO_ATTRS:

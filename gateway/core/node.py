@@ -487,7 +487,7 @@ class Node:
             # subscribe decision would stay with every idle client (~370 bytes each).
             return self._authorize(client, action, topic, wait)
         cache = client.authz_cache
-        key = (action, topic)
+        key = topic  # publish decisions only: the topic is the key
         now = self.scheduler.time()
         if cache is not None:
             hit = cache.get(key)
@@ -574,7 +574,8 @@ class Node:
             message.retain = False  # QoS 0: delivered live, not retained
             self.metrics.incr("messages.retain_refused.store")
         hooks = self.hooks
-        rewriters = hooks.callbacks("topic.rewrite")
+        active = self._active_hooks  # (a dict lookup, not a call per hook name)
+        rewriters = active.get("topic.rewrite")
         if rewriters:  # the fold of run_fold, inline: this is the publish path
             topic = old = message.topic
             for rewrite in rewriters:
@@ -592,7 +593,7 @@ class Node:
             taken = self._run_prefixed(message)
             if taken is not None:
                 return taken
-        callbacks = hooks.callbacks("message.publish")
+        callbacks = active.get("message.publish")
         # the retainer alone has nothing to do with a message that is not retained
         if callbacks and (message.retain or callbacks != self._retainer_only):
             result: Message | None = hooks.run_fold("message.publish", (), message)
@@ -756,7 +757,7 @@ class Node:
         self.hooks.run("message.dropped", delivery.message, reason)
 
     def _session_ack(self, session: Session, delivery: Delivery) -> None:
-        if self.hooks.has("message.acked"):
+        if "message.acked" in self._active_hooks:  # once per acknowledged delivery
             self.hooks.run("message.acked", session.info, delivery.message)
 
     # -- introspection ---------------------------------------------------------------
