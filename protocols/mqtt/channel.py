@@ -322,9 +322,6 @@ class MqttChannel:
                 packet = conn.next_event()
                 if packet is None:
                     break
-                if type(packet) is Publish and self.state is _CONNECTED:
-                    self._on_publish(packet)  # what _dispatch does, one call less
-                    continue
                 if type(packet) is PubAck and self.state is _CONNECTED:
                     assert self.session is not None
                     if packet.properties is not NO_PROPERTIES:  # (MQTT 5, rare)
