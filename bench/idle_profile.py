@@ -11,6 +11,7 @@ growth is printed too, but tracemalloc's own bookkeeping inflates it: use
 
     python -m bench.idle_profile 3000                 # clean sessions
     python -m bench.idle_profile 3000 --persistent --subscribe
+    python -m bench.idle_profile 3000 --loop asyncio  # asyncio's own loop instead
 """
 
 from __future__ import annotations
@@ -134,10 +135,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--persistent", action="store_true", help="clean session 0")
     ap.add_argument("--subscribe", action="store_true", help="one QoS 1 subscription each")
     ap.add_argument("--top", type=int, default=40, help="lines to print")
+    ap.add_argument(
+        "--loop",
+        choices=("uvloop", "asyncio"),
+        default="uvloop",
+        help="event loop (gatewayd runs on uvloop; asyncio's own loop for comparison)",
+    )
     args = ap.parse_args(argv)
+    run = profile(args.connections, not args.persistent, args.subscribe, args.top)
+    if args.loop == "asyncio":
+        asyncio.run(run)
+        return 0
     import uvloop
 
-    uvloop.run(profile(args.connections, not args.persistent, args.subscribe, args.top))
+    uvloop.run(run)
     return 0
 
 

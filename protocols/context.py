@@ -44,13 +44,19 @@ class ClientInfo:
     clean_start: bool = True
     connected_at: float = 0.0
     attrs: dict[str, Any] = field(default_factory=lambda: _NO_ATTRS)
-    # (action, topic) -> (allowed, valid until, generation); owned by the core's authorizer
-    authz_cache: dict[tuple[str, str], tuple[bool, float, int]] | None = None
+    # topic -> (allowed, valid until, rules generation): publish decisions only, owned by
+    # the core's authorizer
+    authz_cache: dict[str, tuple[bool, float, int]] | None = None
 
     def set_attr(self, key: str, value: Any) -> None:
         if self.attrs is _NO_ATTRS:
             self.attrs = {}
         self.attrs[key] = value
+
+
+# a cached encoded PUBLISH (Message.wire): (bytes, packet id offset or -1), then
+# (bytes, offset, None) after one copy with another id, (bytes, offset, head, tail) after two
+WireForm = tuple[bytes, int] | tuple[bytes, int, None] | tuple[bytes, int, bytes, bytes]
 
 
 class Message:
@@ -102,8 +108,9 @@ class Message:
         self.expires_at = expires_at
         self.headers: dict[str, Any] | None = None
         self.store_id: int | None = None  # row id once persisted (gateway.store)
-        # encoded PUBLISH templates shared by every subscriber: key -> (bytes, id offset)
-        self.wire: dict[Any, tuple[bytes, int]] | None = None
+        # encoded PUBLISH templates shared by every subscriber: key -> (bytes, id offset,
+        # ...) (see protocols.mqtt.channel's _shared_publish)
+        self.wire: dict[Any, WireForm] | None = None
 
     def __repr__(self) -> str:
         return (

@@ -43,7 +43,7 @@ dict lookup.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from enum import IntEnum
 from typing import Any, Generic, TypeVar
 
@@ -123,13 +123,16 @@ class _Entry:
 class Hooks:
     """A registry of hook callbacks (see module docstring)."""
 
-    __slots__ = ("_callbacks", "_entries", "_names", "_seq")
+    __slots__ = ("_callbacks", "_entries", "_names", "_seq", "active")
 
     def __init__(self, extra_names: Iterable[str] = ()) -> None:
         """``extra_names`` adds hook points beyond :data:`HOOK_NAMES` (for extensions)."""
         self._names = HOOK_NAMES | frozenset(extra_names)
         self._entries: dict[str, list[_Entry]] = {}
         self._callbacks: dict[str, tuple[Callback, ...]] = {}
+        # the same dict, read-only to others: a per-message path tests a known hook
+        # name with ``name in hooks.active`` (what :meth:`has` answers, without a call)
+        self.active: Mapping[str, tuple[Callback, ...]] = self._callbacks
         self._seq = 0
 
     @property

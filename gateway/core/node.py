@@ -120,6 +120,7 @@ class Node:
         # message.publish subscribers for topics under a $-prefix (add_publish_prefix)
         self._prefixed: tuple[tuple[str, Callable[[Message], int | None]], ...] = ()
         self._counters = self.metrics.counters  # the hot path increments directly
+        self._active_hooks = self.hooks.active
         self.connections = 0
         # MQTT 5 enhanced authentication methods ("SCRAM-SHA-256" -> exchange factory),
         # registered by gateway.auth
@@ -148,7 +149,7 @@ class Node:
 
     def delivered(self, client: ClientInfo, deliveries: list[Delivery]) -> None:
         self._counters["messages.sent"] += len(deliveries)
-        if self.hooks.has("message.delivered"):
+        if "message.delivered" in self._active_hooks:  # once per delivered message
             for d in deliveries:
                 self.hooks.run("message.delivered", client, d.message)
 
@@ -486,7 +487,7 @@ class Node:
             # subscribe decision would stay with every idle client (~370 bytes each).
             return self._authorize(client, action, topic, wait)
         cache = client.authz_cache
-        key = (action, topic)
+        key = topic  # publish decisions only: the topic is the key
         now = self.scheduler.time()
         if cache is not None:
             hit = cache.get(key)
@@ -573,7 +574,8 @@ class Node:
             message.retain = False  # QoS 0: delivered live, not retained
             self.metrics.incr("messages.retain_refused.store")
         hooks = self.hooks
-        rewriters = hooks.callbacks("topic.rewrite")
+        active = self._active_hooks  # (a dict lookup, not a call per hook name)
+        rewriters = active.get("topic.rewrite")
         if rewriters:  # the fold of run_fold, inline: this is the publish path
             topic = old = message.topic
             for rewrite in rewriters:
@@ -591,7 +593,7 @@ class Node:
             taken = self._run_prefixed(message)
             if taken is not None:
                 return taken
-        callbacks = hooks.callbacks("message.publish")
+        callbacks = active.get("message.publish")
         # the retainer alone has nothing to do with a message that is not retained
         if callbacks and (message.retain or callbacks != self._retainer_only):
             result: Message | None = hooks.run_fold("message.publish", (), message)
@@ -755,7 +757,7 @@ class Node:
         self.hooks.run("message.dropped", delivery.message, reason)
 
     def _session_ack(self, session: Session, delivery: Delivery) -> None:
-        if self.hooks.has("message.acked"):
+        if "message.acked" in self._active_hooks:  # once per acknowledged delivery
             self.hooks.run("message.acked", session.info, delivery.message)
 
     # -- introspection ---------------------------------------------------------------

@@ -264,10 +264,19 @@ class EffectLoop:
         effects = self.channel.deliver(deliveries)
         if not effects:
             return
-        if self.held or (self.site.gate is not None and any(d.qos == 2 for d in deliveries)):
+        if self.held:
             self._run(effects)
+            return
+        if self.site.gate is not None:
+            # a plain loop: no generator per call (this runs once per delivered message)
+            for d in deliveries:
+                if d.qos == 2:
+                    self._run(effects)
+                    return
+        # QoS 0/1 deliveries need not wait for the commit (see the invariants)
+        if len(effects) == 1 and type(effects[0]) is bytes:
+            self._write_all(effects)  # type: ignore[arg-type]  # _execute's fast path
         else:
-            # QoS 0/1 deliveries need not wait for the commit (see the invariants)
             self._execute(effects)
 
     def release(self, packet_id: int) -> None:

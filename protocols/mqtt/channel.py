@@ -94,6 +94,7 @@ __all__ = ["MqttChannel", "MqttSettings", "State"]
 log = logging.getLogger("protocols.mqtt.channel")
 
 RC = ReasonCode
+_PID = struct.Struct(">H").pack  # a packet id, as in an encoded PUBLISH
 _ACK = struct.Struct(">BBH")  # PUBACK/PUBREC/PUBREL/PUBCOMP: type+flags, length 2, packet id
 _PINGRESP = b"\xd0\x00"
 NO_EXPIRY = 0xFFFFFFFF
@@ -1092,7 +1093,7 @@ class MqttChannel:
         out = self._out
         v5 = self.version == MQTT_5
         mount = self.settings.mountpoint
-        dropped: list[Delivery] = []
+        dropped: list[Delivery] | None = None  # made on the first delivery not sent
         limit = conn.max_outgoing_packet_size
         shareable = not mount and not self.client_alias_max
         for d in deliveries:
@@ -1104,6 +1105,8 @@ class MqttChannel:
                 # retain); only the packet id (and DUP) differ, patched into a copy.
                 data = self._shared_publish(d, v5)
                 if limit is not None and len(data) > limit:
+                    if dropped is None:
+                        dropped = []
                     dropped.append(d)
                     log.info(
                         "%s: not sent (%d bytes, peer accepts %d)", self._who(), len(data), limit
@@ -1124,6 +1127,8 @@ class MqttChannel:
             try:
                 out.append(conn.send(packet))
             except LocalProtocolError as exc:
+                if dropped is None:
+                    dropped = []
                 dropped.append(d)
                 log.info("%s: not sent (%s)", self._who(), exc)
                 continue
@@ -1149,9 +1154,14 @@ class MqttChannel:
         """The PUBLISH bytes of a delivery whose encoding is the same for every
         subscriber at this (version, QoS, retain) but for the packet id and DUP.
 
-        The first delivery is encoded directly and kept; a second one splits those
-        bytes around the packet id once, and every further one joins three pieces. A
-        message with one subscriber (point to point) thus costs one encode, no copy.
+        The cache entry (``msg.wire[key]``) goes through three forms: ``(data, -1)``
+        (encoded, the packet id's offset not yet looked up; the publisher's own bytes
+        come with their offset), ``(data, offset, None)`` (one copy with another id was
+        made) and ``(data, offset, head, tail)`` (the bytes before and after the id,
+        split once). The first delivery of an encoded message is those bytes, no copy;
+        the first copy is one patch as before; every later one joins ``head``, the id
+        and ``tail`` (one allocation instead of two slices and two joins). A message
+        with one subscriber (point to point) never keeps a split copy.
         """
         msg = d.message
         wire = msg.wire
@@ -1174,13 +1184,21 @@ class MqttChannel:
             if not d.dup:
                 wire[key] = (data, -1)
             return data
-        data, offset = cached
+        data = cached[0]
         if not qos:
             return data
-        if offset < 0:  # second subscriber: find where the packet id sits, once
+        pid = d.packet_id or 0
+        if len(cached) == 4 and not d.dup and 0 < pid <= 0xFFFF:
+            head: bytes = cached[2]
+            return head + _PID(pid) + cached[3]
+        offset: int = cached[1]
+        if offset < 0:  # the first copy: find where the packet id sits, once
             offset = publish_packet_id_offset(data)
-            wire[key] = (data, offset)
-        return encode_publish_with_id(data, offset, d.packet_id or 0, dup=d.dup)
+        if len(cached) == 3:  # a second copy: split around the id, once
+            wire[key] = (data, offset, data[:offset], data[offset + 2 :])
+        elif len(cached) == 2:
+            wire[key] = (data, offset, None)
+        return encode_publish_with_id(data, offset, pid, dup=d.dup)
 
     def _v5_publish_fields(
         self, d: Delivery, topic: str, now: float

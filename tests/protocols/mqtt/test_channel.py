@@ -194,6 +194,35 @@ def test_delivered_bytes_are_the_canonical_encoding(
         assert got[0].raw == encode(expected, sub_level)
 
 
+@pytest.mark.parametrize("pub_level", [4, MQTT_5])
+def test_fan_out_copies_carry_each_subscribers_packet_id(
+    node: Node, clock: VirtualScheduler, pub_level: int
+) -> None:
+    """One QoS 1 message to five subscribers of each version: the first copy with
+    another packet id is patched, later ones are joined from the split bytes
+    (_shared_publish's cache forms); each is exactly the canonical encoding with that
+    subscriber's own id."""
+    subs = []
+    for i in range(10):
+        level = 4 if i % 2 else MQTT_5
+        w = client(node, clock, f"s{i}", level=level)
+        w.send(Subscribe(1, (Subscription("f/#", qos=1),)))
+        w.take()
+        for _ in range(i):  # a different next packet id at every subscriber
+            w.channel.session._allocate_pid()  # type: ignore[union-attr]
+        subs.append((w, level))
+    pub = client(node, clock, "pub", level=pub_level)
+    pub.send(Publish("f/x", b"fan-out payload", 1, False, False, 9, Properties()))
+    assert pub.take() == [PubAck(9)]
+    for i, (w, level) in enumerate(subs):
+        got = w.take()
+        assert len(got) == 1 and isinstance(got[0], Publish)
+        assert got[0].packet_id == i + 1
+        expected = Publish("f/x", b"fan-out payload", 1, False, False, i + 1, Properties())
+        assert got[0] == expected
+        assert got[0].raw == encode(expected, level)
+
+
 def test_a_batch_of_pubacks_refills_the_window_in_order(
     node: Node, clock: VirtualScheduler
 ) -> None:
