@@ -4,6 +4,7 @@ Debian's mosquitto over TLS, the upstream's certificate naming a CRL HTTP server
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from gateway.security.ca_revoke import make_crl, revoke
 from gateway.security.pki import init_ca, issue
 from tests.gateway.bridge.support import Gatewayd, Mosquitto, needs_mosquitto, wait_until
 from tests.gateway.bridge.test_upstream import bridge_config
+from tests.gateway.cluster.harness import Node
 from tests.gateway.net.conftest import free_port
 from tests.gateway.net.test_revocation import CrlServer, OcspResponder, needs_openssl
 
@@ -144,12 +146,13 @@ def test_check_refuses_link_revocation_without_a_ca(tmp_path: Path) -> None:
 
 @needs_openssl
 @pytest.mark.parametrize("source", ["crl", "ocsp"])
-def test_cluster_peer_cut_and_refused_by_revocation(tmp_path: Path, source: str) -> None:
+def test_cluster_peer_cut_and_refused_by_revocation(
+        tmp_path: Path, source: str, nodes: Callable[..., Node]) -> None:
     """Node a checks its peers' distribution points or OCSP (b does not): b's certificate
     revoked → a's next refresh/re-check cuts b's links; b's redials are refused by a
     after the handshake (accept side) and a's own dials to b are refused before HELLO
     (dial side)."""
-    from tests.gateway.cluster.harness import Node, gatewayctl, make_pki, wait_mesh
+    from tests.gateway.cluster.harness import gatewayctl, make_pki, wait_mesh
     from tests.gateway.cluster.harness import wait_until as wait_for
 
     port = free_port()
@@ -167,12 +170,9 @@ def test_cluster_peer_cut_and_refused_by_revocation(tmp_path: Path, source: str)
             "GATEWAY_CRL_CACHE__REFRESH_INTERVAL": "1"} if source == "crl" else
            {"GATEWAY_CLUSTER__TLS__OCSP_CHECK__ENABLE": "true",
             "GATEWAY_CLUSTER__TLS__OCSP_CHECK__CACHE_TTL": "1"})
-    started: list[Node] = []
     try:
-        a = Node(tmp_path, "a", ca, extra=env).start()
-        started.append(a)
-        b = Node(tmp_path, "b", ca, seeds=[a]).start()
-        started.append(b)
+        a = nodes("a", pki=ca, extra=env)
+        b = nodes("b", pki=ca, seeds=[a])
         wait_mesh([a, b])
         assert gatewayctl("certs", "revoke", ca, "b@127.0.0.1").returncode == 0
         assert gatewayctl("certs", "crl", ca).returncode == 0
@@ -189,7 +189,5 @@ def test_cluster_peer_cut_and_refused_by_revocation(tmp_path: Path, source: str)
         why = "CRL distribution point" if source == "crl" else "OCSP"
         assert f"certificate revoked ({why})" in a.log()
     finally:
-        for n in started:
-            n.stop()
         for c in closers:
             c.close()

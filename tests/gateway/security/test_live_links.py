@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,39 +20,32 @@ from tests.gateway.cluster.harness import Node, gatewayctl, make_pki, wait_mesh,
 pytestmark = [pytest.mark.slow, pytest.mark.security]
 
 
-def test_sighup_cuts_the_live_links_of_a_revoked_node(tmp_path: Path) -> None:
+def test_sighup_cuts_the_live_links_of_a_revoked_node(
+        tmp_path: Path, nodes: Callable[..., Node]) -> None:
     names = [f"{n}@127.0.0.1" for n in "abc"]
     ca = make_pki(tmp_path / "pki", names)
     assert gatewayctl("certs", "crl", ca).returncode == 0  # an empty CRL to start with
     # file watching practically off: only SIGHUP can make the change known
     crl = {"GATEWAY_CLUSTER__TLS__CRLFILE": str(ca / "crl.pem"),
            "GATEWAY_CRL_CACHE__FILE_CHECK_INTERVAL": "3600"}
-    started: list[Node] = []
-    try:
-        a = Node(tmp_path, "a", ca, extra=crl).start()
-        started.append(a)
-        b = Node(tmp_path, "b", ca, seeds=[a]).start()
-        started.append(b)
-        c = Node(tmp_path, "c", ca, seeds=[a]).start()
-        started.append(c)
-        wait_mesh([a, b, c])
-        assert gatewayctl("certs", "revoke", ca, "b@127.0.0.1").returncode == 0
-        assert gatewayctl("certs", "crl", ca).returncode == 0
-        assert a.state_of(b) == "up"  # a new CRL alone does not touch live links
-        assert a.proc is not None
-        a.proc.send_signal(signal.SIGHUP)
-        wait_until(lambda: "CN=b@127.0.0.1" in a.log() and "link cut" in a.log(),
-                   what="the cut in a's log")
-        wait_until(lambda: a.state_of(b) not in ("up", "partial"), what="b down at a")
-        # b dials again and is refused by the new CRL; c stays up throughout
-        wait_until(lambda: a.log().count("TLS handshake failed") >= 1,
-                   what="b's new link refused")
-        assert a.state_of(b) not in ("up", "partial")
-        assert a.state_of(c) == "up"
-        assert "peer certificate revoked" not in c.log()
-    finally:
-        for n in started:
-            n.stop()
+    a = nodes("a", pki=ca, extra=crl)
+    b = nodes("b", pki=ca, seeds=[a])
+    c = nodes("c", pki=ca, seeds=[a])
+    wait_mesh([a, b, c])
+    assert gatewayctl("certs", "revoke", ca, "b@127.0.0.1").returncode == 0
+    assert gatewayctl("certs", "crl", ca).returncode == 0
+    assert a.state_of(b) == "up"  # a new CRL alone does not touch live links
+    assert a.proc is not None
+    a.proc.send_signal(signal.SIGHUP)
+    wait_until(lambda: "CN=b@127.0.0.1" in a.log() and "link cut" in a.log(),
+               what="the cut in a's log")
+    wait_until(lambda: a.state_of(b) not in ("up", "partial"), what="b down at a")
+    # b dials again and is refused by the new CRL; c stays up throughout
+    wait_until(lambda: a.log().count("TLS handshake failed") >= 1,
+               what="b's new link refused")
+    assert a.state_of(b) not in ("up", "partial")
+    assert a.state_of(c) == "up"
+    assert "peer certificate revoked" not in c.log()
 
 
 def publish_half_then_whole(src: Path, dst: Path, wait_refused: object) -> None:
@@ -65,7 +59,8 @@ def publish_half_then_whole(src: Path, dst: Path, wait_refused: object) -> None:
     os.replace(tmp, dst)
 
 
-def test_a_changed_crl_file_cuts_the_cluster_link_of_a_revoked_node(tmp_path: Path) -> None:
+def test_a_changed_crl_file_cuts_the_cluster_link_of_a_revoked_node(
+        tmp_path: Path, nodes: Callable[..., Node]) -> None:
     """No signal: a's ``[cluster.tls] crlfile`` is rewritten; the watch reloads it."""
     names = [f"{n}@127.0.0.1" for n in "ab"]
     ca = make_pki(tmp_path / "pki", names)
@@ -74,27 +69,20 @@ def test_a_changed_crl_file_cuts_the_cluster_link_of_a_revoked_node(tmp_path: Pa
     live_crl.write_bytes((ca / "crl.pem").read_bytes())
     env = {"GATEWAY_CLUSTER__TLS__CRLFILE": str(live_crl),
            "GATEWAY_CRL_CACHE__FILE_CHECK_INTERVAL": "0.2"}
-    started: list[Node] = []
-    try:
-        a = Node(tmp_path, "a", ca, extra=env).start()
-        started.append(a)
-        b = Node(tmp_path, "b", ca, seeds=[a]).start()
-        started.append(b)
-        wait_mesh([a, b])
-        assert gatewayctl("certs", "revoke", ca, "b@127.0.0.1").returncode == 0
-        assert gatewayctl("certs", "crl", ca).returncode == 0
-        publish_half_then_whole(ca / "crl.pem", live_crl, lambda: wait_until(
-            lambda: "cluster TLS not reloaded" in a.log(), what="the half CRL refused"))
-        wait_until(lambda: "CN=b@127.0.0.1" in a.log() and "link cut" in a.log(),
-                   what="the cut in a's log")
-        wait_until(lambda: a.state_of(b) not in ("up", "partial"), what="b down at a")
-        wait_until(lambda: a.log().count("TLS handshake failed") >= 1,
-                   what="b's new link refused")
-        assert a.log().count("cluster TLS not reloaded") == 1
-        assert "live links not checked" not in a.log()  # one line for the half file
-    finally:
-        for n in started:
-            n.stop()
+    a = nodes("a", pki=ca, extra=env)
+    b = nodes("b", pki=ca, seeds=[a])
+    wait_mesh([a, b])
+    assert gatewayctl("certs", "revoke", ca, "b@127.0.0.1").returncode == 0
+    assert gatewayctl("certs", "crl", ca).returncode == 0
+    publish_half_then_whole(ca / "crl.pem", live_crl, lambda: wait_until(
+        lambda: "cluster TLS not reloaded" in a.log(), what="the half CRL refused"))
+    wait_until(lambda: "CN=b@127.0.0.1" in a.log() and "link cut" in a.log(),
+               what="the cut in a's log")
+    wait_until(lambda: a.state_of(b) not in ("up", "partial"), what="b down at a")
+    wait_until(lambda: a.log().count("TLS handshake failed") >= 1,
+               what="b's new link refused")
+    assert a.log().count("cluster TLS not reloaded") == 1
+    assert "live links not checked" not in a.log()  # one line for the half file
 
 
 @needs_mosquitto
