@@ -166,6 +166,18 @@ def test_fleet_ship_timer_runs_its_service_as_the_gateway_user() -> None:
     assert "\nOnUnitInactiveSec=" in timer and "\nWantedBy=timers.target" in timer
 
 
+def test_units_sharing_the_state_directory_agree_on_its_mode() -> None:
+    """systemd sets a StateDirectory's mode (0755 unless told) each time a unit starts:
+    every unit naming /var/lib/gateway must give tmpfiles.d's 0750, or one run of it
+    opens the directory to everyone (and Ansible sees a change at its next run)."""
+    tmpfiles = (SYSTEMD / "tmpfiles.d/gateway.conf").read_text()
+    assert "d /var/lib/gateway 0750 gateway gateway -" in tmpfiles
+    sharing = [u for u in units() if "\nStateDirectory=gateway\n" in u.read_text()]
+    assert len(sharing) == 2
+    for unit in sharing:
+        assert "\nStateDirectoryMode=0750\n" in unit.read_text(), unit.name
+
+
 @needs_analyze
 def test_fleet_ship_hardening_exposure_is_low(tmp_path: Path) -> None:
     root = fake_root(tmp_path)
