@@ -12,16 +12,13 @@ import socket
 from pathlib import Path
 from typing import Any
 
-import pytest
+from mbedtls import tls
+from mbedtls import x509 as mx509
 
 from protocols.coap.codec import CON, Code, decode, encode, make
+from tests.harness.gatewayd import free_port
 
 from .conftest import GatewayFactory, GatewayProcess, Pki, gatewayctl
-
-tls = pytest.importorskip("mbedtls.tls")
-from mbedtls import x509 as mx509  # noqa: E402
-
-from tests.harness.gatewayd import free_port  # noqa: E402
 
 TIMEOUT = 10.0
 

@@ -17,12 +17,25 @@ from typing import Any, NamedTuple
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from mbedtls import pk, tls
+from mbedtls import x509 as mx509
+from mbedtls.exceptions import TLSError
 
 from gateway.config.schema import DtlsListener
 from gateway.core.clock import VirtualScheduler
 from gateway.core.node import CoreSettings, Node
 from gateway.frontends.coap import coap_dtls_channel
 from gateway.frontends.lwm2m import lwm2m_channel
+from gateway.net.dtls import (
+    DtlsChannel,
+    DtlsContext,
+    DtlsError,
+    DtlsServer,
+    bind_identity,
+    build_dtls_context,
+    load_psk_file,
+    server_context,
+)
 from gateway.security import pki
 from protocols.coap.channel import CoapSettings
 from protocols.coap.codec import CON, Code, Message, decode, encode, make
@@ -33,22 +46,6 @@ from protocols.mqtt.packets import Publish as MqttPublish
 from protocols.mqtt.packets import Subscribe as MqttSubscribe
 from protocols.mqtt.packets import Subscription
 from tests.protocols.mqtt.test_channel import client as mqtt_client
-
-tls = pytest.importorskip("mbedtls.tls")
-from mbedtls import pk  # noqa: E402
-from mbedtls import x509 as mx509  # noqa: E402
-from mbedtls.exceptions import TLSError  # noqa: E402
-
-from gateway.net.dtls import (  # noqa: E402
-    DtlsChannel,
-    DtlsContext,
-    DtlsError,
-    DtlsServer,
-    bind_identity,
-    build_dtls_context,
-    load_psk_file,
-    server_context,
-)
 
 ADDR = ("127.0.0.1", 40000)
 PSK_CIPHERS = [
