@@ -12,8 +12,9 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import IO
 
 import pytest
 
@@ -62,6 +63,29 @@ def ship_cli(cfg: Path, drop_env: tuple[str, ...] = ()) -> subprocess.CompletedP
     )
 
 
+def start_logged(start: Callable[[IO[str]], subprocess.Popen[str]], log: Path, pattern: str,
+                 what: str) -> tuple[subprocess.Popen[str], int]:
+    """A server started by ``start`` with its output in ``log`` (a pipe nobody reads could
+    fill and stall it), and the port ``pattern``'s one group finds in that log."""
+    with log.open("w") as out:
+        proc = start(out)
+    rx = re.compile(pattern)
+
+    def listening() -> re.Match[str] | None:
+        assert proc.poll() is None, f"{what} ended: {log.read_text()}"
+        return rx.search(log.read_text())
+
+    return proc, int(until(f"{what} to listen", listening).group(1))
+
+
+def creds_file(tmp: Path, text: str) -> Path:
+    """A credentials file as the shipper wants it (0600)."""
+    creds = tmp / "creds"
+    creds.write_text(text)
+    creds.chmod(0o600)
+    return creds
+
+
 class SftpServer:
     """``rclone serve sftp`` with a password; ``port`` read from its own log line. With
     ``uplink`` it runs in that network namespace and listens on its address."""
@@ -76,18 +100,11 @@ class SftpServer:
         self.host = uplink.server_ip if uplink else "127.0.0.1"
         cmd = ["rclone", "serve", "sftp", str(root), "--addr", f"{self.host}:{port}", "--key",
                str(key), "--user", "gw", "--pass", PW, "--config", os.devnull]
-        # the log goes to a file (a pipe nobody reads could fill and stall the server)
         self.log = keydir / f"serve-{secrets.token_hex(3)}.log"
-        with self.log.open("w") as log:
-            self.proc = (uplink.popen(cmd, stderr=log) if uplink
-                         else subprocess.Popen(cmd, stderr=log, text=True))
-        pattern = re.compile(rf"listening on {re.escape(self.host)}:(\d+)")
-
-        def listening() -> re.Match[str] | None:
-            assert self.proc.poll() is None, f"rclone serve sftp ended: {self.log.read_text()}"
-            return pattern.search(self.log.read_text())
-
-        self.port = int(until("rclone serve sftp to listen", listening).group(1))
+        self.proc, self.port = start_logged(
+            lambda out: (uplink.popen(cmd, stderr=out) if uplink
+                         else subprocess.Popen(cmd, stderr=out, text=True)),
+            self.log, rf"listening on {re.escape(self.host)}:(\d+)", "rclone serve sftp")
 
     def stop(self) -> None:
         self.proc.kill()
@@ -103,9 +120,7 @@ def sftp(tmp_path: Path) -> Iterator[SftpServer]:
 
 
 def sftp_toml(tmp: Path, port: int, extra: str = "", host: str = "127.0.0.1") -> str:
-    creds = tmp / "creds"
-    creds.write_text(f"# the SFTP password\npass = {PW}\n")
-    creds.chmod(0o600)
+    creds = creds_file(tmp, f"# the SFTP password\npass = {PW}\n")
     return (f'type = "sftp"\nhost = "{host}"\nport = {port}\nuser = "gw"\npath = "fleet/raw"\n'
             f'credentials_file = "{creds}"\nio_timeout = "2s"\n{extra}')
 
@@ -243,17 +258,13 @@ def test_webdav_against_rclone_serve_webdav(tmp_path: Path) -> None:
     for i in range(3):
         write_segment(arch, f"{SEG}/g1-{i}.jsonl.gz", 30_000 + i)
     expected = {f"fleet/raw/{k}": v for k, v in tree(arch / "raw").items()}
-    log = tmp_path / "webdav.log"
-    with log.open("w") as out:
-        server = subprocess.Popen(
+    server, port = start_logged(
+        lambda out: subprocess.Popen(
             ["rclone", "serve", "webdav", str(central), "--addr", "127.0.0.1:0", "--user", "gw",
-             "--pass", PW, "--config", os.devnull], stderr=out, text=True)
+             "--pass", PW, "--config", os.devnull], stderr=out, text=True),
+        tmp_path / "webdav.log", r"http://127\.0\.0\.1:(\d+)/", "rclone serve webdav")
     try:
-        port = int(until("rclone serve webdav to listen", lambda: server.poll() is None and
-                         re.search(r"http://127\.0\.0\.1:(\d+)/", log.read_text())).group(1))
-        creds = tmp_path / "creds"
-        creds.write_text(f"pass = {PW}\n")
-        creds.chmod(0o600)
+        creds = creds_file(tmp_path, f"pass = {PW}\n")
         cfg = config_file(tmp_path, (
             f'type = "webdav"\nurl = "http://127.0.0.1:{port}/"\nuser = "gw"\n'
             f'path = "fleet/raw"\ncredentials_file = "{creds}"\nio_timeout = "10s"\n'))
@@ -277,18 +288,15 @@ def test_s3_against_moto_server(tmp_path: Path) -> None:
     for i in range(3):
         write_segment(arch, f"{SEG}/g1-{i}.jsonl.gz", 30_000 + i)
     sent = {k: v for k, v in tree(arch / "raw").items()}
-    log = tmp_path / "moto.log"
-    with log.open("w") as out:
-        server = subprocess.Popen(
+    server, port = start_logged(
+        lambda out: subprocess.Popen(
             [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", "0"],
-            stdout=out, stderr=subprocess.STDOUT, text=True)
+            stdout=out, stderr=subprocess.STDOUT, text=True),
+        tmp_path / "moto.log", r"http://127\.0\.0\.1:(\d+)", "moto.server")
     try:
-        port = int(until("moto.server to listen", lambda: server.poll() is None and
-                         re.search(r"http://127\.0\.0\.1:(\d+)", log.read_text())).group(1))
         secret = "s3-SECRET-key-0815"
-        creds = tmp_path / "creds"
-        creds.write_text(f"access_key_id = AKIAFLEETTEST\nsecret_access_key = {secret}\n")
-        creds.chmod(0o600)
+        creds = creds_file(
+            tmp_path, f"access_key_id = AKIAFLEETTEST\nsecret_access_key = {secret}\n")
         cfg = config_file(tmp_path, (
             f'type = "s3"\nurl = "http://127.0.0.1:{port}"\nregion = "us-east-1"\n'
             f'path = "fleet-bucket/raw"\ncredentials_file = "{creds}"\nio_timeout = "10s"\n'))
