@@ -60,6 +60,18 @@ class Ca:
     def key(self, name: str) -> Path:
         return self.dir / f"{name}.key"
 
+    def encrypted_key(self, name: str, password: str) -> tuple[Path, Path]:
+        """``name``'s key encrypted with ``password`` (PKCS#8), and a password file."""
+        key = serialization.load_pem_private_key(self.key(name).read_bytes(), None)
+        enc = self.dir / f"{name}.enc.key"
+        enc.write_bytes(key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+            serialization.BestAvailableEncryption(password.encode()),
+        ))
+        pw = self.dir / f"{name}.pw"
+        pw.write_text(password + "\n")
+        return enc, pw
+
     def revoke(self, name: str) -> None:
         revoke(self.dir, name, "keyCompromise")
         make_crl(self.dir)
@@ -334,14 +346,7 @@ def test_ocsp_stapling_seen_by_s_client(tmp_path, gatewayd: GatewayFactory, make
 
 def test_encrypted_server_key_with_password_file(tmp_path, gatewayd: GatewayFactory):
     ca = Ca(tmp_path)
-    key = serialization.load_pem_private_key(ca.key("server").read_bytes(), None)
-    enc = tmp_path / "server.enc.key"
-    enc.write_bytes(key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-        serialization.BestAvailableEncryption(b"s3cret pass"),
-    ))
-    pw = tmp_path / "pw"
-    pw.write_text("s3cret pass\n")
+    enc, pw = ca.encrypted_key("server", "s3cret pass")
     lst = ca.listener(keyfile=str(enc), password_file=str(pw))
     gw = gatewayd(ssl=lst)
     assert not refused(ca, gw.ssl, "dev1")
@@ -559,14 +564,7 @@ def test_dtls_encrypted_key_with_password_file(tmp_path, gatewayd: GatewayFactor
     from protocols.coap.codec import Code
 
     ca = Ca(tmp_path)
-    key = serialization.load_pem_private_key(ca.key("server").read_bytes(), None)
-    enc = tmp_path / "server.enc.key"
-    enc.write_bytes(key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-        serialization.BestAvailableEncryption(b"dtls pass"),
-    ))
-    pw = tmp_path / "pw"
-    pw.write_text("dtls pass\n")
+    enc, pw = ca.encrypted_key("server", "dtls pass")
     d = Dtls(ca, gatewayd, keyfile=str(enc), password_file=str(pw))
     assert d.post("dev1") == Code.CHANGED
     env = {k: v for k, v in d.gw.env.items() if k.startswith("GATEWAY_")}
