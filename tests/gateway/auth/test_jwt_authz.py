@@ -102,15 +102,19 @@ class Session:
 
 # ------------------------------------------------------------------ JWT
 
-
-def test_jwt_hs256_claims_expiry_and_acl(tmp_path, gateways):
-    g = start(tmp_path, f"""
+# a node where only a JWT lets a client in; with the HMAC secret of hs256()
+JWT_ONLY = """
 [authentication]
 allow_anonymous = false
 [authentication.jwt]
 enable = true
-secret = "{SECRET}"
-verify_claims = {{ sub = "${{clientid}}", name = "${{username}}" }}
+"""
+JWT_HS256 = JWT_ONLY + f'secret = "{SECRET}"\n'
+
+
+def test_jwt_hs256_claims_expiry_and_acl(tmp_path, gateways):
+    g = start(tmp_path, JWT_HS256 + """
+verify_claims = { sub = "${clientid}", name = "${username}" }
 """)
     gateways.append(g)
     later = int(time.time()) + 3600
@@ -140,13 +144,7 @@ verify_claims = {{ sub = "${{clientid}}", name = "${{username}}" }}
 
 
 def test_jwt_expiry_disconnects_the_session(tmp_path, gateways):
-    g = start(tmp_path, f"""
-[authentication]
-allow_anonymous = false
-[authentication.jwt]
-enable = true
-secret = "{SECRET}"
-""")
+    g = start(tmp_path, JWT_HS256)
     gateways.append(g)
     gone = threading.Event()
     reasons: list[int] = []
@@ -184,11 +182,7 @@ def _rsa() -> tuple[Any, str]:
 def test_jwt_rs256_public_key_file(tmp_path, gateways):
     key, pub = _rsa()
     (tmp_path / "jwt.pub").write_text(pub)
-    g = start(tmp_path, f"""
-[authentication]
-allow_anonymous = false
-[authentication.jwt]
-enable = true
+    g = start(tmp_path, JWT_ONLY + f"""
 algorithm = "public-key"
 public_key = "{tmp_path / 'jwt.pub'}"
 """)
@@ -256,11 +250,7 @@ def test_jwt_jwks_fetched_cached_and_refetched_for_a_new_kid(tmp_path, gateways,
     k1, _ = _rsa()
     k2, _ = _rsa()
     state["jwks"] = {"keys": [_jwk(k1, "one")]}
-    g = start(tmp_path, f"""
-[authentication]
-allow_anonymous = false
-[authentication.jwt]
-enable = true
+    g = start(tmp_path, JWT_ONLY + f"""
 use_jwks = true
 endpoint = "{url}"
 refresh_interval = "1h"
@@ -470,12 +460,7 @@ def test_jwt_client_attrs_reach_the_http_authorization_template(tmp_path, gatewa
         return 200, {"result": "allow" if body["role"] == "admin" else "deny"}
 
     with http_service(by_role) as (url, received):
-        g = start(tmp_path, f"""
-[authentication]
-allow_anonymous = false
-[authentication.jwt]
-enable = true
-secret = "{SECRET}"
+        g = start(tmp_path, JWT_HS256 + f"""
 [[authorization.sources]]
 type = "http"
 url = "{url}"
@@ -505,18 +490,13 @@ def test_jwt_client_attrs_in_authorization_rule_topics(tmp_path, gateways):
     """``${client_attrs.NAME}`` in ``[[authorization.rules]]`` topics and in a token's
     ``acl`` claim: the token's attribute picks the client's subtree; a client whose token
     has no such attribute matches no such rule (denied by the rule after it)."""
-    g = start(tmp_path, f"""
-[authentication]
-allow_anonymous = false
-[authentication.jwt]
-enable = true
-secret = "{SECRET}"
+    g = start(tmp_path, JWT_HS256 + """
 [authorization]
 no_match = "deny"
 [[authorization.rules]]
 permission = "allow"
 action = "all"
-topics = ["sites/${{client_attrs.site}}/#"]
+topics = ["sites/${client_attrs.site}/#"]
 """)
     gateways.append(g)
     s7 = Session(g, "a1", hs256(sub="a1", client_attrs={"site": "s7"}))
