@@ -62,6 +62,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from gateway.store.faults import StoreFault, classify
+from gateway.store.journal_log import JournalLog, LogSegment
 
 log = logging.getLogger("gateway.store")
 
@@ -134,7 +135,7 @@ class _Batch:
 class GroupCommitter:
     def __init__(self, conn: sqlite3.Connection, loop: asyncio.AbstractEventLoop) -> None:
         self._conn = conn
-        self._loop = loop
+        self._loop = self.loop = loop
         self._items: list[Item] = []
         self._callbacks: list[Callable[[], None]] = []
         self._inflight: _Batch | None = None
@@ -162,6 +163,11 @@ class GroupCommitter:
         self.release_space: Callable[[], bool] | None = None
         self._retry_delay = RETRY_FIRST
         self._retry_timer: asyncio.TimerHandle | None = None
+        # the journal log (gateway.store.journal_log): LogSegment items append to it
+        self.log: JournalLog | None = None
+        # on the loop at the start of close(), before the last commit (a final checkpoint)
+        self.before_close: Callable[[], None] | None = None
+        self.checkpoints = 0
 
     @property
     def dirty(self) -> bool:
@@ -306,13 +312,31 @@ class GroupCommitter:
                 self._loop.call_soon_threadsafe(done, task.result, task.error)
 
     def _commit(self, items: list[Item]) -> None:
+        """One batch: its SQL statements (and the deltas of the checkpoints in it) in one
+        SQLite transaction, its log records in one frame of the journal log (fdatasync),
+        the log frame last. Records of a generation a checkpoint of this batch covers
+        are not written: its delta has them, and it commits with the transaction."""
         conn = self._conn
-        conn.execute("BEGIN")
+        chunks: list[list[Any]] = []
+        deltas = []
+        rotate_to = -1
+        began = False
         n = len(items)
         i = 0
         while i < n:
             item = items[i]
             i += 1
+            if type(item) is LogSegment:
+                if item.checkpoint is not None:
+                    deltas.append(item.checkpoint)
+                    chunks.clear()  # the delta has them
+                    rotate_to = item.generation
+                if item.records:
+                    chunks.append(item.records)
+                continue
+            if not began:
+                conn.execute("BEGIN")
+                began = True
             if not isinstance(item, tuple):
                 for sql, params in item.statements():
                     conn.execute(sql, params)
@@ -329,7 +353,24 @@ class GroupCommitter:
                 conn.execute(sql, params)
             else:
                 conn.executemany(sql, run)
-        conn.execute("COMMIT")
+        if deltas:
+            if not began:
+                conn.execute("BEGIN")
+                began = True
+            for delta in deltas:
+                for sql, params in delta.statements():
+                    conn.execute(sql, params)
+        if began:
+            conn.execute("COMMIT")
+        jlog = self.log
+        if jlog is None:
+            return
+        if rotate_to >= 0:
+            jlog.rotate(rotate_to)
+            jlog.remove_before(rotate_to)
+            self.checkpoints += 1
+        if chunks:
+            jlog.append(chunks)
 
     # -- back on the loop --------------------------------------------------------------
 
@@ -423,6 +464,8 @@ class GroupCommitter:
         if self._retry_timer is not None:
             self._retry_timer.cancel()
             self._retry_timer = None
+        if self.before_close is not None:
+            self.before_close()
         try:
             self.flush_sync()
         except Exception as exc:
@@ -432,3 +475,5 @@ class GroupCommitter:
             self._queue.put(None)
             self._thread.join(timeout=30)
             self._conn.close()
+            if self.log is not None:
+                self.log.close()
