@@ -262,6 +262,7 @@ class SessionStore:
         self._replay_below = self._gen  # the files left by the last run
         if committer.log is None:
             committer.log = JournalLog(self.log_dir, self._gen)
+        self._log = committer.log
         committer.before_close = self._closing
         # the current generation's changes for the next checkpoint, and its open segment
         self._delta = Delta()
@@ -451,6 +452,9 @@ class SessionStore:
         writer or another write followed it)."""
         seg = self._seg
         if seg is None or not self._is_open(seg):
+            if self._log.size >= CHECKPOINT_BYTES:  # the writer's count, read once a batch
+                self.checkpoint()
+                return self._seg  # type: ignore[return-value]
             seg = self._seg = LogSegment(self._gen)
             self._segments += 1
             self.committer.add_segment(seg)
