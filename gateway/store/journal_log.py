@@ -363,10 +363,14 @@ class Delta:
         self.dead.append(client_id)
 
     def apply(self, records: Iterable[Any]) -> None:
-        """Replay ``records`` (see the module docstring) into this delta."""
+        """Replay ``records`` (see the module docstring) into this delta. Unlike the
+        loop's own changes, a removal also deletes from SQLite when the row was added
+        in the replayed records: a crash after a checkpoint's commit leaves records that
+        SQLite already has, their rows included."""
         rows = self.rows
         for r in records:
             if type(r) is int:
+                rows.pop(r, None)
                 self.removed(r)
                 continue
             n = len(r)
@@ -381,6 +385,7 @@ class Delta:
                 elif tag == "r":
                     self.release(r[1])
                 elif tag == "x":
+                    self.bodies.pop(r[1], None)
                     self.body_gone(r[1])
                 elif tag == "a":
                     self.awaiting[(r[1], r[2])] = r[3]
