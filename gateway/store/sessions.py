@@ -1,38 +1,59 @@
-"""Durable sessions and retained messages in the node's SQLite file.
+"""Durable sessions and retained messages: the node's SQLite file and its journal log.
 
 :class:`SessionStore` is the journal the core writes through (``Session``, ``Node`` and
 ``Retainer`` call it for persistent sessions only) and the loader that rebuilds the
 core's state at start-up. Writes go through a :class:`GroupCommitter`, so the transport
 shell can hold acknowledgements until they are durable.
 
-What is persisted, and when:
-- a session whose expiry interval is > 0: its row, its subscriptions, every QoS 1/2
-  delivery queued or inflight for it (with its packet id once assigned, and whether its
-  PUBREC arrived), and the packet ids of incoming QoS 2 messages awaiting PUBREL;
-- every retained message;
-- message bodies: in the queue row itself (columns ``topic`` to ``expires_at``) when the
-  message went to one persistent session and its payload is at most ``INLINE_MAX``
-  bytes (the common case: one row written and one deleted per message); otherwise, or
-  once a second queue row of it exists, also once in table ``messages``, referenced by
-  ``msg_id`` from every queue row that needs it.
+What is persisted, and where:
+- in SQLite (a statement per change, committed by the group commit): a session whose
+  expiry interval is > 0 (its row), its subscriptions, every retained message;
+- in the journal log first (:mod:`gateway.store.journal_log`: records appended to a
+  file, one frame per group commit) and in SQLite from the next checkpoint on: every
+  QoS 1/2 delivery queued or inflight for a persistent session (its ``queue`` row, with
+  its packet id once assigned and whether its PUBREC arrived), the packet ids of
+  incoming QoS 2 messages awaiting PUBREL, and message bodies: in the queue row itself
+  (columns ``topic`` to ``expires_at``) when the message went to one persistent session
+  and its payload is at most ``INLINE_MAX`` bytes; otherwise, or once a second queue row
+  of it exists, also once in table ``messages``, referenced by ``msg_id``.
 QoS 0 deliveries and sessions with expiry 0 live in memory only.
 
-The journal's writes of one loop turn are kept in a :class:`_Journal` segment of the
-group commit, merged per row until the batch leaves: a delivery queued and acknowledged
-within the turn writes nothing, and the rows go out as a few multi-row statements.
+The loop appends a record per change to the open :class:`LogSegment` of the batch (one
+list append) and keeps the current *generation's* :class:`Delta` (one dict operation):
+rows added since the last checkpoint by ref, removals of older rows, and so on. A
+checkpoint (every ``CHECKPOINT_EVERY`` seconds while the log is written, as soon as the
+log file reaches ``CHECKPOINT_BYTES``, on a space fault and at close) starts a new
+generation; the writer applies the old delta to SQLite in the commit of the batch that
+carries it, and recycles the old log file only after that commit. A delivery queued and
+acknowledged between two checkpoints never reaches SQLite.
 
 Invariants:
-- Once a batch is committed, a queue row exists exactly while its delivery is in a
-  persistent session's ``inflight`` or ``mqueue``; ``ref`` orders a session's rows as
-  they were queued.
-- Every committed queue row can find its body: in its own columns (``topic`` not NULL),
-  or else in the ``messages`` row ``msg_id``. A message gets its ``messages`` row in the
-  same batch as its second queue row, or before it (the first row keeps its inline copy;
+- Once a batch is committed, a queue row exists in SQLite with the log replayed over it
+  exactly while its delivery is in a persistent session's ``inflight`` or ``mqueue``;
+  ``ref`` orders a session's rows as they were queued. Refs and message ids are never
+  reused (counters above every stored one, log included: start-up checkpoints the log
+  before it reads the counters).
+- What a crash leaves: (a) before a batch's log frame is complete, a torn tail, cut off
+  at replay: nothing of that batch was acknowledged; (b) after the frame and before
+  the SQLite commit of the same batch (a batch with SQL statements: sessions,
+  subscriptions, retained), queue rows whose session row may be missing: unacknowledged,
+  removed at start-up with the other rows of no session; (c) during a checkpoint, before
+  its commit: SQLite as before, every log file kept: replay gives the same state; after
+  its commit and before the old file is recycled: records SQLite already has, which
+  replay applies again (every record sets a key: idempotent).
+- Every queue row can find its body: in its own columns (``topic`` not NULL), or else
+  in the ``messages`` row ``msg_id``. A message gets its ``messages`` row in the same
+  batch as its second queue row, or before it (the first row keeps its inline copy;
   both are the same message).
 - A ``messages`` row is deleted with the last queue row of it that this process counted
   (written or loaded); rows unreferenced by any queue row otherwise (their session was
   deleted whole) are garbage, removed at start-up. A body is never deleted while a queue
   row of it exists.
+- Start-up: SQLite as it is, then every log file of the last run replayed over it in
+  generation order, applied to SQLite in one transaction, then the files deleted and
+  the state loaded. If that transaction fails (a full disk), the files stay, their delta
+  becomes the first checkpoint's, and the state loads from an in-memory copy with the
+  delta applied. A damaged frame (valid ones after it) raises ``store_salvaged``.
 - A file made before inline bodies gets the columns at start-up (:func:`upgrade_schema`);
   its rows (``topic`` NULL) keep their bodies in ``messages``.
 """

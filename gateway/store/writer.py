@@ -14,10 +14,19 @@ holding bytes that must not leave before the current writes are durable (a PUBAC
 PUBREC, a QoS 2 delivery) registers a callback, which runs on the loop once every operation
 added before the registration is committed.
 
+A :class:`~gateway.store.journal_log.LogSegment` item is not SQL: its records go to the
+journal log (:attr:`log`), one frame per batch, written after the batch's SQLite
+transaction commits and durable (``O_DSYNC``) before the batch counts as committed. A
+segment that opens a new log generation carries the delta of the one before (a
+checkpoint): the delta's statements run in the batch's transaction, records of that
+older generation still in the batch are not written (the delta has them), and the old
+log file is recycled only after the commit.
+
 Invariants:
 - Batches commit in the order they were added, one at a time; within a batch,
   statements run in the order added (a run of one statement text goes to one
-  ``executemany``), a segment's statements where the segment was added.
+  ``executemany``), a segment's statements where the segment was added; log records
+  in the order added (they touch no table a statement of the batch touches).
 - A callback never runs before every operation added before it was registered is
   committed; callbacks run on the loop, in registration order.
 - ``dirty`` is True while some added operation is not yet committed (a segment left
