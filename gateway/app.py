@@ -341,7 +341,7 @@ class Gateway:
         writer = open_db(path, check_same_thread=False)
         self.committer = GroupCommitter(writer, loop)
         log.info("store %s", path)
-        return SessionStore(reader, self.committer)
+        return SessionStore(reader, self.committer, self.admin)
 
     async def stop(self) -> None:
         """Stop accepting, tell connected clients we are going (0x8B), settle their

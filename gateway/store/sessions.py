@@ -1,38 +1,59 @@
-"""Durable sessions and retained messages in the node's SQLite file.
+"""Durable sessions and retained messages: the node's SQLite file and its journal log.
 
 :class:`SessionStore` is the journal the core writes through (``Session``, ``Node`` and
 ``Retainer`` call it for persistent sessions only) and the loader that rebuilds the
 core's state at start-up. Writes go through a :class:`GroupCommitter`, so the transport
 shell can hold acknowledgements until they are durable.
 
-What is persisted, and when:
-- a session whose expiry interval is > 0: its row, its subscriptions, every QoS 1/2
-  delivery queued or inflight for it (with its packet id once assigned, and whether its
-  PUBREC arrived), and the packet ids of incoming QoS 2 messages awaiting PUBREL;
-- every retained message;
-- message bodies: in the queue row itself (columns ``topic`` to ``expires_at``) when the
-  message went to one persistent session and its payload is at most ``INLINE_MAX``
-  bytes (the common case: one row written and one deleted per message); otherwise, or
-  once a second queue row of it exists, also once in table ``messages``, referenced by
-  ``msg_id`` from every queue row that needs it.
+What is persisted, and where:
+- in SQLite (a statement per change, committed by the group commit): a session whose
+  expiry interval is > 0 (its row), its subscriptions, every retained message;
+- in the journal log first (:mod:`gateway.store.journal_log`: records appended to a
+  file, one frame per group commit) and in SQLite from the next checkpoint on: every
+  QoS 1/2 delivery queued or inflight for a persistent session (its ``queue`` row, with
+  its packet id once assigned and whether its PUBREC arrived), the packet ids of
+  incoming QoS 2 messages awaiting PUBREL, and message bodies: in the queue row itself
+  (columns ``topic`` to ``expires_at``) when the message went to one persistent session
+  and its payload is at most ``INLINE_MAX`` bytes; otherwise, or once a second queue row
+  of it exists, also once in table ``messages``, referenced by ``msg_id``.
 QoS 0 deliveries and sessions with expiry 0 live in memory only.
 
-The journal's writes of one loop turn are kept in a :class:`_Journal` segment of the
-group commit, merged per row until the batch leaves: a delivery queued and acknowledged
-within the turn writes nothing, and the rows go out as a few multi-row statements.
+The loop appends a record per change to the open :class:`LogSegment` of the batch (one
+list append) and keeps the current *generation's* :class:`Delta` (one dict operation):
+rows added since the last checkpoint by ref, removals of older rows, and so on. A
+checkpoint (every ``CHECKPOINT_EVERY`` seconds while the log is written, as soon as the
+log file reaches ``CHECKPOINT_BYTES``, on a space fault and at close) starts a new
+generation; the writer applies the old delta to SQLite in the commit of the batch that
+carries it, and recycles the old log file only after that commit. A delivery queued and
+acknowledged between two checkpoints never reaches SQLite.
 
 Invariants:
-- Once a batch is committed, a queue row exists exactly while its delivery is in a
-  persistent session's ``inflight`` or ``mqueue``; ``ref`` orders a session's rows as
-  they were queued.
-- Every committed queue row can find its body: in its own columns (``topic`` not NULL),
-  or else in the ``messages`` row ``msg_id``. A message gets its ``messages`` row in the
-  same batch as its second queue row, or before it (the first row keeps its inline copy;
+- Once a batch is committed, a queue row exists in SQLite with the log replayed over it
+  exactly while its delivery is in a persistent session's ``inflight`` or ``mqueue``;
+  ``ref`` orders a session's rows as they were queued. Refs and message ids are never
+  reused (counters above every stored one, log included: start-up checkpoints the log
+  before it reads the counters).
+- What a crash leaves: (a) before a batch's log frame is complete, a torn tail, cut off
+  at replay: nothing of that batch was acknowledged; (b) after the frame and before
+  the SQLite commit of the same batch (a batch with SQL statements: sessions,
+  subscriptions, retained), queue rows whose session row may be missing: unacknowledged,
+  removed at start-up with the other rows of no session; (c) during a checkpoint, before
+  its commit: SQLite as before, every log file kept: replay gives the same state; after
+  its commit and before the old file is recycled: records SQLite already has, which
+  replay applies again (every record sets a key: idempotent).
+- Every queue row can find its body: in its own columns (``topic`` not NULL), or else
+  in the ``messages`` row ``msg_id``. A message gets its ``messages`` row in the same
+  batch as its second queue row, or before it (the first row keeps its inline copy;
   both are the same message).
 - A ``messages`` row is deleted with the last queue row of it that this process counted
   (written or loaded); rows unreferenced by any queue row otherwise (their session was
   deleted whole) are garbage, removed at start-up. A body is never deleted while a queue
   row of it exists.
+- Start-up: SQLite as it is, then every log file of the last run replayed over it in
+  generation order, applied to SQLite in one transaction, then the files deleted and
+  the state loaded. If that transaction fails (a full disk), the files stay, their delta
+  becomes the first checkpoint's, and the state loads from an in-memory copy with the
+  delta applied. A damaged frame (valid ones after it) raises ``store_salvaged``.
 - A file made before inline bodies gets the columns at start-up (:func:`upgrade_schema`);
   its rows (``topic`` NULL) keep their bodies in ``messages``.
 """
@@ -41,11 +62,23 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import sqlite3
+import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from gateway.store.bulk import Statement, delete_pairs, insert_rows, update_column, where_in
+from gateway.store.journal_log import (
+    QUEUE_COLS,
+    Delta,
+    JournalLog,
+    LogSegment,
+    Replayed,
+    apply_deltas,
+    log_dir,
+    log_files,
+    replay,
+)
 from gateway.store.writer import GroupCommitter
 from protocols.context import Delivery, Message, SubOptions
 from protocols.mqtt.packets import NO_PROPERTIES, Properties
@@ -178,16 +211,8 @@ def load_props(s: str | None) -> Properties:
     return Properties(**d)
 
 
-# columns of a queue row as _Journal keeps it: the delivery's, then the inline body's
-# (NULL when the body is in ``messages``)
-_QUEUE_COLS = (
-    "ref, client_id, msg_id, qos, retain, sub_ids, packet_id, released, share, "
-    "topic, payload, mqos, mretain, props, publisher, username, ts, expires_at"
-)
-_QUEUE_WIDTH = 18
-_PACKET_ID = 6
-_RELEASED = 7
-_BODY = 9  # the first inline column
+_QUEUE_COLS = QUEUE_COLS
+_BODY = 9  # the first inline column of a queue row
 _NO_BODY = (None,) * 9
 # Bodies of at most this many payload bytes go inline. A queue row is updated later
 # (its packet id once an offline session's queue drains), and SQLite rewrites the whole
@@ -196,74 +221,22 @@ _NO_BODY = (None,) * 9
 # tests/gateway/store/test_storage_faults.py). Below this, the row stays inside one
 # leaf page, which the update writes anyway.
 INLINE_MAX = 1024
+# a checkpoint (the log's pending rows into SQLite, its files recycled) at least this
+# often while the log is written, and as soon as the log file reaches CHECKPOINT_BYTES
+# (SQLite's WAL limit, gateway.store.db, for the same reason: a small card holds the
+# log and the rows it carries into SQLite at the same time)
+CHECKPOINT_EVERY = 5.0
+CHECKPOINT_BYTES = 1024 * 1024
+_TICK = 0.5
 
 
-class _Journal:
-    """One loop turn's journal writes (a :class:`~gateway.store.writer.Segment`), kept as
-    the final state per row so that changes of one row within the turn merge: a queue row
-    inserted and deleted in the same turn (a delivery acknowledged before the commit) is
-    never written, nor is the body of a message all of whose rows went that way.
+class Reporting(Protocol):
+    """Where start-up reports a damaged log (:class:`gateway.admin.admin.Admin`)."""
 
-    Every row it touches is keyed (message id, queue ref, client id and packet id), and
-    each key appears in one collection at most, so the statements may run in any order;
-    ids and refs of rows inserted here are new (counters above every stored one)."""
-
-    __slots__ = (
-        "messages",
-        "queue",
-        "packet_ids",
-        "released",
-        "deleted_refs",
-        "deleted_messages",
-        "awaiting",
-        "inline",
-    )
-
-    def __init__(self) -> None:
-        self.messages: dict[int, tuple[Any, ...]] = {}  # id -> row, inserted
-        self.queue: dict[int, list[Any]] = {}  # ref -> row, inserted
-        self.packet_ids: dict[int, int | None] = {}  # ref -> packet id, of older rows
-        self.released: dict[int, None] = {}  # refs of older rows now released
-        self.deleted_refs: list[int] = []  # older rows deleted
-        self.deleted_messages: list[int] = []
-        self.awaiting: dict[tuple[str, int], bool] = {}  # (client, packet id) -> present
-        self.inline: dict[int, int] = {}  # message id -> ref of its row with the body inline
-
-    def empty(self) -> bool:
-        return not (
-            self.messages
-            or self.queue
-            or self.packet_ids
-            or self.released
-            or self.deleted_refs
-            or self.deleted_messages
-            or self.awaiting
-        )
-
-    def statements(self) -> list[Statement]:
-        out: list[Statement] = []
-        if self.deleted_refs:
-            out += where_in("DELETE FROM queue WHERE ref", self.deleted_refs)
-        if self.deleted_messages:
-            out += where_in("DELETE FROM messages WHERE id", self.deleted_messages)
-        if self.messages:
-            out += insert_rows("INSERT INTO messages", 10, list(self.messages.values()))
-        if self.queue:
-            out += insert_rows(
-                f"INSERT INTO queue({_QUEUE_COLS})", _QUEUE_WIDTH, list(self.queue.values())
-            )
-        if self.packet_ids:
-            out += update_column("queue", "ref", "packet_id", list(self.packet_ids.items()))
-        if self.released:
-            out += where_in("UPDATE queue SET released=1 WHERE ref", list(self.released))
-        if self.awaiting:
-            gone = [k for k, present in self.awaiting.items() if not present]
-            added = [k for k, present in self.awaiting.items() if present]
-            if gone:
-                out += delete_pairs("awaiting_rel", ("client_id", "packet_id"), gone)
-            if added:
-                out += insert_rows("INSERT OR IGNORE INTO awaiting_rel", 2, added)
-        return out
+    @property
+    def alarms(self) -> Any: ...
+    @property
+    def salvage_reports(self) -> list[dict[str, Any]]: ...
 
 
 @dataclass
@@ -279,12 +252,17 @@ class StoredSession:
 
 
 class SessionStore:
-    def __init__(self, conn: sqlite3.Connection, committer: GroupCommitter) -> None:
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        committer: GroupCommitter,
+        reporting: Reporting | None = None,
+    ) -> None:
         self.conn = conn  # used on the loop thread for start-up reads only
         self.committer = committer
+        self.reporting = reporting
         self._next_msg = 1
         self._next_ref = 1
-        self._open: _Journal | None = None
         # message id -> how many queue rows this process wrote or loaded for it and has
         # not deleted, for the messages with two or more (a message with a store_id and
         # no entry has one: a message for one session costs nothing here). Rows deleted
@@ -296,12 +274,92 @@ class SessionStore:
         self._bodies: set[int] = set()
         self._is_open = committer.is_open
         upgrade_schema(conn)
+        db = conn.execute("PRAGMA database_list").fetchone()[2]
+        if not db:
+            raise ValueError("the session store needs a database file (its log goes beside it)")
+        self.log_dir = log_dir(db)
+        found = log_files(self.log_dir)
+        self._gen = found[-1][0] + 1 if found else 1
+        self._replay_below = self._gen  # the files left by the last run
+        if committer.log is None:
+            committer.log = JournalLog(self.log_dir, self._gen)
+        self._log = committer.log
+        committer.before_close = self._closing
+        # the current generation's changes for the next checkpoint, and its open segment
+        self._delta = Delta()
+        self._rows = self._delta.rows
+        self._seg: LogSegment | None = None
+        self._segments = 0  # segments of the current generation
+        self._checkpointed_at = time.monotonic()
+        self._timer: Any = None
+        self.replayed: Replayed | None = None
 
     # -- start-up ------------------------------------------------------------------
 
-    def load(self) -> tuple[list[StoredSession], list[Message]]:
-        """Everything persisted, as the core needs it; also collects garbage."""
+    def _replay(self) -> sqlite3.Connection:
+        """Apply the log files of the last run to SQLite (and delete them); the
+        connection to load from. If SQLite cannot take them (a full disk), the files
+        stay, their delta becomes the first checkpoint's, and the state loads from an
+        in-memory copy with the delta applied."""
         c = self.conn
+        r = self.replayed = replay(self.log_dir, self._replay_below)
+        if r.damage:
+            self._report_damage(r)
+        if r.torn:  # a frame cut by the crash (never acknowledged), zeros, old frames
+            log.debug("journal log: replay stopped at %s", ", ".join(
+                f"{p.name}:{off}" for p, off in r.torn))
+        # queue rows of sessions that do not exist (a crash between the log frame and
+        # the SQLite commit of one batch, which acknowledged neither) are garbage
+        if r.delta.empty():
+            c.execute("DELETE FROM queue WHERE client_id NOT IN (SELECT client_id FROM sessions)")
+            return c
+        try:
+            apply_deltas(c, [r.delta])
+            c.execute("DELETE FROM queue WHERE client_id NOT IN (SELECT client_id FROM sessions)")
+        except sqlite3.Error as exc:
+            log.error("journal log: %d frames could not be checkpointed (%s); kept, "
+                      "loaded from memory", r.frames, exc)
+            mem = sqlite3.connect(":memory:", isolation_level=None)
+            c.backup(mem)
+            apply_deltas(mem, [r.delta])
+            self._delta = r.delta
+            self._rows = r.delta.rows
+            self._segments = 1  # checkpoint as soon as the disk allows
+            return mem
+        for gen, path in log_files(self.log_dir):
+            if gen < self._replay_below:
+                path.unlink(missing_ok=True)
+        return c
+
+    def _report_damage(self, r: Replayed) -> None:
+        first = r.damage[0]
+        lost = sum(d.lost_bytes for d in r.damage)
+        copy = first.path.with_name(f"{first.path.name}.damaged-{int(time.time())}")
+        try:
+            shutil.copyfile(first.path, copy)
+        except OSError:
+            copy = first.path
+        msg = (f"journal log {first.path} damaged at offset {first.offset}: {lost} bytes in "
+               f"{len(r.damage)} place(s) skipped, the frames around them replayed; copy in {copy}")
+        log.error("%s", msg)
+        if self.reporting is not None:
+            details = {"path": str(first.path), "copy": str(copy), "lost_bytes": lost,
+                       "damage": [d.as_dict() for d in r.damage]}
+            self.reporting.alarms.activate("store_salvaged", msg, details)
+            self.reporting.salvage_reports.append({"summary": msg, **details})
+
+    def load(self) -> tuple[list[StoredSession], list[Message]]:
+        """Everything persisted (SQLite, then the journal log replayed over it), as the
+        core needs it; also collects garbage. Starts the checkpoint timer."""
+        c = self._replay()
+        try:
+            return self._load(c)
+        finally:
+            if c is not self.conn:
+                c.close()
+            self._start_timer()
+
+    def _load(self, c: sqlite3.Connection) -> tuple[list[StoredSession], list[Message]]:
         refs: dict[int, int] = {}
         c.execute("DELETE FROM messages WHERE id NOT IN (SELECT msg_id FROM queue)")
         # message ids live in queue rows too (inline bodies have no messages row)
@@ -388,8 +446,8 @@ class SessionStore:
         add = self.committer.add
         add("DELETE FROM sessions WHERE client_id=?", (client_id,))
         add("DELETE FROM subscriptions WHERE client_id=?", (client_id,))
-        add("DELETE FROM queue WHERE client_id=?", (client_id,))
-        add("DELETE FROM awaiting_rel WHERE client_id=?", (client_id,))
+        self._segment().records.append(("D", client_id))
+        self._delta.client_deleted(client_id)
 
     def subscribed(self, client_id: str, topic_filter: str, o: SubOptions) -> None:
         self.committer.add(
@@ -410,17 +468,21 @@ class SessionStore:
             "DELETE FROM subscriptions WHERE client_id=? AND filter=?", (client_id, topic_filter)
         )
 
-    def _segment(self) -> _Journal:
-        """This turn's open journal segment (a new one once the last was handed to the
+    def _segment(self) -> LogSegment:
+        """This turn's open log segment (a new one once the last was handed to the
         writer or another write followed it)."""
-        seg = self._open
+        seg = self._seg
         if seg is None or not self._is_open(seg):
-            seg = self._open = _Journal()
+            if self._log.size >= CHECKPOINT_BYTES:  # the writer's count, read once a batch
+                self.checkpoint()
+                return self._seg  # type: ignore[return-value]
+            seg = self._seg = LogSegment(self._gen)
+            self._segments += 1
             self.committer.add_segment(seg)
         return seg
 
     def queued(self, client_id: str, d: Delivery) -> None:
-        seg = self._open
+        seg = self._seg
         if seg is None or not self._is_open(seg):
             seg = self._segment()
         m = d.message
@@ -433,28 +495,28 @@ class SessionStore:
         elif mid is None:  # its first queue row: the body goes inline
             mid = m.store_id = self._next_msg
             self._next_msg += 1
+            props = m.properties
             body = (
                 m.topic,
                 m.payload,
                 m.qos,
                 int(m.retain),
-                None if m.properties is NO_PROPERTIES else dump_props(m.properties),
+                None if props is NO_PROPERTIES else dump_props(props),
                 m.publisher,
                 m.username,
                 m.timestamp,
                 m.expires_at,
             )
-            seg.inline[mid] = self._next_ref
         else:
             self._msg_refs[mid] = self._msg_refs.get(mid, 1) + 1
             body = _NO_BODY
             if mid not in self._bodies:  # a second row: the body gets its messages row
                 self._body_row(seg, m, mid)
         d.ref = ref = self._next_ref
-        self._next_ref += 1
+        self._next_ref = ref + 1
         ids = d.subscription_ids
         share = d.share
-        seg.queue[ref] = [
+        row = (
             ref,
             client_id,
             mid,
@@ -465,14 +527,15 @@ class SessionStore:
             0,
             json.dumps(share) if share else None,
             *body,
-        ]
+        )
+        seg.records.append(row)
+        self._rows[ref] = row
 
-    def _body_row(self, seg: _Journal, m: Message, mid: int) -> None:
-        """Message ``mid`` needs a ``messages`` row (a large body, or a second queue row):
-        write it in this batch; its first row, if still in this batch, then need not
-        carry the body too."""
+    def _body_row(self, seg: LogSegment, m: Message, mid: int) -> None:
+        """Message ``mid`` needs a ``messages`` row (a large body, or a second queue
+        row). A first row that carries the body inline keeps it (the same message)."""
         self._bodies.add(mid)
-        seg.messages[mid] = (
+        row = (
             mid,
             m.topic,
             m.payload,
@@ -484,44 +547,34 @@ class SessionStore:
             m.timestamp,
             m.expires_at,
         )
-        first = seg.queue.get(seg.inline.pop(mid, -1))
-        if first is not None:
-            first[_BODY:] = _NO_BODY
+        seg.records.append(row)
+        self._delta.bodies[mid] = row
 
     def assigned(self, d: Delivery) -> None:
         ref = d.ref
         if ref is None:
             return
-        seg = self._segment()
-        row = seg.queue.get(ref)
-        if row is not None:
-            row[_PACKET_ID] = d.packet_id
-        else:
-            seg.packet_ids[ref] = d.packet_id
+        self._segment().records.append(("p", ref, d.packet_id))
+        self._delta.assigned(ref, d.packet_id)
 
     def released(self, d: Delivery) -> None:
         ref = d.ref
         if ref is None:
             return
-        seg = self._segment()
-        row = seg.queue.get(ref)
-        if row is not None:
-            row[_RELEASED] = 1
-        else:
-            seg.released[ref] = None
+        self._segment().records.append(("r", ref))
+        self._delta.release(ref)
 
     def removed(self, d: Delivery) -> None:
         ref = d.ref
         if ref is None:
             return
         d.ref = None
-        seg = self._open
+        seg = self._seg
         if seg is None or not self._is_open(seg):
             seg = self._segment()
-        if seg.queue.pop(ref, None) is None:  # else: inserted this turn, never written
-            seg.packet_ids.pop(ref, None)
-            seg.released.pop(ref, None)
-            seg.deleted_refs.append(ref)
+        seg.records.append(ref)
+        if self._rows.pop(ref, None) is None:  # else: added this generation, never in SQLite
+            self._delta.removed(ref)
         m = d.message
         mid = m.store_id
         if mid is None:
@@ -538,14 +591,64 @@ class SessionStore:
         bodies = self._bodies
         if mid in bodies:
             bodies.discard(mid)
-            if seg.messages.pop(mid, None) is None:
-                seg.deleted_messages.append(mid)
+            seg.records.append(("x", mid))
+            self._delta.body_gone(mid)
 
     def awaiting_rel_added(self, client_id: str, packet_id: int) -> None:
-        self._segment().awaiting[(client_id, packet_id)] = True
+        self._segment().records.append(("a", client_id, packet_id, True))
+        self._delta.awaiting[(client_id, packet_id)] = True
 
     def awaiting_rel_removed(self, client_id: str, packet_id: int) -> None:
-        self._segment().awaiting[(client_id, packet_id)] = False
+        self._segment().records.append(("a", client_id, packet_id, False))
+        self._delta.awaiting[(client_id, packet_id)] = False
+
+    # -- checkpoints (on the loop; the writer applies them) ------------------------------
+
+    def checkpoint(self) -> None:
+        """Close the current generation: its delta goes to SQLite with the next commit,
+        and its log files are deleted after that commit."""
+        old = self._delta
+        self._delta = Delta()
+        self._rows = self._delta.rows
+        self._gen += 1
+        self._segments = 0
+        self._checkpointed_at = time.monotonic()
+        seg = self._seg = LogSegment(self._gen, old)
+        self.committer.add_segment(seg)
+
+    def _start_timer(self) -> None:
+        loop = self.committer.loop
+        self._timer = loop.call_later(_TICK, self._tick)
+
+    def _tick(self) -> None:
+        self._timer = None
+        if self._written():
+            c = self.committer
+            jlog = c.log
+            size = jlog.size if jlog is not None else 0
+            fault = c.fault
+            if (
+                size >= CHECKPOINT_BYTES
+                or time.monotonic() - self._checkpointed_at >= CHECKPOINT_EVERY
+                or (fault is not None and fault.space)  # a checkpoint frees log space
+            ):
+                self.checkpoint()
+        self._start_timer()
+
+    def _closing(self) -> None:
+        """The committer closes: the last checkpoint goes with its last commit."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._written():
+            self.checkpoint()
+
+    def _written(self) -> bool:
+        """Records of the current generation exist (so a checkpoint has work)."""
+        if self._segments:
+            return True
+        seg = self._seg
+        return seg is not None and seg.generation == self._gen and bool(seg.records)
 
     def retained_saved(self, m: Message) -> None:
         self.committer.add(

@@ -49,6 +49,7 @@ from typing import Any, Protocol
 
 from gateway.store.db import JOURNAL_SIZE_LIMIT, ensure_schema, open_db
 from gateway.store.faults import StoreFault
+from gateway.store.journal_log import log_bytes, log_dir
 from gateway.store.salvage import SalvageReport, salvage
 from gateway.store.sessions import upgrade_schema
 from gateway.store.writer import GroupCommitter, Task
@@ -92,7 +93,7 @@ class SpaceSettings:
 class Usage:
     total: int
     free: int  # for us (f_bavail), not counting the reserve file
-    db_bytes: int  # gateway.db + its WAL
+    db_bytes: int  # gateway.db + its WAL + the journal log's files
     wal_bytes: int
 
     @property
@@ -166,7 +167,8 @@ def measure(data_dir: Path, db: Path) -> Usage:
         db_bytes = os.stat(db).st_size
     with contextlib.suppress(OSError):
         wal = os.stat(f"{db}-wal").st_size
-    return Usage(total, free, db_bytes + wal, wal)
+    # the journal log's files are the store's too (the size cap counts them)
+    return Usage(total, free, db_bytes + wal + log_bytes(log_dir(db)), wal)
 
 
 def maintain(conn: sqlite3.Connection, urgent: bool = False, budget: float = 2.0

@@ -14,10 +14,19 @@ holding bytes that must not leave before the current writes are durable (a PUBAC
 PUBREC, a QoS 2 delivery) registers a callback, which runs on the loop once every operation
 added before the registration is committed.
 
+A :class:`~gateway.store.journal_log.LogSegment` item is not SQL: its records go to the
+journal log (:attr:`log`), one frame per batch, written after the batch's SQLite
+transaction commits and durable (``O_DSYNC``) before the batch counts as committed. A
+segment that opens a new log generation carries the delta of the one before (a
+checkpoint): the delta's statements run in the batch's transaction, records of that
+older generation still in the batch are not written (the delta has them), and the old
+log file is recycled only after the commit.
+
 Invariants:
 - Batches commit in the order they were added, one at a time; within a batch,
   statements run in the order added (a run of one statement text goes to one
-  ``executemany``), a segment's statements where the segment was added.
+  ``executemany``), a segment's statements where the segment was added; log records
+  in the order added (they touch no table a statement of the batch touches).
 - A callback never runs before every operation added before it was registered is
   committed; callbacks run on the loop, in registration order.
 - ``dirty`` is True while some added operation is not yet committed (a segment left
@@ -62,6 +71,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from gateway.store.faults import StoreFault, classify
+from gateway.store.journal_log import JournalLog, LogSegment
 
 log = logging.getLogger("gateway.store")
 
@@ -134,7 +144,7 @@ class _Batch:
 class GroupCommitter:
     def __init__(self, conn: sqlite3.Connection, loop: asyncio.AbstractEventLoop) -> None:
         self._conn = conn
-        self._loop = loop
+        self._loop = self.loop = loop
         self._items: list[Item] = []
         self._callbacks: list[Callable[[], None]] = []
         self._inflight: _Batch | None = None
@@ -162,6 +172,11 @@ class GroupCommitter:
         self.release_space: Callable[[], bool] | None = None
         self._retry_delay = RETRY_FIRST
         self._retry_timer: asyncio.TimerHandle | None = None
+        # the journal log (gateway.store.journal_log): LogSegment items append to it
+        self.log: JournalLog | None = None
+        # on the loop at the start of close(), before the last commit (a final checkpoint)
+        self.before_close: Callable[[], None] | None = None
+        self.checkpoints = 0
 
     @property
     def dirty(self) -> bool:
@@ -306,13 +321,31 @@ class GroupCommitter:
                 self._loop.call_soon_threadsafe(done, task.result, task.error)
 
     def _commit(self, items: list[Item]) -> None:
+        """One batch: its SQL statements (and the deltas of the checkpoints in it) in one
+        SQLite transaction, its log records in one frame of the journal log (fdatasync),
+        the log frame last. Records of a generation a checkpoint of this batch covers
+        are not written: its delta has them, and it commits with the transaction."""
         conn = self._conn
-        conn.execute("BEGIN")
+        chunks: list[list[Any]] = []
+        deltas = []
+        rotate_to = -1
+        began = False
         n = len(items)
         i = 0
         while i < n:
             item = items[i]
             i += 1
+            if type(item) is LogSegment:
+                if item.checkpoint is not None:
+                    deltas.append(item.checkpoint)
+                    chunks.clear()  # the delta has them
+                    rotate_to = item.generation
+                if item.records:
+                    chunks.append(item.records)
+                continue
+            if not began:
+                conn.execute("BEGIN")
+                began = True
             if not isinstance(item, tuple):
                 for sql, params in item.statements():
                     conn.execute(sql, params)
@@ -329,7 +362,24 @@ class GroupCommitter:
                 conn.execute(sql, params)
             else:
                 conn.executemany(sql, run)
-        conn.execute("COMMIT")
+        if deltas:
+            if not began:
+                conn.execute("BEGIN")
+                began = True
+            for delta in deltas:
+                for sql, params in delta.statements():
+                    conn.execute(sql, params)
+        if began:
+            conn.execute("COMMIT")
+        jlog = self.log
+        if jlog is None:
+            return
+        if rotate_to >= 0:
+            jlog.rotate(rotate_to)
+            jlog.remove_before(rotate_to)
+            self.checkpoints += 1
+        if chunks:
+            jlog.append(chunks)
 
     # -- back on the loop --------------------------------------------------------------
 
@@ -423,6 +473,8 @@ class GroupCommitter:
         if self._retry_timer is not None:
             self._retry_timer.cancel()
             self._retry_timer = None
+        if self.before_close is not None:
+            self.before_close()
         try:
             self.flush_sync()
         except Exception as exc:
@@ -432,3 +484,5 @@ class GroupCommitter:
             self._queue.put(None)
             self._thread.join(timeout=30)
             self._conn.close()
+            if self.log is not None:
+                self.log.close()
