@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -208,36 +208,42 @@ def run(spark: SparkSession, settings: JobSettings, progress: Progress | None = 
     )
 
     raw_tel = read_raw(spark, raw_t, t_read, events=False)
-    tel = tables.classify(raw_tel, s).persist(StorageLevel.MEMORY_AND_DISK)
     raw_ev = read_raw(spark, raw_e, e_read, events=True)
     ev = tables.classify(raw_ev, s, events=True).persist(StorageLevel.MEMORY_AND_DISK)
-
-    t_lines = tables.dq_counts(tel, start, end)
-    e_lines = tables.dq_counts(ev, start, end)
-    say(f"read {sum(t_lines.values()):,} telemetry lines, {sum(e_lines.values()):,} event lines")
 
     out = s.out.rstrip("/")
     days = _days(start, end)
     schemas: dict[str, T.StructType] = {}
 
-    def write(name: str, df: DataFrame) -> None:
+    def write(name: str, df: DataFrame, *metrics: Column) -> dict[str, Any]:
+        """Write ``df`` as table ``name``; ``metrics`` (aggregates) are computed over the
+        written rows by the same job (observed), not by another pass."""
         path = f"{out}/{name}"
         remove_partitions(spark, path, days)
         schemas[name] = df.schema
-        df.write.mode("overwrite").partitionBy("event_date").parquet(path)
+        seen = Observation(name)
+        df.observe(seen, F.count(F.lit(1)).alias("rows"), *metrics).write.mode(
+            "overwrite"
+        ).partitionBy("event_date").parquet(path)
         say(f"wrote {name}")
+        return dict(seen.get)
 
     def table(name: str) -> DataFrame:
         df = spark.read.schema(schemas[name]).parquet(f"{out}/{name}")
         return df.where(tables.in_range(F.col("event_date"), start, end))
 
-    write("telemetry", tables.clean_telemetry(tel, s, start, end))
-    tel.unpersist()
+    # The raw telemetry is read once: its line counts per status are observed by the
+    # job that writes the telemetry table (no cache of the raw rows, no counting pass).
+    lines = Observation("telemetry_lines")
+    write("telemetry", tables.clean_telemetry(tables.classify(raw_tel, s), s, start, end, lines))
+    t_lines = tables.dq_from_metrics(lines.get)
+    e_lines = tables.dq_counts(ev, start, end)
+    say(f"read {sum(t_lines.values()):,} telemetry lines, {sum(e_lines.values()):,} event lines")
     clean = table("telemetry")
     long = tables.values(clean).persist(StorageLevel.MEMORY_AND_DISK)
     write("rollup_5m", tables.rollup_5m(long))
     write("rollup_site_1h", tables.rollup_site_1h(long))
-    write("anomalies", tables.anomalies(long, s))
+    anomalies = write("anomalies", tables.anomalies(long, s))["rows"]
     long.unpersist()
 
     events = tables.clean_events(ev, end).persist(StorageLevel.MEMORY_AND_DISK)
@@ -246,20 +252,22 @@ def run(spark: SparkSession, settings: JobSettings, progress: Progress | None = 
     daily = tables.device_daily(
         clean, table("device_sessions"), tables.event_daily(events, s, start, end)
     )
-    write("device_daily", daily)
+    sums = write("device_daily", daily, *_totals())
     events.unpersist()
-    daily = table("device_daily")
-    write("gaps", tables.gaps(clean, daily, s))
+    gaps = write("gaps", tables.gaps(clean, table("device_daily"), s))["rows"]
 
-    totals = _totals(daily, table("gaps").count(), table("anomalies").count())
+    totals = dq.Totals(
+        **{k: int(v or 0) for k, v in sums.items() if k != "rows"}, gaps=gaps, anomalies=anomalies
+    )
     report = dq.build_report(start, end, s.lookback_days, t_lines, e_lines, totals, s.dq)
     write_text(spark, f"{out}/_dq/{start}_{end}.json", json.dumps(report, indent=2, sort_keys=True))
     say(f"wrote _dq/{start}_{end}.json")
     return JobResult(start, end, report, time.monotonic() - began)
 
 
-def _totals(daily: DataFrame, gaps: int, anomalies: int) -> dq.Totals:
-    row = daily.agg(
+def _totals() -> list[Column]:
+    """The report's sums over the written device_daily rows (observed: no read-back)."""
+    return [
         *[
             F.coalesce(F.sum(c), F.lit(0)).alias(c)
             for c in (
@@ -274,12 +282,11 @@ def _totals(daily: DataFrame, gaps: int, anomalies: int) -> dq.Totals:
                 "sessions",
             )
         ],
-        F.count_distinct("device").alias("devices"),
+        # observed metrics allow no distinct aggregate: the set of devices instead
+        F.size(F.collect_set("device")).alias("devices"),
         F.count(F.lit(1)).alias("device_days"),
-        F.sum(F.col("flapping").cast("int")).alias("flapping_device_days"),
-    ).collect()[0]
-    values = {k: int(row[k] or 0) for k in row.asDict()}
-    return dq.Totals(**values, gaps=gaps, anomalies=anomalies)
+        F.coalesce(F.sum(F.col("flapping").cast("int")), F.lit(0)).alias("flapping_device_days"),
+    ]
 
 
 __all__ = ["TABLES", "JobResult", "NoInput", "configure", "run", "spark_session"]

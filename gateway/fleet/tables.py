@@ -22,7 +22,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import Column, DataFrame, Observation, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -105,8 +105,27 @@ def in_range(col: Column, start: dt.date, end: dt.date) -> Column:
 # ------------------------------------------------------------------ clean telemetry
 
 
+def dq_metrics(start: dt.date, end: dt.date) -> list[Column]:
+    """Aggregates counting a classified DataFrame's lines per status within the range
+    (``status_<name>``), for :meth:`DataFrame.observe` or a plain ``agg``."""
+    inside = in_range(F.col("dq_date"), start, end)
+    return [
+        F.count(F.when(inside & (F.col("status") == status), 1)).alias(f"status_{status}")
+        for status in STATUSES
+    ]
+
+
+def dq_from_metrics(row: dict[str, Any]) -> dict[str, int]:
+    """The ``{status: lines}`` dict from :func:`dq_metrics`' values."""
+    return {status: int(row.get(f"status_{status}") or 0) for status in STATUSES}
+
+
 def clean_telemetry(
-    classified: DataFrame, s: JobSettings, start: dt.date, end: dt.date
+    classified: DataFrame,
+    s: JobSettings,
+    start: dt.date,
+    end: dt.date,
+    observation: Observation | None = None,
 ) -> DataFrame:
     """One row per message of the range: duplicates dropped, values cast, rows flagged.
 
@@ -114,8 +133,35 @@ def clean_telemetry(
     metrics (map<string,double>, only finite numbers), bad_values (values dropped),
     duplicates, seq_gap (seq numbers missing just before), seq_reset, is_late,
     is_out_of_order.
+
+    With ``observation``, every classified line (rejected ones too) goes through the
+    shuffle and :func:`dq_metrics` is observed on the far side of it: the line counts
+    come with the write, in the result stage, whose tasks' metrics Spark merges once per
+    partition (a map stage re-run after a lost executor would count its lines twice).
     """
-    rows = classified.where((F.col("status") == "ok") & in_range(F.col("event_date"), start, end))
+    rows = classified.select(
+        "event_date",
+        "site",
+        "gw",
+        "device",
+        "seq",
+        "ts",
+        "rx_ts",
+        "topic",
+        "ingest_date",
+        "metrics",
+        "status",
+        "dq_date",
+    )
+    keep = (F.col("status") == "ok") & in_range(F.col("event_date"), start, end)
+    # One shuffle by device-day and one sort by (event_date, device, seq, tie-breakers)
+    # serve every window below and the writer (which wants rows sorted by event_date):
+    # each window's partition and order keys are a prefix of that sort.
+    day = ["event_date", "device"]
+    if observation is None:
+        rows = rows.where(keep).repartition(*day)
+    else:
+        rows = rows.repartition(*day).observe(observation, *dq_metrics(start, end)).where(keep)
     cast = F.transform_values(
         F.coalesce(F.col("metrics"), F.create_map().cast("map<string,string>")),
         lambda _k, v: v.try_cast("double"),
@@ -139,11 +185,6 @@ def clean_telemetry(
         .withColumn("values", finite)
         .withColumn("bad_values", F.size("cast") - F.size("values"))
     )
-    # One shuffle by device-day and one sort by (event_date, device, seq, tie-breakers)
-    # serve every window below and the writer (which wants rows sorted by event_date):
-    # each window's partition and order keys are a prefix of that sort.
-    day = ["event_date", "device"]
-    rows = rows.repartition(*day)
     copy_order = Window.partitionBy(*day).orderBy(
         "seq", "rx_ts", "ingest_date", "gw", "site", "ts", "topic"
     )
@@ -461,12 +502,6 @@ def gaps(telemetry: DataFrame, daily: DataFrame, s: JobSettings) -> DataFrame:
     return out.withColumn("duration_s", seconds).where(F.col("duration_s") > s.gap_threshold)
 
 
-def dq_counts(classified: DataFrame, start: dt.date, end: dt.date) -> dict[str, Any]:
+def dq_counts(classified: DataFrame, start: dt.date, end: dt.date) -> dict[str, int]:
     """Lines per status within the range, from a classified raw DataFrame (one job)."""
-    rows = (
-        classified.where(in_range(F.col("dq_date"), start, end)).groupBy("status").count().collect()
-    )
-    counts = {status: 0 for status in STATUSES}
-    for row in rows:
-        counts[row["status"]] = int(row["count"])
-    return counts
+    return dq_from_metrics(classified.agg(*dq_metrics(start, end)).collect()[0].asDict())
