@@ -162,12 +162,22 @@ def clean_telemetry(
         rows = rows.where(keep).repartition(*day)
     else:
         rows = rows.repartition(*day).observe(observation, *dq_metrics(start, end)).where(keep)
-    cast = F.transform_values(
-        F.coalesce(F.col("metrics"), F.create_map().cast("map<string,string>")),
-        lambda _k, v: v.try_cast("double"),
+    # A plain cast (compiled code; a value that is no number becomes null) and the
+    # finiteness test on the values' array; only a map holding a null, NaN or infinity
+    # goes through the lambda (evaluated row by row, outside the generated code).
+    cast = F.coalesce(F.col("metrics"), F.create_map().cast("map<string,string>")).try_cast(
+        "map<string,double>"
     )
-    finite = F.map_filter(
-        F.col("cast"), lambda _k, v: v.isNotNull() & ~F.isnan(v) & (F.abs(v) < float("inf"))
+    vals = F.map_values(F.col("cast"))
+    all_finite = (
+        (F.size(F.array_compact(vals)) == F.size(vals))
+        & F.coalesce(F.array_max(vals) < float("inf"), F.lit(True))  # NaN sorts above inf
+        & F.coalesce(F.array_min(vals) > float("-inf"), F.lit(True))
+    )
+    finite = F.when(all_finite, F.col("cast")).otherwise(
+        F.map_filter(
+            F.col("cast"), lambda _k, v: v.isNotNull() & ~F.isnan(v) & (F.abs(v) < float("inf"))
+        )
     )
     rows = (
         rows.select(
@@ -185,16 +195,22 @@ def clean_telemetry(
         .withColumn("values", finite)
         .withColumn("bad_values", F.size("cast") - F.size("values"))
     )
+    # Two windows (one sort): over the copies in (seq, tie-breakers) order, the first of
+    # each seq is kept; a kept row's copies are the rows up to the next kept one.
     copy_order = Window.partitionBy(*day).orderBy(
         "seq", "rx_ts", "ingest_date", "gw", "site", "ts", "topic"
     )
-    same_seq = Window.partitionBy(*day).orderBy("seq").rangeBetween(0, 0)
-    # the most specific order first: the windows above it find the rows sorted
-    rows = rows.withColumn("prev_seq", F.lag("seq").over(copy_order)).withColumn(
-        "copies", F.count(F.lit(1)).over(same_seq)
+    whole = copy_order.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
+    rows = (
+        rows.withColumn("prev_seq", F.lag("seq").over(copy_order))
+        .withColumn("rn", F.row_number().over(copy_order))
+        .withColumn("n", F.count(F.lit(1)).over(whole))
     )
     rows = rows.where(F.col("prev_seq").isNull() | (F.col("prev_seq") != F.col("seq")))
     ordered = Window.partitionBy(*day).orderBy("seq")
+    rows = rows.withColumn(
+        "copies", F.coalesce(F.lead("rn").over(ordered), F.col("n") + 1) - F.col("rn")
+    )
     step = F.col("seq") - F.lag("seq").over(ordered) - 1
     return rows.select(
         "event_date",
