@@ -7,10 +7,13 @@ Steps (each prints a progress line):
    the range: by default the first to the last ingest date present;
 2. read telemetry of ingest dates ``[start - 1, end + lookback]`` and events of every
    ingest date up to ``end + lookback`` with an explicit schema (PERMISSIVE: a corrupt
-   line becomes a counted row, never a failure), and cache them;
+   line becomes a counted row, never a failure); the events (a few per device and day)
+   are cached, the raw telemetry is not: it is read once, by the job that writes
+   ``telemetry``, which also counts its lines per status (an observed metric);
 3. write ``telemetry`` (clean messages), then read it back for ``rollup_5m``,
    ``rollup_site_1h`` and ``anomalies``; write ``device_sessions``, ``device_daily``,
-   ``gaps``;
+   ``gaps``; the report's totals and row counts are observed by the jobs that write
+   those tables (no pass reads a table back only to count it);
 4. write the data-quality report to ``{out}/_dq/{start}_{end}.json``.
 
 Invariants: every table is partitioned by ``event_date``; before a table is written, its
