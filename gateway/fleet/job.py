@@ -95,12 +95,13 @@ def configure(spark: SparkSession) -> None:
     # site=001 must stay the string "001": partition values are typed by the schemas.
     conf.set("spark.sql.sources.partitionColumnTypeInference.enabled", "false")
     sc = spark.sparkContext
-    if not sc.getConf().contains("spark.sql.shuffle.partitions"):
+    if not _is_set(spark, "spark.sql.shuffle.partitions"):
         # A few shuffle partitions per core, for every master (Spark's default of 200 made
         # a one-worker standalone cluster run 200 tiny tasks per shuffle); AQE coalesces
-        # no further. A value given to spark-submit (--conf) is left alone.
+        # no further. A value given to spark-submit (--conf), the builder or the session
+        # before this call is left alone, and so is coalescing then.
         conf.set("spark.sql.shuffle.partitions", str(max(4, 2 * sc.defaultParallelism)))
-        if not sc.getConf().contains("spark.sql.adaptive.coalescePartitions.enabled"):
+        if not _is_set(spark, "spark.sql.adaptive.coalescePartitions.enabled"):
             # Two partitions per core already are few; AQE merged the telemetry shuffle's
             # 4 into 3 on local[2] (one core idle for the last third of the job's biggest
             # stage). Uncoalesced: 4 even tasks, 4-9 s less wall on the bench data.
@@ -116,6 +117,12 @@ WRITE_OPTIONS: dict[str, dict[str, str]] = {
     "telemetry": {f"parquet.enable.dictionary#{c}": "false" for c in ("ts", "rx_ts")},
 }
 """Parquet writer options per table (``parquet.*#column`` applies to one column)."""
+
+
+def _is_set(spark: SparkSession, key: str) -> bool:
+    """Whether the session's SQL conf holds an explicit ``key`` (spark-submit's ``--conf``
+    values are copied into it when the session is made)."""
+    return bool(spark._jsparkSession.sessionState().conf().contains(key))
 
 
 @dataclass(frozen=True, slots=True)
