@@ -7,10 +7,13 @@ Steps (each prints a progress line):
    the range: by default the first to the last ingest date present;
 2. read telemetry of ingest dates ``[start - 1, end + lookback]`` and events of every
    ingest date up to ``end + lookback`` with an explicit schema (PERMISSIVE: a corrupt
-   line becomes a counted row, never a failure), and cache them;
+   line becomes a counted row, never a failure); the events (a few per device and day)
+   are cached, the raw telemetry is not: it is read once, by the job that writes
+   ``telemetry``, which also counts its lines per status (an observed metric);
 3. write ``telemetry`` (clean messages), then read it back for ``rollup_5m``,
    ``rollup_site_1h`` and ``anomalies``; write ``device_sessions``, ``device_daily``,
-   ``gaps``;
+   ``gaps``; the report's totals and row counts are observed by the jobs that write
+   those tables (no pass reads a table back only to count it);
 4. write the data-quality report to ``{out}/_dq/{start}_{end}.json``.
 
 Invariants: every table is partitioned by ``event_date``; before a table is written, its
@@ -31,7 +34,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -92,12 +95,34 @@ def configure(spark: SparkSession) -> None:
     # site=001 must stay the string "001": partition values are typed by the schemas.
     conf.set("spark.sql.sources.partitionColumnTypeInference.enabled", "false")
     sc = spark.sparkContext
-    if not sc.getConf().contains("spark.sql.shuffle.partitions"):
+    if not _is_set(spark, "spark.sql.shuffle.partitions"):
         # A few shuffle partitions per core, for every master (Spark's default of 200 made
         # a one-worker standalone cluster run 200 tiny tasks per shuffle); AQE coalesces
-        # further. A value given to spark-submit (--conf) is left alone.
+        # no further. A value given to spark-submit (--conf), the builder or the session
+        # before this call is left alone, and so is coalescing then.
         conf.set("spark.sql.shuffle.partitions", str(max(4, 2 * sc.defaultParallelism)))
+        if not _is_set(spark, "spark.sql.adaptive.coalescePartitions.enabled"):
+            # Two partitions per core already are few; AQE merged the telemetry shuffle's
+            # 4 into 3 on local[2] (one core idle for the last third of the job's biggest
+            # stage). Uncoalesced: 4 even tasks, 4-9 s less wall on the bench data.
+            conf.set("spark.sql.adaptive.coalescePartitions.enabled", "false")
     spark.sparkContext.setLogLevel("ERROR")
+
+
+WRITE_OPTIONS: dict[str, dict[str, str]] = {
+    # Every ts and rx_ts of the telemetry is distinct: Parquet's writer would build a
+    # dictionary of them page after page before falling back to plain encoding (about
+    # 3.5 of the ~8 CPU-s the table's write took on the bench data); without it the files
+    # are smaller too. The other columns keep their dictionaries.
+    "telemetry": {f"parquet.enable.dictionary#{c}": "false" for c in ("ts", "rx_ts")},
+}
+"""Parquet writer options per table (``parquet.*#column`` applies to one column)."""
+
+
+def _is_set(spark: SparkSession, key: str) -> bool:
+    """Whether the session's SQL conf holds an explicit ``key`` (spark-submit's ``--conf``
+    values are copied into it when the session is made)."""
+    return bool(spark._jsparkSession.sessionState().conf().contains(key))
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,36 +233,43 @@ def run(spark: SparkSession, settings: JobSettings, progress: Progress | None = 
     )
 
     raw_tel = read_raw(spark, raw_t, t_read, events=False)
-    tel = tables.classify(raw_tel, s).persist(StorageLevel.MEMORY_AND_DISK)
     raw_ev = read_raw(spark, raw_e, e_read, events=True)
     ev = tables.classify(raw_ev, s, events=True).persist(StorageLevel.MEMORY_AND_DISK)
-
-    t_lines = tables.dq_counts(tel, start, end)
-    e_lines = tables.dq_counts(ev, start, end)
-    say(f"read {sum(t_lines.values()):,} telemetry lines, {sum(e_lines.values()):,} event lines")
 
     out = s.out.rstrip("/")
     days = _days(start, end)
     schemas: dict[str, T.StructType] = {}
 
-    def write(name: str, df: DataFrame) -> None:
+    def write(name: str, df: DataFrame, *metrics: Column) -> dict[str, Any]:
+        """Write ``df`` as table ``name``; ``metrics`` (aggregates) are computed over the
+        written rows by the same job (observed), not by another pass."""
         path = f"{out}/{name}"
         remove_partitions(spark, path, days)
         schemas[name] = df.schema
-        df.write.mode("overwrite").partitionBy("event_date").parquet(path)
+        seen = Observation(name)
+        writer = df.observe(seen, F.count(F.lit(1)).alias("rows"), *metrics).write
+        for key, value in WRITE_OPTIONS.get(name, {}).items():
+            writer = writer.option(key, value)
+        writer.mode("overwrite").partitionBy("event_date").parquet(path)
         say(f"wrote {name}")
+        return dict(seen.get)
 
     def table(name: str) -> DataFrame:
         df = spark.read.schema(schemas[name]).parquet(f"{out}/{name}")
         return df.where(tables.in_range(F.col("event_date"), start, end))
 
-    write("telemetry", tables.clean_telemetry(tel, s, start, end))
-    tel.unpersist()
+    # The raw telemetry is read once: its line counts per status are observed by the
+    # job that writes the telemetry table (no cache of the raw rows, no counting pass).
+    lines = Observation("telemetry_lines")
+    write("telemetry", tables.clean_telemetry(tables.classify(raw_tel, s), s, start, end, lines))
+    t_lines = tables.dq_from_metrics(lines.get)
+    e_lines = tables.dq_counts(ev, start, end)
+    say(f"read {sum(t_lines.values()):,} telemetry lines, {sum(e_lines.values()):,} event lines")
     clean = table("telemetry")
     long = tables.values(clean).persist(StorageLevel.MEMORY_AND_DISK)
     write("rollup_5m", tables.rollup_5m(long))
     write("rollup_site_1h", tables.rollup_site_1h(long))
-    write("anomalies", tables.anomalies(long, s))
+    anomalies = write("anomalies", tables.anomalies(long, s))["rows"]
     long.unpersist()
 
     events = tables.clean_events(ev, end).persist(StorageLevel.MEMORY_AND_DISK)
@@ -246,20 +278,22 @@ def run(spark: SparkSession, settings: JobSettings, progress: Progress | None = 
     daily = tables.device_daily(
         clean, table("device_sessions"), tables.event_daily(events, s, start, end)
     )
-    write("device_daily", daily)
+    sums = write("device_daily", daily, *_totals())
     events.unpersist()
-    daily = table("device_daily")
-    write("gaps", tables.gaps(clean, daily, s))
+    gaps = write("gaps", tables.gaps(clean, table("device_daily"), s))["rows"]
 
-    totals = _totals(daily, table("gaps").count(), table("anomalies").count())
+    totals = dq.Totals(
+        **{k: int(v or 0) for k, v in sums.items() if k != "rows"}, gaps=gaps, anomalies=anomalies
+    )
     report = dq.build_report(start, end, s.lookback_days, t_lines, e_lines, totals, s.dq)
     write_text(spark, f"{out}/_dq/{start}_{end}.json", json.dumps(report, indent=2, sort_keys=True))
     say(f"wrote _dq/{start}_{end}.json")
     return JobResult(start, end, report, time.monotonic() - began)
 
 
-def _totals(daily: DataFrame, gaps: int, anomalies: int) -> dq.Totals:
-    row = daily.agg(
+def _totals() -> list[Column]:
+    """The report's sums over the written device_daily rows (observed: no read-back)."""
+    return [
         *[
             F.coalesce(F.sum(c), F.lit(0)).alias(c)
             for c in (
@@ -274,12 +308,11 @@ def _totals(daily: DataFrame, gaps: int, anomalies: int) -> dq.Totals:
                 "sessions",
             )
         ],
-        F.count_distinct("device").alias("devices"),
+        # observed metrics allow no distinct aggregate: the set of devices instead
+        F.size(F.collect_set("device")).alias("devices"),
         F.count(F.lit(1)).alias("device_days"),
-        F.sum(F.col("flapping").cast("int")).alias("flapping_device_days"),
-    ).collect()[0]
-    values = {k: int(row[k] or 0) for k in row.asDict()}
-    return dq.Totals(**values, gaps=gaps, anomalies=anomalies)
+        F.coalesce(F.sum(F.col("flapping").cast("int")), F.lit(0)).alias("flapping_device_days"),
+    ]
 
 
 __all__ = ["TABLES", "JobResult", "NoInput", "configure", "run", "spark_session"]

@@ -22,7 +22,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import Column, DataFrame, Observation, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -105,8 +105,27 @@ def in_range(col: Column, start: dt.date, end: dt.date) -> Column:
 # ------------------------------------------------------------------ clean telemetry
 
 
+def dq_metrics(start: dt.date, end: dt.date) -> list[Column]:
+    """Aggregates counting a classified DataFrame's lines per status within the range
+    (``status_<name>``), for :meth:`DataFrame.observe` or a plain ``agg``."""
+    inside = in_range(F.col("dq_date"), start, end)
+    return [
+        F.count(F.when(inside & (F.col("status") == status), 1)).alias(f"status_{status}")
+        for status in STATUSES
+    ]
+
+
+def dq_from_metrics(row: dict[str, Any]) -> dict[str, int]:
+    """The ``{status: lines}`` dict from :func:`dq_metrics`' values."""
+    return {status: int(row.get(f"status_{status}") or 0) for status in STATUSES}
+
+
 def clean_telemetry(
-    classified: DataFrame, s: JobSettings, start: dt.date, end: dt.date
+    classified: DataFrame,
+    s: JobSettings,
+    start: dt.date,
+    end: dt.date,
+    observation: Observation | None = None,
 ) -> DataFrame:
     """One row per message of the range: duplicates dropped, values cast, rows flagged.
 
@@ -114,14 +133,51 @@ def clean_telemetry(
     metrics (map<string,double>, only finite numbers), bad_values (values dropped),
     duplicates, seq_gap (seq numbers missing just before), seq_reset, is_late,
     is_out_of_order.
+
+    With ``observation``, every classified line (rejected ones too) goes through the
+    shuffle and :func:`dq_metrics` is observed on the far side of it: the line counts
+    come with the write, in the result stage, whose tasks' metrics Spark merges once per
+    partition (a map stage re-run after a lost executor would count its lines twice).
     """
-    rows = classified.where((F.col("status") == "ok") & in_range(F.col("event_date"), start, end))
-    cast = F.transform_values(
-        F.coalesce(F.col("metrics"), F.create_map().cast("map<string,string>")),
-        lambda _k, v: v.try_cast("double"),
+    rows = classified.select(
+        "event_date",
+        "site",
+        "gw",
+        "device",
+        "seq",
+        "ts",
+        "rx_ts",
+        "topic",
+        "ingest_date",
+        "metrics",
+        "status",
+        "dq_date",
     )
-    finite = F.map_filter(
-        F.col("cast"), lambda _k, v: v.isNotNull() & ~F.isnan(v) & (F.abs(v) < float("inf"))
+    keep = (F.col("status") == "ok") & in_range(F.col("event_date"), start, end)
+    # One shuffle by device-day and one sort by (event_date, device, seq, tie-breakers)
+    # serve every window below and the writer (which wants rows sorted by event_date):
+    # each window's partition and order keys are a prefix of that sort.
+    day = ["event_date", "device"]
+    if observation is None:
+        rows = rows.where(keep).repartition(*day)
+    else:
+        rows = rows.repartition(*day).observe(observation, *dq_metrics(start, end)).where(keep)
+    # A plain cast (compiled code; a value that is no number becomes null) and the
+    # finiteness test on the values' array; only a map holding a null, NaN or infinity
+    # goes through the lambda (evaluated row by row, outside the generated code).
+    cast = F.coalesce(F.col("metrics"), F.create_map().cast("map<string,string>")).try_cast(
+        "map<string,double>"
+    )
+    vals = F.map_values(F.col("cast"))
+    all_finite = (
+        (F.size(F.array_compact(vals)) == F.size(vals))
+        & F.coalesce(F.array_max(vals) < float("inf"), F.lit(True))  # NaN sorts above inf
+        & F.coalesce(F.array_min(vals) > float("-inf"), F.lit(True))
+    )
+    finite = F.when(all_finite, F.col("cast")).otherwise(
+        F.map_filter(
+            F.col("cast"), lambda _k, v: v.isNotNull() & ~F.isnan(v) & (F.abs(v) < float("inf"))
+        )
     )
     rows = (
         rows.select(
@@ -139,21 +195,22 @@ def clean_telemetry(
         .withColumn("values", finite)
         .withColumn("bad_values", F.size("cast") - F.size("values"))
     )
-    # One shuffle by device-day and one sort by (event_date, device, seq, tie-breakers)
-    # serve every window below and the writer (which wants rows sorted by event_date):
-    # each window's partition and order keys are a prefix of that sort.
-    day = ["event_date", "device"]
-    rows = rows.repartition(*day)
+    # Two windows (one sort): over the copies in (seq, tie-breakers) order, the first of
+    # each seq is kept; a kept row's copies are the rows up to the next kept one.
     copy_order = Window.partitionBy(*day).orderBy(
         "seq", "rx_ts", "ingest_date", "gw", "site", "ts", "topic"
     )
-    same_seq = Window.partitionBy(*day).orderBy("seq").rangeBetween(0, 0)
-    # the most specific order first: the windows above it find the rows sorted
-    rows = rows.withColumn("prev_seq", F.lag("seq").over(copy_order)).withColumn(
-        "copies", F.count(F.lit(1)).over(same_seq)
+    whole = copy_order.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
+    rows = (
+        rows.withColumn("prev_seq", F.lag("seq").over(copy_order))
+        .withColumn("rn", F.row_number().over(copy_order))
+        .withColumn("n", F.count(F.lit(1)).over(whole))
     )
     rows = rows.where(F.col("prev_seq").isNull() | (F.col("prev_seq") != F.col("seq")))
     ordered = Window.partitionBy(*day).orderBy("seq")
+    rows = rows.withColumn(
+        "copies", F.coalesce(F.lead("rn").over(ordered), F.col("n") + 1) - F.col("rn")
+    )
     step = F.col("seq") - F.lag("seq").over(ordered) - 1
     return rows.select(
         "event_date",
@@ -461,12 +518,6 @@ def gaps(telemetry: DataFrame, daily: DataFrame, s: JobSettings) -> DataFrame:
     return out.withColumn("duration_s", seconds).where(F.col("duration_s") > s.gap_threshold)
 
 
-def dq_counts(classified: DataFrame, start: dt.date, end: dt.date) -> dict[str, Any]:
+def dq_counts(classified: DataFrame, start: dt.date, end: dt.date) -> dict[str, int]:
     """Lines per status within the range, from a classified raw DataFrame (one job)."""
-    rows = (
-        classified.where(in_range(F.col("dq_date"), start, end)).groupBy("status").count().collect()
-    )
-    counts = {status: 0 for status in STATUSES}
-    for row in rows:
-        counts[row["status"]] = int(row["count"])
-    return counts
+    return dq_from_metrics(classified.agg(*dq_metrics(start, end)).collect()[0].asDict())
