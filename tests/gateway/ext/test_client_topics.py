@@ -19,7 +19,6 @@ from gateway.store.db import db_path
 from gateway.store.extensions import AutoSubscribeEntry, AutoSubscribeStore
 from tests.gateway.core.test_node import connect
 
-
 AFTER = MAX_AGE * 1.001  # (time is a float: 100.1 - 100.0 < 0.1)
 
 
