@@ -183,8 +183,11 @@ class SysPublisher:
         }
 
     def _emit(self, client: ClientInfo, event: str, payload: dict[str, Any]) -> None:
+        index = self.node.broker.index
+        if not index.has_first_level("$SYS"):
+            return  # no "$SYS/..." subscription at all (the usual case): not even a topic
         topic = self._event_topic(client, event)
-        if topic is None or not self.node.broker.index.has_match(topic):
+        if topic is None or not index.has_match(topic):
             return  # nobody listens: no JSON, no timer, no cached one-off topic
         data = json.dumps(payload, separators=(",", ":"))
 
@@ -195,9 +198,13 @@ class SysPublisher:
         self.node.scheduler.call_later(0.0, later)
 
     def _listened(self, client: ClientInfo, event: str) -> bool:
-        """Does anyone subscribe to this client event (else nothing is built for it)?"""
+        """Does anyone subscribe to this client event (else nothing is built for it)?
+        Per CONNECT and disconnect: without any ``$SYS/...`` subscription, one dict probe."""
+        index = self.node.broker.index
+        if not index.has_first_level("$SYS"):
+            return False
         topic = self._event_topic(client, event)
-        return topic is not None and self.node.broker.index.has_match(topic)
+        return topic is not None and index.has_match(topic)
 
     def _on_connected(self, client: ClientInfo) -> None:
         # every CONNECT passes here: no payload (dict, listener port) when nobody listens
