@@ -86,6 +86,9 @@ class SysPublisher:
             if enabled:
                 self.node.hooks.add(name, callback)
                 self._hooks.append((name, callback))
+        # the disconnected event's payload has no local address (sockport is the
+        # listener's): the node need not look one up for it
+        self.node.sockname_unused.add(self._on_disconnected)
         if self.settings.sys_msg_interval > 0:
             self.tick()
         if self.settings.sys_heartbeat_interval > 0:
@@ -96,6 +99,7 @@ class SysPublisher:
         for name, callback in self._hooks:
             self.node.hooks.remove(name, callback)
         self._hooks.clear()
+        self.node.sockname_unused.discard(self._on_disconnected)
         for timer in (self._tick_timer, self._beat_timer):
             if timer is not None:
                 timer.cancel()
