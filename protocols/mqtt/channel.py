@@ -576,7 +576,7 @@ class MqttChannel:
         info = self.info
         if info is not None and "disconnect_reason" not in info.attrs:
             info.set_attr("disconnect_reason", reason)
-            if props is not None and props != NO_PROPERTIES:
+            if props is not None and props is not NO_PROPERTIES and props != NO_PROPERTIES:
                 info.set_attr("disconn_props", props)
 
     def _protocol_error(self, exc: RemoteProtocolError) -> None:
@@ -682,7 +682,8 @@ class MqttChannel:
         elif len(cid) > s.max_clientid_len:
             self._refuse(RC.CLIENT_IDENTIFIER_NOT_VALID, "client id too long")
             return
-        host, port = self.peer if self.peer else (None, None)
+        peer = self.peer
+        host, port = peer if peer else (None, None)
         info = ClientInfo(
             client_id=cid,
             proto_ver=v,
