@@ -410,8 +410,8 @@ class Node:
         if expiry == 0:
             self._terminate(session, "terminated")
         elif expiry != NEVER_EXPIRE:
-            session.expiry_timer = self.scheduler.call_later(
-                expiry, lambda: self._expire(session)
+            session.expiry_timer = self.scheduler.call_later(  # (a partial: no closure
+                expiry, functools.partial(self._expire, session)  # kept per session)
             )
 
     def _will_due(self, session: Session) -> None:
