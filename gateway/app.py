@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import gc
 import logging
 import signal
 import sqlite3
@@ -444,6 +445,10 @@ async def serve(config: GatewayConfig, worker: int | None = None) -> int:
         loop.add_signal_handler(sig, stop.set)
     loop.add_signal_handler(signal.SIGHUP, gateway.reload)
     log.info("gatewayd %s started", config.node.name)
+    # What start-up made (modules, configuration, schemas: ~100k objects) lives as long as
+    # the process: kept out of the full garbage collections from here on (a reconnect
+    # storm of persistent sessions triggers several, and each walked all of it)
+    gc.freeze()
     admin = gateway.admin
     systemd = SystemdIntegration(admin.status_line if admin is not None else lambda: "running")
     systemd.ready()  # READY=1 now that every listener is open; watchdog pings from here
@@ -451,6 +456,7 @@ async def serve(config: GatewayConfig, worker: int | None = None) -> int:
     log.info("stopping")
     systemd.stopping()
     await gateway.stop()
+    gc.unfreeze()  # finalized at exit as before (the store's last checkpoint)
     return 0
 
 

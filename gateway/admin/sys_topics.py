@@ -86,6 +86,9 @@ class SysPublisher:
             if enabled:
                 self.node.hooks.add(name, callback)
                 self._hooks.append((name, callback))
+        # the disconnected event's payload has no local address (sockport is the
+        # listener's): the node need not look one up for it
+        self.node.sockname_unused.add(self._on_disconnected)
         if self.settings.sys_msg_interval > 0:
             self.tick()
         if self.settings.sys_heartbeat_interval > 0:
@@ -96,6 +99,7 @@ class SysPublisher:
         for name, callback in self._hooks:
             self.node.hooks.remove(name, callback)
         self._hooks.clear()
+        self.node.sockname_unused.discard(self._on_disconnected)
         for timer in (self._tick_timer, self._beat_timer):
             if timer is not None:
                 timer.cancel()
@@ -183,8 +187,11 @@ class SysPublisher:
         }
 
     def _emit(self, client: ClientInfo, event: str, payload: dict[str, Any]) -> None:
+        index = self.node.broker.index
+        if not index.has_first_level("$SYS"):
+            return  # no "$SYS/..." subscription at all (the usual case): not even a topic
         topic = self._event_topic(client, event)
-        if topic is None or not self.node.broker.index.has_match(topic):
+        if topic is None or not index.has_match(topic):
             return  # nobody listens: no JSON, no timer, no cached one-off topic
         data = json.dumps(payload, separators=(",", ":"))
 
@@ -195,9 +202,13 @@ class SysPublisher:
         self.node.scheduler.call_later(0.0, later)
 
     def _listened(self, client: ClientInfo, event: str) -> bool:
-        """Does anyone subscribe to this client event (else nothing is built for it)?"""
+        """Does anyone subscribe to this client event (else nothing is built for it)?
+        Per CONNECT and disconnect: without any ``$SYS/...`` subscription, one dict probe."""
+        index = self.node.broker.index
+        if not index.has_first_level("$SYS"):
+            return False
         topic = self._event_topic(client, event)
-        return topic is not None and self.node.broker.index.has_match(topic)
+        return topic is not None and index.has_match(topic)
 
     def _on_connected(self, client: ClientInfo) -> None:
         # every CONNECT passes here: no payload (dict, listener port) when nobody listens

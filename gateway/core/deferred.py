@@ -91,6 +91,8 @@ def fold_deferred(
         except Exception:
             log.exception("hook %s: callback %r failed", name, callback)
             continue
+        if result is None:  # (the usual answer: not mine, next)
+            continue
         if isinstance(result, Deferred):
             if result.done:
                 result = result.value

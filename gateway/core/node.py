@@ -122,6 +122,9 @@ class Node:
         self._counters = self.metrics.counters  # the hot path increments directly
         self._active_hooks = self.hooks.active
         self.connections = 0
+        # client.disconnected subscribers that never read attrs["sockname"] (the $SYS
+        # client events): when they are the only ones, no local address is looked up
+        self.sockname_unused: set[Callable[..., Any]] = set()
         # MQTT 5 enhanced authentication methods ("SCRAM-SHA-256" -> exchange factory),
         # registered by gateway.auth
         self.auth_methods: dict[str, Callable[[ClientInfo], AuthExchange]] = {}
@@ -145,7 +148,8 @@ class Node:
         self.metrics.incr(metric, n)
 
     def connack(self, client: ClientInfo, reason_code: int) -> None:
-        self.hooks.run("client.connack", client, reason_code)
+        if "client.connack" in self._active_hooks:  # (per CONNECT: no call when none)
+            self.hooks.run("client.connack", client, reason_code)
 
     def delivered(self, client: ClientInfo, deliveries: list[Delivery]) -> None:
         self._counters["messages.sent"] += len(deliveries)
@@ -167,14 +171,10 @@ class Node:
         if client.attrs.get("authn") == "x509":
             self.metrics.incr("authentication.success")
             return 0
-        callbacks = self.hooks.callbacks("client.authenticate")
-        if not callbacks:
+        callbacks = self._active_hooks.get("client.authenticate")
+        if callbacks is None:
             return self._authn_decided(client, password, None)
-
-        def finish(result: int | None) -> None:
-            if done is not None:
-                done(self._authn_decided(client, password, result))
-
+        finish = functools.partial(self._authn_later, client, password, done)
         finished, result = fold_deferred(
             "client.authenticate", callbacks, (client, password), None, finish
         )
@@ -185,10 +185,21 @@ class Node:
             return ReasonCode.SERVER_UNAVAILABLE
         return AUTH_PENDING
 
+    def _authn_later(
+        self,
+        client: ClientInfo,
+        password: bytes | None,
+        done: Callable[[int], None] | None,
+        result: int | None,
+    ) -> None:
+        """The chain's answer came later (a subscriber returned a pending Deferred)."""
+        if done is not None:
+            done(self._authn_decided(client, password, result))
+
     def _authn_decided(self, client: ClientInfo, password: bytes | None, result: int | None) -> int:
         if result is None:
             if self.settings.allow_anonymous:
-                self.metrics.incr("authentication.anonymous")
+                self._counters["authentication.anonymous"] += 1
                 return 0
             if client.username is None and password is None:
                 result = ReasonCode.NOT_AUTHORIZED
@@ -229,7 +240,9 @@ class Node:
             # cannot; one that exists resumes (draining its queue is what frees space)
             self.metrics.incr("client.connack.refused.store")
             return ConnectResult(self.store_refusal)
-        self.hooks.run("client.connect", client)
+        active = self._active_hooks  # per CONNECT: a hook nobody subscribes costs no call
+        if "client.connect" in active:
+            self.hooks.run("client.connect", client)
         existing = self.sessions.get(cid)
         present = False
         if existing is None and self.cluster is not None:
@@ -265,8 +278,9 @@ class Node:
             existing = self._new_session(cid, receive_maximum)
             connected_at = existing.created_at  # the same moment: one float, not two
             self.sessions[cid] = existing
-            self.hooks.run("session.created", client)
-            self.metrics.incr("session.created")
+            if "session.created" in active:
+                self.hooks.run("session.created", client)
+            self._counters["session.created"] += 1
         existing.set_receive_maximum(receive_maximum)
         existing.expiry_interval = expiry_interval
         self._set_durable(existing, expiry_interval != 0, disconnected_at=None)
@@ -276,8 +290,9 @@ class Node:
         existing.info = client
         client.connected_at = self.scheduler.time() if connected_at is None else connected_at
         self.connections += 1
-        self.metrics.incr("client.connected")
-        self.hooks.run("client.connected", client)
+        self._counters["client.connected"] += 1
+        if "client.connected" in active:
+            self.hooks.run("client.connected", client)
         return ConnectResult(0, existing, present, expiry_interval)
 
     def _new_session(self, cid: str, receive_maximum: int) -> Session:
@@ -349,13 +364,17 @@ class Node:
 
     def _ended(self, client: ClientInfo, handle: ConnectionHandle) -> None:
         """A connection ended: count it and run ``client.disconnected`` (the hook sees
-        the connection's local address as ``attrs["sockname"]``)."""
-        self.metrics.incr("client.disconnected")
-        if self.hooks.has("client.disconnected"):
+        the connection's local address as ``attrs["sockname"]``, looked up only when a
+        subscriber not in :attr:`sockname_unused` is there to read it)."""
+        self._counters["client.disconnected"] += 1
+        callbacks = self._active_hooks.get("client.disconnected")
+        if callbacks is None:
+            return
+        if "sockname" not in client.attrs and not self.sockname_unused.issuperset(callbacks):
             sockname = getattr(handle, "sockname", None)
-            if sockname is not None and "sockname" not in client.attrs:
+            if sockname is not None:
                 client.set_attr("sockname", sockname())
-            self.hooks.run("client.disconnected", client)
+        self.hooks.run("client.disconnected", client)
 
     def close(
         self,
@@ -391,8 +410,8 @@ class Node:
         if expiry == 0:
             self._terminate(session, "terminated")
         elif expiry != NEVER_EXPIRE:
-            session.expiry_timer = self.scheduler.call_later(
-                expiry, lambda: self._expire(session)
+            session.expiry_timer = self.scheduler.call_later(  # (a partial: no closure
+                expiry, functools.partial(self._expire, session)  # kept per session)
             )
 
     def _will_due(self, session: Session) -> None:
@@ -423,20 +442,25 @@ class Node:
             del self.sessions[cid]
             if self.cluster is not None:
                 self.cluster.session_ended(cid)
-        self._set_durable(session, False, disconnected_at=None)
-        for f in list(session.subscriptions):
-            self.broker.unsubscribe(cid, f)
-        session.subscriptions.clear()
-        for d in session.take_undelivered():
-            if d.share is not None and (
-                self.broker.redispatch(d, cid)
-                or (self.cluster is not None and self.cluster.reshare(d.message, *d.share))
-            ):
-                self.metrics.incr("messages.shared.redispatched")
-            elif d.qos > 0 or d.share is not None:
-                self.metrics.dropped("session_ended")
-        self.hooks.run("session.terminated", session.info, why)
-        self.metrics.incr("session.terminated")
+        if session.journal is not None:
+            self._set_durable(session, False, disconnected_at=None)
+        subs = session.subscriptions
+        if subs:  # (most clean sessions of a connect storm have none: no list, no loop)
+            for f in list(subs):
+                self.broker.unsubscribe(cid, f)
+            subs.clear()
+        if session.inflight or session.mqueue:
+            for d in session.take_undelivered():
+                if d.share is not None and (
+                    self.broker.redispatch(d, cid)
+                    or (self.cluster is not None and self.cluster.reshare(d.message, *d.share))
+                ):
+                    self.metrics.incr("messages.shared.redispatched")
+                elif d.qos > 0 or d.share is not None:
+                    self.metrics.dropped("session_ended")
+        if "session.terminated" in self._active_hooks:
+            self.hooks.run("session.terminated", session.info, why)
+        self._counters["session.terminated"] += 1
 
     def _publish_will(self, will: Message, info: ClientInfo | None) -> None:
         """Publish a will as its client: authorized with the client's own information

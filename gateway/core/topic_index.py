@@ -271,6 +271,12 @@ class TopicIndex:
             cache[topic] = result
         return result
 
+    def has_first_level(self, level: str) -> bool:
+        """Whether a stored filter starts with the literal level ``level``. For a level
+        that starts with ``$`` (which no wildcard matches), False says that no topic
+        under it can match: one dict probe, no topic string to build."""
+        return level in self._root.children
+
     def has_match(self, topic: str) -> bool:
         """Whether any stored filter matches ``topic``, without adding it to the match
         cache: for one-off topics (``$SYS`` client events name the client) that would

@@ -78,7 +78,7 @@ class AutoSubscribe:
         per_client: Callable[[str], Sequence[TopicTemplate]] | None = None,
     ) -> None:
         self.node = node
-        self.topics = list(topics)
+        self.topics = tuple(topics)
         self.per_client = per_client
         self._attached = False
 
@@ -91,14 +91,16 @@ class AutoSubscribe:
             self.node.hooks.remove("client.connected", self._connected)
             self._attached = False
 
-    def templates_for(self, client_id: str) -> list[TopicTemplate]:
+    def templates_for(self, client_id: str) -> Sequence[TopicTemplate]:
+        """The configured topics, then the client's own (per CONNECT: no list is built
+        for a client without topics of its own)."""
         own: Sequence[TopicTemplate] = ()
         if self.per_client is not None:
             try:
                 own = self.per_client(client_id)
             except Exception:
                 log.exception("reading the auto-subscribe entries of %s failed", client_id)
-        return [*self.topics, *own]
+        return [*self.topics, *own] if own else self.topics
 
     def _connected(self, client: ClientInfo) -> None:
         templates = self.templates_for(client.client_id)

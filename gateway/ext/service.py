@@ -9,7 +9,8 @@ core are up, before the listeners open) attaches to the node's hooks:
   stored messages restored;
 - exclusive subscriptions, when ``mqtt.exclusive_subscription``;
 - auto-subscribe, always (the configured topics and the per-client entries of
-  ``gateway.db``'s ``auto_subscribe`` table, which the API manages).
+  ``gateway.db``'s ``auto_subscribe`` table, which the API manages; held in memory by
+  :class:`~gateway.ext.client_topics.ClientTopics`, read again when it may have changed).
 
 The management API (:mod:`gateway.admin.ext_api`) and ``gatewayctl`` work through
 :class:`Extensions`.
@@ -19,12 +20,14 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 from gateway.config import GatewayConfig
 from gateway.core.node import Node
 from gateway.ext.auto_subscribe import AutoSubscribe, TopicTemplate
+from gateway.ext.client_topics import ClientTopics
 from gateway.ext.delayed import DelayedPublisher, Pending
 from gateway.ext.exclusive import ExclusiveSubscriptions
 from gateway.ext.rewrite import Rewriter, compile_rules
@@ -58,6 +61,7 @@ class Extensions:
         self.exclusive: ExclusiveSubscriptions | None = None
         self.auto_subscribe: AutoSubscribe | None = None
         self.auto_store: AutoSubscribeStore | None = None
+        self.client_cache: ClientTopics | None = None  # auto_store's table, in memory
 
     # -- auto-subscribe entries (API, gatewayctl) ---------------------------------------
 
@@ -66,22 +70,26 @@ class Extensions:
             raise RuntimeError("the auto-subscribe store is not open")
         return self.auto_store
 
+    def _cache(self) -> ClientTopics:
+        if self.client_cache is None:
+            raise RuntimeError("the auto-subscribe store is not open")
+        return self.client_cache
+
     def client_topics(self, clientid: str | None = None) -> list[dict[str, Any]]:
         store = self._store()
         rows = store.all() if clientid is None else store.for_client(clientid)
         return [e.view() for e in rows]
 
     def put_client_topic(self, entry: AutoSubscribeEntry) -> None:
-        self._store().put(entry)
+        self._cache().put(entry)  # the next CONNECT sees it
 
     def delete_client_topic(self, clientid: str, topic: str | None) -> int:
-        return self._store().delete(clientid, topic)
+        return self._cache().delete(clientid, topic)
 
-    def _per_client(self, clientid: str) -> list[TopicTemplate]:
-        if self.auto_store is None:
-            return []
-        return [TopicTemplate(e.topic, e.qos, e.rh, e.rap, e.nl)
-                for e in self.auto_store.for_client(clientid)]
+    def _per_client(self, clientid: str) -> Sequence[TopicTemplate]:
+        """Per CONNECT: from memory (:mod:`gateway.ext.client_topics`), no SQL."""
+        cache = self.client_cache
+        return () if cache is None else cache.for_client(clientid)
 
     # -- life cycle ---------------------------------------------------------------------
 
@@ -89,6 +97,7 @@ class Extensions:
         for part in (self.auto_subscribe, self.exclusive, self.delayed, self.rewriter):
             if part is not None:
                 part.detach()
+        self.client_cache = None
         if self.auto_store is not None:
             self.auto_store.close()
             self.auto_store = None
@@ -121,6 +130,7 @@ def start_extensions(gateway: Gateway) -> Extensions:
     path = db_path(gateway.shared_dir)
     try:
         ext.auto_store = AutoSubscribeStore.open(path)
+        ext.client_cache = ClientTopics(ext.auto_store)
     except (OSError, sqlite3.Error) as exc:
         log.error("per-client auto-subscribe topics unavailable: cannot open %s: %s", path, exc)
     topics = [TopicTemplate(t.topic, t.qos, t.rh, t.rap, t.nl)

@@ -105,6 +105,21 @@ _NOT_BUSY: Any = None
 # Keepalive values above 256 (not cached by CPython) shared between connections: a fleet
 # uses a handful of them, and each would otherwise be a 32-byte int per connection.
 _INTS: dict[int, int] = {}
+# Timer effects are frozen: one per (name, seconds) shared by every connection, not one
+# made per CONNECT (a fleet uses a handful of keepalives); bounded, in case it does not.
+_TIMERS: dict[tuple[str, float], SetTimer] = {}
+_CANCEL_IDLE = CancelTimer("idle")
+# a 3.1.1 / 3.1 CONNACK that accepts: its four bytes (session present or not)
+_CONNACK_V3 = (b"\x20\x02\x00\x00", b"\x20\x02\x01\x00")
+
+
+def _timer(name: str, seconds: float) -> SetTimer:
+    timer = _TIMERS.get((name, seconds))
+    if timer is None:
+        if len(_TIMERS) >= 256:
+            _TIMERS.clear()
+        timer = _TIMERS[name, seconds] = SetTimer(name, seconds)
+    return timer
 
 
 # reason codes whose EMQX disconnect reason is not the code's own name
@@ -285,7 +300,7 @@ class MqttChannel:
 
     def connection_made(self) -> list[Effect]:
         self.last_rx = self._monotonic()
-        return [SetTimer("idle", self.settings.idle_timeout)]
+        return [_timer("idle", self.settings.idle_timeout)]
 
     def handle_data(self, data: bytes) -> list[Effect]:
         if self.state is _CLOSED:
@@ -561,7 +576,7 @@ class MqttChannel:
         info = self.info
         if info is not None and "disconnect_reason" not in info.attrs:
             info.set_attr("disconnect_reason", reason)
-            if props is not None and props != NO_PROPERTIES:
+            if props is not None and props is not NO_PROPERTIES and props != NO_PROPERTIES:
                 info.set_attr("disconn_props", props)
 
     def _protocol_error(self, exc: RemoteProtocolError) -> None:
@@ -596,36 +611,28 @@ class MqttChannel:
             if state is State.AUTH_EXCHANGE:
                 self._on_auth_exchange(packet)
                 return
-        session = self.session
-        assert session is not None
-        if isinstance(packet, Publish):
-            self._on_publish(packet)
-        elif isinstance(packet, PubAck):
-            if packet.properties is not NO_PROPERTIES:
-                self._acked_with_props(packet, True)
-            else:
-                session.puback(packet.packet_id)
-        elif isinstance(packet, PubRec):
-            self._on_pubrec(packet)
-        elif isinstance(packet, PubRel):
-            self._on_pubrel(packet)
-        elif isinstance(packet, PubComp):
-            if packet.properties is not NO_PROPERTIES:
-                self._acked_with_props(packet, True)
-            else:
-                session.pubcomp(packet.packet_id)
-        elif isinstance(packet, Subscribe):
-            self._on_subscribe(packet)
-        elif isinstance(packet, Unsubscribe):
-            self._on_unsubscribe(packet)
-        elif isinstance(packet, PingReq):
-            self._out.append(_PINGRESP)
-        elif isinstance(packet, Disconnect):
-            self._on_disconnect(packet)
-        elif isinstance(packet, Auth):
-            self._on_reauth(packet)
-        else:
+        assert self.session is not None
+        handler = _HANDLERS.get(type(packet))  # one probe, not a chain of isinstance
+        if handler is None:
             raise _Disconnect(RC.PROTOCOL_ERROR, f"unexpected {type(packet).__name__}")
+        handler(self, packet)
+
+    def _on_puback(self, p: PubAck) -> None:
+        if p.properties is not NO_PROPERTIES:
+            self._acked_with_props(p, True)
+        else:
+            assert self.session is not None
+            self.session.puback(p.packet_id)
+
+    def _on_pubcomp(self, p: PubComp) -> None:
+        if p.properties is not NO_PROPERTIES:
+            self._acked_with_props(p, True)
+        else:
+            assert self.session is not None
+            self.session.pubcomp(p.packet_id)
+
+    def _on_pingreq(self, p: PingReq) -> None:
+        self._out.append(_PINGRESP)
 
     # -- CONNECT -------------------------------------------------------------------
 
@@ -675,7 +682,8 @@ class MqttChannel:
         elif len(cid) > s.max_clientid_len:
             self._refuse(RC.CLIENT_IDENTIFIER_NOT_VALID, "client id too long")
             return
-        host, port = self.peer if self.peer else (None, None)
+        peer = self.peer
+        host, port = peer if peer else (None, None)
         info = ClientInfo(
             client_id=cid,
             proto_ver=v,
@@ -877,7 +885,6 @@ class MqttChannel:
             self._refuse(result.reason_code or RC.UNSPECIFIED_ERROR, "session refused")
             return
         self.session = result.session
-        ack_props = NO_PROPERTIES
         if v == MQTT_5:
             ack_props = Properties(
                 session_expiry_interval=(
@@ -900,13 +907,15 @@ class MqttChannel:
                     else None
                 ),
             )
-        self._send(ConnAck(result.session_present, 0, ack_props))
+            self._send(ConnAck(result.session_present, 0, ack_props))
+        else:  # always the same 4 bytes: no packet object, no encoder
+            self._out.append(_CONNACK_V3[result.session_present])
         self.context.connack(info, 0)
         self.state = State.CONNECTED
         self.keepalive = _shared_int(keepalive)  # an int, shared: no float per connection
-        self._out.append(CancelTimer("idle"))
+        self._out.append(_CANCEL_IDLE)
         if keepalive:
-            self._out.append(SetTimer("keepalive", keepalive * s.keepalive_multiplier))
+            self._out.append(_timer("keepalive", keepalive * s.keepalive_multiplier))
         if self._held:
             held, self._held = self._held, None
             self._send_deliveries(held)
@@ -1344,3 +1353,19 @@ class MqttChannel:
             send_will=p.reason_code == RC.DISCONNECT_WITH_WILL, expiry=expiry
         )
         self._close("client disconnected")
+
+
+# what a connected client's packet goes to (MqttChannel._dispatch); a type not here is a
+# protocol error (the codec makes exactly these classes)
+_HANDLERS: dict[type[Packet], Callable[[MqttChannel, Any], None]] = {
+    Publish: MqttChannel._on_publish,
+    PubAck: MqttChannel._on_puback,
+    PubRec: MqttChannel._on_pubrec,
+    PubRel: MqttChannel._on_pubrel,
+    PubComp: MqttChannel._on_pubcomp,
+    Subscribe: MqttChannel._on_subscribe,
+    Unsubscribe: MqttChannel._on_unsubscribe,
+    PingReq: MqttChannel._on_pingreq,
+    Disconnect: MqttChannel._on_disconnect,
+    Auth: MqttChannel._on_reauth,
+}

@@ -65,8 +65,10 @@ from protocols.mqtt.packets import (
     MQTT_3_1_1,
     ConnAck,
     Connect,
+    Disconnect,
     Packet,
     PacketType,
+    PingReq,
     PubAck,
     Publish,
 )
@@ -83,6 +85,9 @@ __all__ = [
 DEFAULT_MAX_PACKET_SIZE = 268_435_460  # 1 + 4 + the largest remaining length
 _COPY_MAX = 16384  # packet bodies up to this size are decoded from a copy, not a view
 _EMPTY = b""  # the drained receive buffer, shared (immutable: receive_data never appends to it)
+# The two bodiless packets a client sends without properties (every connection ends with
+# one, keepalive is the other): frozen, so one instance each serves every connection.
+_BODILESS_FROM_CLIENT: dict[int, Packet] = {0xE0: Disconnect(), 0xC0: PingReq()}
 _PACKET_TYPE: dict[type, PacketType] = {
     cls: PacketType[cls.__name__.upper()] for cls in Packet.__args__
 }
@@ -214,6 +219,14 @@ class Connection:
                     stop = 0
                 self._offset = stop
                 return PubAck(packet_id)
+        if length == 0 and server and self._connect_received:
+            bodiless = _BODILESS_FROM_CLIENT.get(first)
+            if bodiless is not None:  # what decode() would make of it (any level)
+                if stop == end:
+                    self._buffer = _EMPTY
+                    stop = 0
+                self._offset = stop
+                return bodiless
         if first >> 4 == 3 and level is not None:
             # PUBLISH: decoded from its own bytes, which it keeps (Publish.raw) when the
             # remaining length is in the shortest form (the one an encoder writes)

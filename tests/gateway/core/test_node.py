@@ -357,3 +357,46 @@ def test_client_attrs_shared_until_set() -> None:
         a.attrs["x"] = 1
     a.set_attr("authn", "builtin_db")
     assert a.attrs == {"authn": "builtin_db"} and not b.attrs
+
+
+class AddressedHandle(FakeHandle):
+    """A handle that knows its local address (a stream shell's ``sockname``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.looked_up = 0
+
+    def sockname(self) -> str:
+        self.looked_up += 1
+        return "127.0.0.1:1883"
+
+
+def test_sockname_is_looked_up_only_for_a_subscriber_that_reads_it(node: Node) -> None:
+    seen: list[object] = []
+
+    def plain(client: ClientInfo) -> None:  # like the $SYS events: no local address
+        seen.append(("plain", client.client_id))
+
+    def reader(client: ClientInfo) -> None:  # like the rules' client_disconnected
+        seen.append(client.attrs.get("sockname"))
+
+    def session_of(cid: str) -> tuple[ClientInfo, AddressedHandle]:
+        info = ClientInfo(client_id=cid)
+        h = AddressedHandle()
+        r = node.open_session(info, h, clean_start=True, expiry_interval=0,
+                              receive_maximum=10, will=None, will_delay=0)
+        assert r.session is not None
+        return info, h
+
+    info, h = session_of("a")
+    node.close(info, h, send_will=False)  # no subscriber: nothing looked up
+    node.hooks.add("client.disconnected", plain)
+    node.sockname_unused.add(plain)
+    info, h = session_of("b")
+    node.close(info, h, send_will=False)
+    assert h.looked_up == 0 and "sockname" not in info.attrs and seen == [("plain", "b")]
+    node.hooks.add("client.disconnected", reader)
+    info, h = session_of("c")
+    node.close(info, h, send_will=False)
+    assert h.looked_up == 1 and seen[1:] == [("plain", "c"), "127.0.0.1:1883"]
+    assert node.metrics.get("client.disconnected") == 3

@@ -279,6 +279,11 @@ def test_index_after_removals_agrees_with_naive_scan(fs: list[str], data: st.Dat
     assert set(idx) == left
     for t in data.draw(st.lists(topics, min_size=1, max_size=10)):
         assert set(idx.match(t)) == {f for f in left if topic_matches(f, t)}
+        first = t.split("/")[0]
+        # the $SYS-event shortcut: no filter starting with a "$" level, no match under it
+        assert idx.has_first_level(first) == any(f.split("/")[0] == first for f in left)
+        if first.startswith("$") and not idx.has_first_level(first):
+            assert not idx.has_match(t)
     for f in list(left):
         idx.remove(f)
     assert idx._root.children == {}
