@@ -54,6 +54,9 @@ class TcpListener(_Section):
     # or with more than max_send_buffer bytes unsent (0 = no limit), is disconnected
     send_timeout: Duration = 15.0
     max_send_buffer: Size = 64 << 20
+    # the connection's transport: "lean" (gateway/net/lean.py: one epoll per listener,
+    # ~0.1 KiB per connection) or "asyncio" (the event loop's own, uvloop's ~1.2 KiB)
+    transport: Literal["lean", "asyncio"] = "lean"
 
     @property
     def host(self) -> str:
@@ -166,6 +169,8 @@ class SslListener(TcpListener, KeyPassword):
     """
 
     bind: Bind = "0.0.0.0:8883"
+    # TLS runs on the event loop's transport (the lean one speaks plain TCP only)
+    transport: Literal["asyncio"] = "asyncio"
     certfile: Path | None = None
     keyfile: Path | None = None
     cacertfile: Path | None = None
