@@ -3,7 +3,7 @@
 uvloop's ``TCPTransport`` costs ~1.2 KiB per connection (the transport object, libuv's
 ``uv_tcp_t``, its small objects and the loop's weak reference to it): more than an idle
 MQTT connection's own state. Here a connection is one slotted :class:`LeanTransport`
-(fd, protocol, hub, pending output, flags) and one slot in its listener's fd table; the
+(fd, protocol, pending output, flags: 64 bytes) and one slot in its listener's fd table; the
 socket is a bare file descriptor (accepted, made non-blocking, ``detach()``-ed), with no
 Python socket object, no libuv handle and no weak reference.
 
@@ -43,7 +43,7 @@ import os
 import select
 import socket
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, ClassVar
 
 log = logging.getLogger("gateway.net")
 
@@ -83,11 +83,14 @@ class LeanTransport:
     ``abort``, ``is_closing``, ``pause_reading``, ``resume_reading``, ``is_reading``,
     ``get_write_buffer_size``, ``set_write_buffer_limits``, ``get_extra_info``."""
 
-    __slots__ = ("fd", "flags", "hub", "protocol", "wbuf")
+    __slots__ = ("fd", "flags", "protocol", "wbuf")
 
-    def __init__(self, fd: int, hub: Hub) -> None:
+    # The listener's hub: a class attribute of a subclass made per hub (Hub.kind), so a
+    # connection holds no slot for it (4 slots: a 64-byte object, 80 with a 5th)
+    hub: ClassVar[Hub]
+
+    def __init__(self, fd: int) -> None:
         self.fd = fd
-        self.hub = hub
         self.protocol: Any = None  # an asyncio.Protocol; None after connection_lost
         self.wbuf: bytearray | None = None  # unsent output; None while there is none
         self.flags = 0
@@ -342,6 +345,9 @@ class Hub:
         self.accepted_addr: Any = None
         self.listening: list[socket.socket] = []
         self.serving = True
+        self.kind: type[LeanTransport] = type(
+            "LeanTransport", (LeanTransport,), {"__slots__": (), "hub": self}
+        )
         loop.add_reader(self.ep.fileno(), self._ready)
 
     def mask(self, t: LeanTransport) -> int:
@@ -426,7 +432,7 @@ class Hub:
         table = self.table
         if fd >= len(table):
             table.extend([None] * (fd + 1 - len(table)))
-        t = LeanTransport(fd, self)
+        t = self.kind(fd)
         table[fd] = t
         self.count += 1
         self.ep.register(fd, EPOLLIN)
