@@ -54,6 +54,8 @@ LOW_WATER = 16 * 1024
 EPOLLIN, EPOLLOUT = select.EPOLLIN, select.EPOLLOUT
 HANGUP = select.EPOLLHUP | select.EPOLLERR
 
+_readv, _write = os.readv, os.write
+
 # LeanTransport.flags
 PAUSED = 1  # pause_reading()
 EOF_IN = 2  # the peer's FIN was read
@@ -126,10 +128,14 @@ class LeanTransport:
             return
         if n:
             self.protocol.data_received(hub.view[:n].tobytes())
-            return
-        # EOF: stop reading; the protocol decides whether to close (asyncio's rule)
+        else:
+            self._eof()
+
+    def _eof(self) -> None:
+        """The peer's FIN: stop reading; the protocol decides whether to close (asyncio's
+        rule: unless ``eof_received`` returns true)."""
         self.flags |= EOF_IN
-        hub.update(self)
+        self.hub.update(self)
         if not self.protocol.eof_received():
             self.close()
 
@@ -158,27 +164,30 @@ class LeanTransport:
         self._maybe_pause()
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
+        if self.flags & (EOF_OUT | CLOSING | DONE) or self.wbuf is not None:
+            self._write_more(data)
+            return
+        try:  # the common case: nothing pending, the kernel takes it all
+            n = _write(self.fd, data)
+        except (BlockingIOError, InterruptedError):
+            n = 0
+        except OSError as exc:  # EPIPE, ECONNRESET
+            self._force_close(exc)
+            return
+        if n != len(data):
+            self.wbuf = bytearray(memoryview(data)[n:])
+            self.hub.update(self)  # + EPOLLOUT
+            self._maybe_pause()
+
+    def _write_more(self, data: bytes | bytearray | memoryview) -> None:
         flags = self.flags
         if flags & EOF_OUT:
             raise RuntimeError("Cannot call write() after write_eof()")
         if flags & (CLOSING | DONE) or not data:
             return  # asyncio ignores writes to a closing transport too
         buf = self.wbuf
-        if buf is not None:
-            buf += data
-            self._maybe_pause()
-            return
-        try:
-            n = os.write(self.fd, data)
-        except (BlockingIOError, InterruptedError):
-            n = 0
-        except OSError as exc:  # EPIPE, ECONNRESET
-            self._force_close(exc)
-            return
-        if n == len(data):
-            return
-        self.wbuf = bytearray(memoryview(data)[n:])
-        self.hub.update(self)  # + EPOLLOUT
+        assert buf is not None
+        buf += data
         self._maybe_pause()
 
     def writelines(self, chunks: Iterable[bytes | bytearray | memoryview]) -> None:
@@ -381,12 +390,26 @@ class Hub:
     # -- the loop's callback -------------------------------------------------------------
 
     def _ready(self) -> None:
-        table = self.table
+        table, bufs, view = self.table, self.bufs, self.view
         for fd, ev in self.ep.poll(0):
             t = table[fd]
             if t is None:  # closed earlier in this batch
                 continue
             try:
+                if ev == EPOLLIN and not t.flags:
+                    # the common case inline (one read; a method call less per input)
+                    try:
+                        n = _readv(fd, bufs)
+                    except (BlockingIOError, InterruptedError):
+                        continue
+                    except OSError as exc:  # ECONNRESET, ETIMEDOUT, ...
+                        t._force_close(exc)
+                        continue
+                    if n:
+                        t.protocol.data_received(view[:n].tobytes())
+                    else:
+                        t._eof()
+                    continue
                 if ev & (EPOLLIN | HANGUP) and not t.flags & NOT_READING:
                     t._read_ready()
                 if t.wbuf is not None and ev & (EPOLLOUT | HANGUP):
