@@ -339,6 +339,26 @@ class StreamShell(EffectLoop, asyncio.Protocol):
             transport.close()
 
 
+class LeanShell(StreamShell):
+    """The stream shell on a lean transport (:mod:`gateway.net.lean`), which ignores
+    writes once it is closing: the flush needs no ``is_closing()`` call first (asyncio's
+    and uvloop's transports buffer a write made after ``close()``; this one does not)."""
+
+    __slots__ = ()
+
+    def _flush(self) -> None:
+        buf = self.wbuf
+        self.wbuf = None
+        transport = self.transport
+        if not buf or transport is None:
+            return
+        transport.write(buf[0] if len(buf) == 1 else b"".join(buf))
+        if self.write_blocked:
+            cap = self.limits.max_send_buffer
+            if cap and transport.get_write_buffer_size() > cap:
+                self._drop_slow_reader(f"more than max_send_buffer ({cap} bytes) unsent")
+
+
 def split_bind(bind: str) -> tuple[str, int]:
     """ "0.0.0.0:1883" / "[::1]:1883" / ":1883" -> (host, port)."""
     host, _, port = bind.rpartition(":")
@@ -378,7 +398,7 @@ async def start_stream_listener(
         if kwargs:
             raise TypeError(f"the lean transport takes no {sorted(kwargs)}")
         return await start_lean_server(
-            lambda: StreamShell(site), host, port, backlog=backlog, reuse_port=reuse_port
+            lambda: LeanShell(site), host, port, backlog=backlog, reuse_port=reuse_port
         )
     return await loop.create_server(
         lambda: StreamShell(site), host, port, reuse_address=True, backlog=backlog, **kwargs
