@@ -79,7 +79,8 @@ async def profile(
     conf = Path(tmp) / "gateway.toml"
     conf.write_text(
         f'[node]\nname = "profile@127.0.0.1"\ndata_dir = "{tmp}/data"\n'
-        f'[listeners.tcp.default]\nbind = "127.0.0.1:{port}"\ntransport = "{transport}"\n[api]\nbind = "127.0.0.1:0"\n'
+        f'[listeners.tcp.default]\nbind = "127.0.0.1:{port}"\ntransport = "{transport}"\n'
+        '[api]\nbind = "127.0.0.1:0"\n'
     )
     gateway = Gateway(load_config(str(conf)))
     await gateway.start()
