@@ -65,6 +65,8 @@ DONE = 16  # unregistered; connection_lost scheduled
 WRITE_PAUSED = 32  # the protocol was told pause_writing()
 UNWATCHED = 64  # out of the epoll (a paused connection that hung up)
 NOT_READING = PAUSED | EOF_IN | CLOSING | DONE
+NOT_WRITING = EOF_OUT | CLOSING | DONE
+MAX_EVENTS = 256  # per poll (level-triggered: the rest are reported on the next one)
 
 # Accept errors that mean "out of resources", not "this listener is broken" (asyncio's)
 ACCEPT_RESOURCE_ERRORS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
@@ -164,7 +166,7 @@ class LeanTransport:
         self._maybe_pause()
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
-        if self.flags & (EOF_OUT | CLOSING | DONE) or self.wbuf is not None:
+        if self.flags & NOT_WRITING or self.wbuf is not None:
             self._write_more(data)
             return
         try:  # the common case: nothing pending, the kernel takes it all
@@ -175,9 +177,14 @@ class LeanTransport:
             self._force_close(exc)
             return
         if n != len(data):
-            self.wbuf = bytearray(memoryview(data)[n:])
-            self.hub.update(self)  # + EPOLLOUT
-            self._maybe_pause()
+            self._keep(data, n)
+
+    def _keep(self, data: bytes | bytearray | memoryview, n: int) -> None:
+        """The kernel took ``n`` bytes of ``data`` (nothing was pending): keep the rest
+        and ask for EPOLLOUT."""
+        self.wbuf = bytearray(memoryview(data)[n:])
+        self.hub.update(self)  # + EPOLLOUT
+        self._maybe_pause()
 
     def _write_more(self, data: bytes | bytearray | memoryview) -> None:
         flags = self.flags
@@ -391,7 +398,7 @@ class Hub:
 
     def _ready(self) -> None:
         table, bufs, view = self.table, self.bufs, self.view
-        for fd, ev in self.ep.poll(0):
+        for fd, ev in self.ep.poll(0, MAX_EVENTS):
             t = table[fd]
             if t is None:  # closed earlier in this batch
                 continue
