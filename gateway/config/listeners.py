@@ -33,6 +33,8 @@ from gateway.config.values import (
 # caps it at net.core.somaxconn (4096 since Linux 5.4; systemd/sysctl.d profiles set it).
 DEFAULT_BACKLOG = 4096
 MAX_BACKLOG = 65535  # listen(2) stores it in 16 bits; somaxconn cannot exceed it either
+# The transport of plain-TCP listeners (tcp, ws): gateway/net/lean.py, or the event loop's
+DEFAULT_TRANSPORT: Literal["lean", "asyncio"] = "lean"
 
 
 class TcpListener(_Section):
@@ -56,7 +58,7 @@ class TcpListener(_Section):
     max_send_buffer: Size = 64 << 20
     # the connection's transport: "lean" (gateway/net/lean.py: one epoll per listener,
     # ~0.1 KiB per connection) or "asyncio" (the event loop's own, uvloop's ~1.2 KiB)
-    transport: Literal["lean", "asyncio"] = "lean"
+    transport: Literal["lean", "asyncio"] = DEFAULT_TRANSPORT
 
     @property
     def host(self) -> str:

@@ -22,6 +22,7 @@ import pytest
 import uvloop
 
 from gateway.config import ConfigError, load_config
+from gateway.config.listeners import DEFAULT_TRANSPORT
 from gateway.net import lean
 from gateway.net.lean import LeanServer, LeanTransport, start_lean_server
 from gateway.net.stream import ListenerLimits, StreamShell, start_stream_listener
@@ -392,7 +393,7 @@ def test_stream_shell_drops_a_slow_reader_and_refuses_over_max_connections(
             channels.append(Blaster(16 << 20))
             return channels[-1]
 
-        server = await start_stream_listener("127.0.0.1:0", limits, factory)
+        server = await start_stream_listener("127.0.0.1:0", limits, factory, transport="lean")
         assert isinstance(server, LeanServer)
         port = server.sockets[0].getsockname()[1]
         loop = asyncio.get_running_loop()
@@ -420,7 +421,9 @@ def test_stream_shell_drops_a_slow_reader_and_refuses_over_max_connections(
 def test_transport_setting(tmp_path: Path) -> None:
     env = {"GATEWAY_LISTENERS__TCP__DEFAULT__TRANSPORT": "asyncio"}
     assert load_config(None, environ=env).listeners.tcp["default"].transport == "asyncio"
-    assert load_config(None, environ={}).listeners.tcp["default"].transport == "lean"
+    env = {"GATEWAY_LISTENERS__TCP__DEFAULT__TRANSPORT": "lean"}
+    assert load_config(None, environ=env).listeners.tcp["default"].transport == "lean"
+    assert load_config(None, environ={}).listeners.tcp["default"].transport == DEFAULT_TRANSPORT
     with pytest.raises(ConfigError, match="transport"):
         load_config(None, environ={"GATEWAY_LISTENERS__TCP__DEFAULT__TRANSPORT": "epoll"})
     # TLS stays on the event loop's transport
