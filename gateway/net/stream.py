@@ -393,7 +393,7 @@ async def start_stream_listener(
     gate: CommitGate | None = None,
     *,
     backlog: int = 4096,
-    transport: str = "lean",
+    transport: str = "asyncio",
     **kwargs: Any,
 ) -> asyncio.Server | LeanServer:
     """Listen on ``bind`` with a listen(2) queue of ``backlog`` (the kernel caps it at
