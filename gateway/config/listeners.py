@@ -35,7 +35,7 @@ DEFAULT_BACKLOG = 4096
 MAX_BACKLOG = 65535  # listen(2) stores it in 16 bits; somaxconn cannot exceed it either
 # The transport of plain-TCP listeners (tcp, ws): gateway/net/lean.py, or the event loop's.
 # "asyncio" for now: "lean" halves idle memory (0.94 KiB a connection at 10,000, issue 23's
-# target) and connects ~20 % cheaper, but costs +1 to +6 % CPU per message (bench/README.md,
+# target) and connects ~20 % cheaper, but costs +3 to +6 % CPU per message (bench/README.md,
 # "Lean transport"); the brief's rule was "the default only if no worse on throughput".
 DEFAULT_TRANSPORT: Literal["lean", "asyncio"] = "asyncio"
 
