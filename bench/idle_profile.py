@@ -4,14 +4,17 @@ Starts a gateway (``gateway.app.Gateway``, the working tree's code, on uvloop) o
 loopback port, opens 20 warm-up connections and then ``N`` idle MQTT 3.1.1 connections
 from a child process (blocking sockets; optionally clean session 0 and one QoS 1
 subscription each), and prints the Python allocations that grew between the two
-snapshots, per connection, by source line: uvloop's own objects show up under
-``asyncio/runners.py`` (the transport, 680 bytes, and libuv's handle, 248 bytes). RSS
+snapshots, per connection, by source line. Plain-TCP listeners run on the lean
+transport (``gateway/net/lean.py``: a 64-byte object, the fd's int and a table slot);
+with ``--transport asyncio`` uvloop's own objects show up under ``asyncio/runners.py``
+instead (the transport, 680 bytes, and libuv's handle, 248 bytes). RSS
 growth is printed too, but tracemalloc's own bookkeeping inflates it: use
 ``bench.run --scenarios idle-memory`` for the RSS figure.
 
     python -m bench.idle_profile 3000                 # clean sessions
     python -m bench.idle_profile 3000 --persistent --subscribe
     python -m bench.idle_profile 3000 --loop asyncio  # asyncio's own loop instead
+    python -m bench.idle_profile 3000 --transport asyncio  # the loop's transport
 """
 
 from __future__ import annotations
@@ -64,7 +67,9 @@ def rss_kib() -> int:
     return 0
 
 
-async def profile(n: int, clean: bool, subscribe: bool, top: int) -> None:
+async def profile(
+    n: int, clean: bool, subscribe: bool, top: int, transport: str = "lean"
+) -> None:
     from gateway.app import Gateway
     from gateway.config import load_config
     from tests.harness.gatewayd import free_port
@@ -74,7 +79,8 @@ async def profile(n: int, clean: bool, subscribe: bool, top: int) -> None:
     conf = Path(tmp) / "gateway.toml"
     conf.write_text(
         f'[node]\nname = "profile@127.0.0.1"\ndata_dir = "{tmp}/data"\n'
-        f'[listeners.tcp.default]\nbind = "127.0.0.1:{port}"\n[api]\nbind = "127.0.0.1:0"\n'
+        f'[listeners.tcp.default]\nbind = "127.0.0.1:{port}"\ntransport = "{transport}"\n'
+        '[api]\nbind = "127.0.0.1:0"\n'
     )
     gateway = Gateway(load_config(str(conf)))
     await gateway.start()
@@ -141,8 +147,16 @@ def main(argv: list[str] | None = None) -> int:
         default="uvloop",
         help="event loop (gatewayd runs on uvloop; asyncio's own loop for comparison)",
     )
+    ap.add_argument(
+        "--transport",
+        choices=("lean", "asyncio"),
+        default="lean",
+        help="the listener's transport (gateway/net/lean.py, or the event loop's own)",
+    )
     args = ap.parse_args(argv)
-    run = profile(args.connections, not args.persistent, args.subscribe, args.top)
+    run = profile(
+        args.connections, not args.persistent, args.subscribe, args.top, args.transport
+    )
     if args.loop == "asyncio":
         asyncio.run(run)
         return 0

@@ -44,6 +44,7 @@ from gateway.frontends import FRONTENDS, Assembly
 from gateway.frontends.listen import open_listener
 from gateway.net.datagram import DatagramShell
 from gateway.net.dtls import DtlsServer
+from gateway.net.lean import LeanServer
 from gateway.net.tls import ReloadableContext, TlsError
 from gateway.protect.banned import BanGuard
 from gateway.protect.flapping import FlappingDetector, FlappingSettings
@@ -119,7 +120,7 @@ class Gateway:
         # it here so the management API, Prometheus and systemd STATUS see it
         self.listeners: dict[str, ListenerEntry] = {}
         self.auth: AuthServices | None = None
-        self.servers: list[asyncio.Server] = []
+        self.servers: list[asyncio.Server | LeanServer] = []
         self.tls: dict[str, ReloadableContext] = {}
         self.dtls: dict[str, DtlsServer] = {}  # DTLS listener id -> its reloadable keys
         self.datagrams: list[DatagramShell] = []  # UDP/DTLS listeners (MQTT-SN, CoAP, LwM2M)

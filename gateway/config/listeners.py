@@ -33,6 +33,11 @@ from gateway.config.values import (
 # caps it at net.core.somaxconn (4096 since Linux 5.4; systemd/sysctl.d profiles set it).
 DEFAULT_BACKLOG = 4096
 MAX_BACKLOG = 65535  # listen(2) stores it in 16 bits; somaxconn cannot exceed it either
+# The transport of plain-TCP listeners (tcp, ws): gateway/net/lean.py, or the event loop's.
+# "asyncio" for now: "lean" halves idle memory (0.94 KiB a connection at 10,000, issue 23's
+# target) and connects ~20 % cheaper, but costs +3 to +6 % CPU per message (bench/README.md,
+# "Lean transport"); the brief's rule was "the default only if no worse on throughput".
+DEFAULT_TRANSPORT: Literal["lean", "asyncio"] = "asyncio"
 
 
 class TcpListener(_Section):
@@ -54,6 +59,9 @@ class TcpListener(_Section):
     # or with more than max_send_buffer bytes unsent (0 = no limit), is disconnected
     send_timeout: Duration = 15.0
     max_send_buffer: Size = 64 << 20
+    # the connection's transport: "lean" (gateway/net/lean.py: one epoll per listener,
+    # ~0.1 KiB per connection) or "asyncio" (the event loop's own, uvloop's ~1.2 KiB)
+    transport: Literal["lean", "asyncio"] = DEFAULT_TRANSPORT
 
     @property
     def host(self) -> str:
@@ -166,6 +174,8 @@ class SslListener(TcpListener, KeyPassword):
     """
 
     bind: Bind = "0.0.0.0:8883"
+    # TLS runs on the event loop's transport (the lean one speaks plain TCP only)
+    transport: Literal["asyncio"] = "asyncio"
     certfile: Path | None = None
     keyfile: Path | None = None
     cacertfile: Path | None = None

@@ -18,6 +18,7 @@ from gateway.config import ConfigError
 from gateway.frontends.base import Assembly, FrontEnd, ListenerSpec
 from gateway.net.datagram import DatagramPeer, DatagramShell, start_datagram_listener
 from gateway.net.dtls import DtlsChannel, DtlsError, DtlsServer
+from gateway.net.lean import LeanServer
 from gateway.net.shell import CommitGate
 from gateway.net.stream import ListenerLimits, start_stream_listener
 from gateway.net.tls import ReloadableContext, describe
@@ -33,7 +34,7 @@ class Opened:
     spec: ListenerSpec
     limits: ListenerLimits
     addresses: list[str]
-    server: asyncio.Server | None = None
+    server: asyncio.Server | LeanServer | None = None
     shell: DatagramShell | None = None
     tls: ReloadableContext | None = None
     dtls: DtlsServer | None = None
@@ -82,7 +83,8 @@ async def open_listener(
             options["ssl"] = tls.server_context
             options["ssl_handshake_timeout"] = assembly.config.mqtt.idle_timeout
         server = await start_stream_listener(
-            spec.config.bind, limits, factory, gate, backlog=spec.config.backlog, **options
+            spec.config.bind, limits, factory, gate, backlog=spec.config.backlog,
+            transport=spec.config.transport, **options,
         )
         addresses = [fmt_address(s.getsockname()) for s in server.sockets]
         detail = describe(spec.config) if spec.secure else ""

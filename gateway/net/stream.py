@@ -28,11 +28,13 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, cast
 
+from gateway.net.lean import LeanServer, LeanTransport, start_lean_server
 from gateway.net.shell import CommitGate, EffectLoop, Site
 from protocols import ratelimit
 from protocols.context import Delivery
@@ -40,6 +42,7 @@ from protocols.effects import Effect
 from protocols.rare import Rare
 
 log = logging.getLogger("gateway.net")
+_write = os.write
 
 LINGER = 5.0  # seconds to wait for the peer to close after our FIN
 
@@ -338,11 +341,49 @@ class StreamShell(EffectLoop, asyncio.Protocol):
             transport.close()
 
 
+class LeanShell(StreamShell):
+    """The stream shell on a lean transport (:mod:`gateway.net.lean`), which ignores
+    writes once it is closing: the flush needs no ``is_closing()`` call first (asyncio's
+    and uvloop's transports buffer a write made after ``close()``; this one does not),
+    and the common write (nothing pending, no flag set) is done inline: two Python calls
+    less per flush than on the generic shell (one flush per connection per loop turn)."""
+
+    __slots__ = ()
+
+    def _flush(self) -> None:
+        buf = self.wbuf
+        self.wbuf = None
+        t = cast(LeanTransport | None, self.transport)
+        if not buf or t is None:
+            return
+        data = buf[0] if len(buf) == 1 else b"".join(buf)
+        if t.flags or t.wbuf is not None:
+            t.write(data)
+        else:  # LeanTransport.write's common case, inline: a call less per flush
+            try:
+                n = _write(t.fd, data)
+            except (BlockingIOError, InterruptedError):
+                n = 0
+            except OSError as exc:  # EPIPE, ECONNRESET
+                t._force_close(exc)
+                return
+            if n != len(data):
+                t._keep(data, n)
+        if self.write_blocked:
+            cap = self.limits.max_send_buffer
+            if cap and t.get_write_buffer_size() > cap:
+                self._drop_slow_reader(f"more than max_send_buffer ({cap} bytes) unsent")
+
+
 def split_bind(bind: str) -> tuple[str, int]:
     """ "0.0.0.0:1883" / "[::1]:1883" / ":1883" -> (host, port)."""
     host, _, port = bind.rpartition(":")
     host = host.strip("[]") or "0.0.0.0"
     return host, int(port)
+
+
+# The transports a plain-TCP listener may use (``[listeners.tcp.<name>] transport``)
+TRANSPORTS = ("lean", "asyncio")
 
 
 async def start_stream_listener(
@@ -352,14 +393,29 @@ async def start_stream_listener(
     gate: CommitGate | None = None,
     *,
     backlog: int = 4096,
+    transport: str = "asyncio",
     **kwargs: Any,
-) -> asyncio.Server:
+) -> asyncio.Server | LeanServer:
     """Listen on ``bind`` with a listen(2) queue of ``backlog`` (the kernel caps it at
     ``net.core.somaxconn``; asyncio's own default of 100 overflows under a reconnect
-    storm, and an overflow costs the client a SYN retransmit: 1 s, then 2 s, ...)."""
+    storm, and an overflow costs the client a SYN retransmit: 1 s, then 2 s, ...).
+
+    ``transport``: ``"lean"`` (:mod:`gateway.net.lean`, ~0.1 KiB per connection instead
+    of uvloop's ~1.2 KiB) for plain TCP; ``"asyncio"`` the event loop's own transport.
+    A TLS listener (``ssl=`` given) always uses the event loop's."""
+    if transport not in TRANSPORTS:
+        raise ValueError(f"transport must be one of {TRANSPORTS}, not {transport!r}")
     host, port = split_bind(bind)
     loop = asyncio.get_running_loop()
     site = StreamSite(limits, factory, gate, loop)
+    if transport == "lean" and kwargs.get("ssl") is None:
+        kwargs.pop("ssl", None)
+        reuse_port = bool(kwargs.pop("reuse_port", False))
+        if kwargs:
+            raise TypeError(f"the lean transport takes no {sorted(kwargs)}")
+        return await start_lean_server(
+            lambda: LeanShell(site), host, port, backlog=backlog, reuse_port=reuse_port
+        )
     return await loop.create_server(
         lambda: StreamShell(site), host, port, reuse_address=True, backlog=backlog, **kwargs
     )

@@ -139,6 +139,21 @@ def _shared_int(n: int) -> int:
     return _INTS.setdefault(n, n)
 
 
+RX_GRAIN = 1 / 64  # seconds: the resolution of last_rx
+_rx_mark = [0.0]  # the last mark handed out (one float shared by many connections)
+
+
+def _rx_time(now: float) -> float:
+    """``now`` rounded UP to the 1/64 s grid, as the one float object of that mark:
+    connections that receive within one grain share it (24 bytes each otherwise).
+    Never earlier than ``now``: a keepalive deadline only moves later, by <= 1/64 s."""
+    mark = _rx_mark[0]
+    if mark - RX_GRAIN < now <= mark:
+        return mark
+    mark = _rx_mark[0] = -(-now // RX_GRAIN) * RX_GRAIN
+    return mark
+
+
 _PARSING = frozenset({State.CONNECTING, State.AUTH_EXCHANGE, State.CONNECTED})
 # Plain names for the states the per-packet path compares with: reading an Enum member
 # from its class goes through a descriptor in Python 3.11 (~4x a module global).
@@ -299,14 +314,14 @@ class MqttChannel:
     # -- entry points from the shell ---------------------------------------------------
 
     def connection_made(self) -> list[Effect]:
-        self.last_rx = self._monotonic()
+        self.last_rx = _rx_time(self._monotonic())
         return [_timer("idle", self.settings.idle_timeout)]
 
     def handle_data(self, data: bytes) -> list[Effect]:
         if self.state is _CLOSED:
             return []
         outer = self._enter()
-        self.last_rx = self._monotonic()
+        self.last_rx = _rx_time(self._monotonic())
         try:
             self.conn.receive_data(data)
         except RemoteProtocolError as exc:

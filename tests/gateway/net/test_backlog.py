@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
+from typing import Any
 
 import pytest
 
@@ -31,11 +32,12 @@ def kernel_backlog(port: int) -> int:
     return int(out[2])
 
 
-def listen_with(backlog: int | None) -> int:
+def listen_with(backlog: int | None, transport: str = "asyncio") -> int:
     async def main() -> int:
-        kwargs = {} if backlog is None else {"backlog": backlog}
+        kwargs: dict[str, Any] = {} if backlog is None else {"backlog": backlog}
         server = await start_stream_listener(
-            "127.0.0.1:0", ListenerLimits("tcp:t"), lambda s, p: Quiet(), **kwargs
+            "127.0.0.1:0", ListenerLimits("tcp:t"), lambda s, p: Quiet(),
+            transport=transport, **kwargs,
         )
         try:
             return kernel_backlog(server.sockets[0].getsockname()[1])
@@ -46,9 +48,11 @@ def listen_with(backlog: int | None) -> int:
     return asyncio.run(main())
 
 
-def test_backlog_reaches_listen() -> None:
-    assert listen_with(700) == min(700, somaxconn())
-    assert listen_with(3) == 3
+@pytest.mark.parametrize("transport", ["asyncio", "lean"])
+def test_backlog_reaches_listen(transport: str) -> None:
+    assert listen_with(700, transport) == min(700, somaxconn())
+    assert listen_with(3, transport) == 3
+    assert listen_with(None, transport) == min(DEFAULT_BACKLOG, somaxconn())
 
 
 def test_default_backlog_is_not_asyncios_100() -> None:
