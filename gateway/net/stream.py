@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
-import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -42,7 +41,6 @@ from protocols.effects import Effect
 from protocols.rare import Rare
 
 log = logging.getLogger("gateway.net")
-_write = os.write
 
 LINGER = 5.0  # seconds to wait for the peer to close after our FIN
 
@@ -344,9 +342,7 @@ class StreamShell(EffectLoop, asyncio.Protocol):
 class LeanShell(StreamShell):
     """The stream shell on a lean transport (:mod:`gateway.net.lean`), which ignores
     writes once it is closing: the flush needs no ``is_closing()`` call first (asyncio's
-    and uvloop's transports buffer a write made after ``close()``; this one does not),
-    and the common write (nothing pending, no flag set) is done inline: two Python calls
-    less per flush than on the generic shell (one flush per connection per loop turn)."""
+    and uvloop's transports buffer a write made after ``close()``; this one does not)."""
 
     __slots__ = ()
 
@@ -356,19 +352,7 @@ class LeanShell(StreamShell):
         t = cast(LeanTransport | None, self.transport)
         if not buf or t is None:
             return
-        data = buf[0] if len(buf) == 1 else b"".join(buf)
-        if t.flags or t.wbuf is not None:
-            t.write(data)
-        else:  # LeanTransport.write's common case, inline: a call less per flush
-            try:
-                n = _write(t.fd, data)
-            except (BlockingIOError, InterruptedError):
-                n = 0
-            except OSError as exc:  # EPIPE, ECONNRESET
-                t._force_close(exc)
-                return
-            if n != len(data):
-                t._keep(data, n)
+        t.write(buf[0] if len(buf) == 1 else b"".join(buf))
         if self.write_blocked:
             cap = self.limits.max_send_buffer
             if cap and t.get_write_buffer_size() > cap:
