@@ -68,6 +68,9 @@ PATH_FIELDS = [
 ]
 """Columns that partition discovery adds from ``ingest_date=D/site=S/gw=G``."""
 
+# the columns a telemetry row keeps from classification to the table
+_ROW_KEYS = ("event_date", "site", "gw", "device", "seq", "ts", "rx_ts", "topic", "ingest_date")
+
 STATUSES = ("ok", "corrupt", "version", "null_key", "bad_time", "outside_window", "bad_event")
 
 
@@ -139,20 +142,7 @@ def clean_telemetry(
     come with the write, in the result stage, whose tasks' metrics Spark merges once per
     partition (a map stage re-run after a lost executor would count its lines twice).
     """
-    rows = classified.select(
-        "event_date",
-        "site",
-        "gw",
-        "device",
-        "seq",
-        "ts",
-        "rx_ts",
-        "topic",
-        "ingest_date",
-        "metrics",
-        "status",
-        "dq_date",
-    )
+    rows = classified.select(*_ROW_KEYS, "metrics", "status", "dq_date")
     keep = (F.col("status") == "ok") & in_range(F.col("event_date"), start, end)
     # One shuffle by device-day and one sort by (event_date, device, seq, tie-breakers)
     # serve every window below and the writer (which wants rows sorted by event_date):
@@ -180,18 +170,7 @@ def clean_telemetry(
         )
     )
     rows = (
-        rows.select(
-            "event_date",
-            "site",
-            "gw",
-            "device",
-            "seq",
-            "ts",
-            "rx_ts",
-            "topic",
-            "ingest_date",
-            cast.alias("cast"),
-        )
+        rows.select(*_ROW_KEYS, cast.alias("cast"))
         .withColumn("values", finite)
         .withColumn("bad_values", F.size("cast") - F.size("values"))
     )
