@@ -105,6 +105,15 @@ def test_leader_election_replication_and_heal() -> None:
     asyncio.run(main())
 
 
+def slow_elections(g: RaftGroup) -> None:
+    """Elections wait 2-4 s instead of pysyncobj's 0.4-1.4 s: a loaded machine (CI runs
+    QEMU beside the suite) can stall the loop past 0.4 s, and an election for that reason
+    is not what the test below is about. Its restarted node's own deadline is forced to
+    0, so without the fix in ``RaftGroup.link_up`` that node still campaigns at once."""
+    conf = g.sync._SyncObj__conf
+    conf.raftMinTimeout, conf.raftMaxTimeout = 2.0, 4.0
+
+
 def test_a_restarted_follower_does_not_depose_the_leader(tmp_path: Path) -> None:
     """A follower restarted after its election deadline passed (its links come up late:
     a loaded machine) is linked to the other follower first, then to the leader: it
@@ -128,6 +137,8 @@ def test_a_restarted_follower_does_not_depose_the_leader(tmp_path: Path) -> None
             await until(lambda: len({g.status()["leader"] for g in hub.groups.values()}
                                     - {None}) == 1
                         and all(g.status()["leader"] for g in hub.groups.values()), "a leader")
+            for g in hub.groups.values():
+                slow_elections(g)
             lead = str(hub.groups[NAMES[0]].status()["leader"])
             term = hub.groups[lead].status()["term"]
             tables[lead].set("k", "v", sync=False)
@@ -138,6 +149,7 @@ def test_a_restarted_follower_does_not_depose_the_leader(tmp_path: Path) -> None
             tables[restarted] = ReplDict()
             fresh = RaftGroup(restarted, [lead, other], hub.sender(restarted),
                               [tables[restarted]], tick=0.01, data_dir=dirs[restarted])
+            slow_elections(fresh)
             assert fresh.resumed  # its term and log come from its journal
             hub.groups[restarted] = fresh
             hub.cut.clear()
@@ -149,6 +161,8 @@ def test_a_restarted_follower_does_not_depose_the_leader(tmp_path: Path) -> None
             hub.groups[lead].link_up(restarted)
             fresh.link_up(lead)
             await until(lambda: tables[restarted].get("k") == "v", "the restarted one caught up")
+            await until(lambda: all(g.status()["leader"] for g in hub.groups.values()),
+                        "every node knows the leader")
             assert {g.status()["leader"] for g in hub.groups.values()} == {lead}
             assert {g.status()["term"] for g in hub.groups.values()} == {term}
         finally:
