@@ -5,9 +5,6 @@ the assembly in app.py stays a few lines).
   last run are freed, the WAL is checked for damage and the file for corruption, a
   malformed file is moved aside and salvaged (alarms ``store_wal_damaged``,
   ``store_salvaged``; the reports go to ``admin.salvage_reports`` for the status API).
-  On a nearly full file system the corruption check of a file is skipped (one WARNING):
-  it opens the file read-write, and its close checkpoints the WAL into the main file,
-  which can take the room (the boot reserve just freed) that opening the store needs.
 - :func:`check` salvages one file (also when opening it failed with "malformed" after a
   clean quick_check).
 - :func:`guard` builds and starts the :class:`~gateway.store.space.StoreGuard` from
@@ -16,8 +13,6 @@ the assembly in app.py stays a few lines).
 
 from __future__ import annotations
 
-import logging
-import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Protocol
@@ -34,11 +29,6 @@ from gateway.store.space import (
     store_schemas,
 )
 from gateway.store.writer import GroupCommitter
-
-log = logging.getLogger("gateway.store")
-
-# room the start-up check leaves for opening the store: the WAL index and a few pages
-CHECK_HEADROOM = 1024 * 1024
 
 
 class Reporting(Protocol):
@@ -58,31 +48,10 @@ def prepare(data_dir: Path, check_dirs: Iterable[Path], check_on_start: bool,
     release_leftover_reserve(data_dir)
     if check_on_start:
         for d in sorted(set(check_dirs)):
-            if room_to_check(db_path(d)):
-                check(db_path(d), admin)
+            check(db_path(d), admin)
         queues = data_dir / QUEUE_DB_NAME  # webhook queues, rules made at run time
-        if queues.exists() and room_to_check(queues):
+        if queues.exists():
             check(queues, admin)
-
-
-def room_to_check(path: Path) -> bool:
-    """Is there room to check ``path`` (its WAL may be checkpointed into it, and the
-    store must still open after that)? If not, say so once and skip the check."""
-    try:
-        wal = os.stat(f"{path}-wal").st_size
-    except OSError:
-        wal = 0
-    try:
-        st = os.statvfs(path.parent)
-    except OSError:
-        return True  # the check's own open reports what is wrong
-    free = st.f_bavail * st.f_frsize
-    if free >= wal + CHECK_HEADROOM:
-        return True
-    log.warning("store %s not checked at start: %d KiB free, the check could take the "
-                "room opening the store needs (its %d KiB WAL goes into the file when it "
-                "closes)", path, free // 1024, wal // 1024)
-    return False
 
 
 def check(path: Path, admin: Reporting | None, problems: list[str] | None = None) -> None:
