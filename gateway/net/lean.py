@@ -54,7 +54,7 @@ LOW_WATER = 16 * 1024
 EPOLLIN, EPOLLOUT = select.EPOLLIN, select.EPOLLOUT
 HANGUP = select.EPOLLHUP | select.EPOLLERR
 
-_readv, _write = os.readv, os.write
+_write = os.write
 
 # LeanTransport.flags
 PAUSED = 1  # pause_reading()
@@ -397,26 +397,12 @@ class Hub:
     # -- the loop's callback -------------------------------------------------------------
 
     def _ready(self) -> None:
-        table, bufs, view = self.table, self.bufs, self.view
+        table = self.table
         for fd, ev in self.ep.poll(0, MAX_EVENTS):
             t = table[fd]
             if t is None:  # closed earlier in this batch
                 continue
             try:
-                if ev == EPOLLIN and not t.flags:
-                    # the common case inline (one read; a method call less per input)
-                    try:
-                        n = _readv(fd, bufs)
-                    except (BlockingIOError, InterruptedError):
-                        continue
-                    except OSError as exc:  # ECONNRESET, ETIMEDOUT, ...
-                        t._force_close(exc)
-                        continue
-                    if n:
-                        t.protocol.data_received(view[:n].tobytes())
-                    else:
-                        t._eof()
-                    continue
                 if ev & (EPOLLIN | HANGUP) and not t.flags & NOT_READING:
                     t._read_ready()
                 if t.wbuf is not None and ev & (EPOLLOUT | HANGUP):
