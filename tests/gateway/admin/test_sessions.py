@@ -19,14 +19,7 @@ from gateway.admin.sessions import (
     check_password,
     hash_password,
 )
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
+from tests.harness.clock import Clock
 
 
 def test_password_hash_checks_and_refuses() -> None:
@@ -61,7 +54,7 @@ def test_accounts_file_is_private_and_keeps_the_last_administrator(tmp_path: Pat
 
 
 def test_setup_token_is_single_use_replaced_and_expires() -> None:
-    clock = Clock()
+    clock = Clock(1000.0)
     setup = SetupToken(clock, ttl=60)
     first = setup.issue()
     second = setup.issue()  # replaces the first
@@ -74,7 +67,7 @@ def test_setup_token_is_single_use_replaced_and_expires() -> None:
 
 
 def test_sessions_expire_when_idle_and_at_their_maximum_age() -> None:
-    clock = Clock()
+    clock = Clock(1000.0)
     sessions = Sessions(clock, idle=30, max_age=100)
     s = sessions.create("root", "administrator")
     assert s.csrf and s.csrf != s.id
@@ -93,7 +86,7 @@ def test_sessions_expire_when_idle_and_at_their_maximum_age() -> None:
 
 
 def test_login_limiter_locks_out_until_the_window_passes() -> None:
-    clock = Clock()
+    clock = Clock(1000.0)
     limiter = LoginLimiter(clock, attempts=3, window=60)
     for _ in range(3):
         assert limiter.retry_after("ip:a", "user:root") == 0

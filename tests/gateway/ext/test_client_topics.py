@@ -18,16 +18,10 @@ from gateway.ext.client_topics import MAX_AGE, ClientTopics
 from gateway.store.db import db_path
 from gateway.store.extensions import AutoSubscribeEntry, AutoSubscribeStore
 from tests.gateway.core.test_node import connect
+from tests.harness.clock import Clock
 
 AFTER = MAX_AGE * 1.001  # (time is a float: 100.1 - 100.0 < 0.1)
 
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture
@@ -77,7 +71,7 @@ def test_connects_run_no_sql_while_nothing_changed(
         assert cache.for_client(f"other{i}") == ()
         assert cache.for_client("d1") == (TopicTemplate("cmd/d1", 1),)
     assert seen == []
-    clock.now += AFTER  # then one PRAGMA per max_age, no reload when nothing changed
+    clock.t += AFTER  # then one PRAGMA per max_age, no reload when nothing changed
     cache.for_client("d1")
     cache.for_client("d2")
     assert seen == ["PRAGMA data_version"]
@@ -103,14 +97,14 @@ def test_a_write_by_another_connection_is_seen_within_max_age(
     assert cache.for_client("d1") == ()
     other_connection(path, "INSERT INTO auto_subscribe(clientid, topic, qos) VALUES (?,?,?)",
                      "d1", "ota/d1", 1)
-    clock.now += MAX_AGE / 2
+    clock.t += MAX_AGE / 2
     assert cache.for_client("d1") == ()  # the stated staleness: not yet looked
-    clock.now += AFTER / 2
+    clock.t += AFTER / 2
     assert cache.for_client("d1") == (TopicTemplate("ota/d1", 1),)
     other_connection(path, "DELETE FROM auto_subscribe WHERE clientid = ?", "d1")
-    clock.now += AFTER
+    clock.t += AFTER
     assert cache.for_client("d1") == ()
-    clock.now -= 3600  # the monotonic clock never goes back; if it did: look again
+    clock.t -= 3600  # the monotonic clock never goes back; if it did: look again
     other_connection(path, "INSERT INTO auto_subscribe(clientid, topic) VALUES (?,?)",
                      "d2", "x")
     assert cache.for_client("d2") == (TopicTemplate("x"),)
@@ -137,14 +131,14 @@ def test_a_failed_read_keeps_the_copy_and_is_retried(
     broken = sqlite3.connect(":memory:")  # a read that fails: no such table
     real, store.conn = store.conn, broken
     try:
-        clock.now += AFTER
+        clock.t += AFTER
         assert cache.for_client("d1") == (TopicTemplate("cmd/d1"),)
         assert cache.for_client("d1") == (TopicTemplate("cmd/d1"),)  # not again at once
         assert caplog.text.count("cannot read the per-client auto-subscribe topics") == 1
     finally:
         store.conn = real
         broken.close()
-    clock.now += AFTER
+    clock.t += AFTER
     assert cache.for_client("d1") == (TopicTemplate("cmd/d1"), TopicTemplate("new"))
 
 
@@ -159,6 +153,6 @@ def test_auto_subscribe_on_the_node_sees_the_change(store: AutoSubscribeStore, p
     connect(node, "d1")  # the next CONNECT, no time passed
     assert set(node.sessions["d1"].subscriptions) == {"all/d1", "own/d1"}
     other_connection(path, "DELETE FROM auto_subscribe")
-    clock.now += AFTER
+    clock.t += AFTER
     connect(node, "d1")
     assert set(node.sessions["d1"].subscriptions) == {"all/d1"}

@@ -7,19 +7,12 @@ import pytest
 
 from gateway.store.banned import BanError, BannedStore
 from gateway.store.db import db_path, open_db
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1_700_000_000.0
-
-    def __call__(self) -> float:
-        return self.t
+from tests.harness.clock import Clock
 
 
 @pytest.fixture
 def clock() -> Clock:
-    return Clock()
+    return Clock(1_700_000_000.0)
 
 
 @pytest.fixture

@@ -11,16 +11,10 @@ import pytest
 from gateway.security.scram import verify_password
 from gateway.store.db import db_path, open_db
 from gateway.store.users import UserError, UserStore
+from tests.harness.clock import Clock
 
 FAST = 4096  # the minimum iteration count keeps the tests quick
 
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 100.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 @pytest.fixture
