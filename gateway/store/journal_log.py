@@ -38,6 +38,17 @@ Invariants:
   generation (kept by the loop as it appends, :class:`Delta`) is applied in one SQLite
   transaction, and only after the commit are the generation's files deleted. A crash in
   between leaves files whose records SQLite already has: replay is idempotent.
+- A checkpoint runs only with room for it (:func:`checkpoint_room`): its rows are
+  written twice (SQLite's WAL, then the main file) while the log still holds them, so on
+  a nearly full disk it would take the last free bytes (and a restart would then fail to
+  open the database). Until the room is there, the records stay in the log, which is
+  as durable. Checkpointed files are recycled only while the file system has
+  ``RECYCLE_ROOM`` free after the checkpoint, deleted otherwise.
+- A *compaction* gives a full disk the log's dead bytes back without SQLite: the
+  pending delta, as records (:meth:`Delta.records`), is the first frame of a new
+  generation, and the older files are deleted only after that frame is durable. A crash
+  in between leaves the old files and the frame: replaying both gives the same delta
+  (the frame's records set every key again, after the old ones).
 """
 
 from __future__ import annotations
@@ -63,10 +74,17 @@ _HEADER = struct.Struct("<II")
 _SUFFIX = ".log"
 PREALLOCATE = 128 * 1024  # a log file grows by this much at a time (zeros, synced)
 RECYCLE_MAX = 2 * 1024 * 1024  # a checkpointed file larger than this is deleted
+RECYCLE_ROOM = 4 * 1024 * 1024  # nor is one recycled with less than this free after it
+# room a checkpoint needs besides twice its rows' bytes: the pages of a small
+# transaction, the WAL index, the main file's growth by whole pages
+CHECKPOINT_HEADROOM = 256 * 1024
+_ROW_BYTES = 160  # a queue or messages row without its payload, with its index entries
 QUEUE_WIDTH = 18
 BODY_WIDTH = 10
 _PACKET_ID = 6
 _RELEASED = 7
+_TOPIC = 9
+_PAYLOAD = 10
 QUEUE_COLS = (
     "ref, client_id, msg_id, qos, retain, sub_ids, packet_id, released, share, "
     "topic, payload, mqos, mretain, props, publisher, username, ts, expires_at"
@@ -187,15 +205,16 @@ class JournalLog:
         self.close()
         self.generation = generation
 
-    def remove_before(self, generation: int) -> None:
+    def remove_before(self, generation: int, recycle: bool = True) -> None:
         """The files of the generations before ``generation`` are checkpointed: the
-        largest becomes ``generation``'s file (if that has none yet), the rest go."""
+        largest becomes ``generation``'s file (if ``recycle`` and that has none yet),
+        the rest go."""
         old = [(p.stat().st_size, g, p) for g, p in log_files(self.directory) if g < generation]
         if not old:
             return
         new = self.directory / f"{generation:012d}{_SUFFIX}"
         old.sort()
-        if self._fd < 0 and not new.exists() and old[-1][0] <= RECYCLE_MAX:
+        if recycle and self._fd < 0 and not new.exists() and old[-1][0] <= RECYCLE_MAX:
             os.replace(old.pop()[2], new)
         for _, _, p in old:
             p.unlink(missing_ok=True)
@@ -326,6 +345,42 @@ class Delta:
             or self.bodies_gone or self.awaiting or self.dead
         )
 
+    def split_deletions(self) -> Delta:
+        """Move the deletions of rows older than this delta (and of bodies, clients,
+        awaited PUBRELs) into a new delta, leaving the additions and updates here.
+        Applying the new one, then this one, gives what applying this one gave (its
+        statements run deletions first too)."""
+        out = Delta()
+        out.gone, self.gone = self.gone, []
+        out.bodies_gone, self.bodies_gone = self.bodies_gone, []
+        out.dead, self.dead = self.dead, []
+        for key in [k for k, present in self.awaiting.items() if not present]:
+            out.awaiting[key] = self.awaiting.pop(key)
+        for ref in out.gone:  # updates of a deleted row are moot
+            self.pids.pop(ref, None)
+            self.released.pop(ref, None)
+        return out
+
+    def records(self) -> list[Any]:
+        """Records that replay (:meth:`apply`, into an empty delta) to this delta: the
+        one frame of a compaction."""
+        out: list[Any] = [("D", cid) for cid in self.dead]
+        out += self.gone
+        out += [("x", mid) for mid in self.bodies_gone]
+        out += self.bodies.values()
+        out += self.rows.values()
+        out += [("p", ref, pid) for ref, pid in self.pids.items()]
+        out += [("r", ref) for ref in self.released]
+        out += [("a", cid, pid, present) for (cid, pid), present in self.awaiting.items()]
+        return out
+
+    def size_estimate(self) -> int:
+        """About how many bytes applying this delta writes into SQLite's pages."""
+        n = _ROW_BYTES * (len(self.rows) + len(self.bodies) + len(self.awaiting))
+        n += sum(len(r[_PAYLOAD] or b"") + len(r[_TOPIC] or "") for r in self.rows.values())
+        n += sum(len(b[2] or b"") + len(b[1]) for b in self.bodies.values())
+        return n + 16 * (len(self.gone) + len(self.pids) + len(self.bodies_gone))
+
     # the loop's fast paths (SessionStore inlines add and remove) and replay share these
 
     def removed(self, ref: int) -> None:
@@ -425,6 +480,34 @@ class Delta:
                 yield from insert_rows("INSERT OR IGNORE INTO awaiting_rel", 2, added)
 
 
+@dataclass
+class Room:
+    """Whether a checkpoint of a delta fits on the file system now."""
+
+    free: int  # bytes free for the unprivileged (statvfs f_bavail)
+    need: int  # twice the delta's bytes and the headroom
+
+    @property
+    def fits(self) -> bool:
+        return self.free >= self.need
+
+    @property
+    def recycle(self) -> bool:
+        """Room to keep the checkpointed file for the next generation."""
+        return self.free - self.need >= RECYCLE_ROOM
+
+
+def checkpoint_room(directory: Path, deltas: Sequence[Delta]) -> Room:
+    """The room for a checkpoint of ``deltas`` into the database beside ``directory``
+    (unmeasurable: assumed to fit, as before this check existed)."""
+    need = CHECKPOINT_HEADROOM + 2 * sum(d.size_estimate() for d in deltas)
+    try:
+        st = os.statvfs(directory if directory.exists() else directory.parent)
+    except OSError:
+        return Room(need + RECYCLE_ROOM, need)
+    return Room(st.f_bavail * st.f_frsize, need)
+
+
 def apply_deltas(conn: sqlite3.Connection, deltas: Sequence[Delta]) -> None:
     """Apply ``deltas`` (oldest first) in one transaction (a checkpoint)."""
     conn.execute("BEGIN")
@@ -458,12 +541,18 @@ class LogSegment:
     records belong to; the first segment of a generation carries ``checkpoint``, the
     delta of the generation before it, for the writer to apply once it rotated."""
 
-    __slots__ = ("generation", "records", "checkpoint")
+    __slots__ = ("generation", "records", "checkpoint", "recycle", "compaction")
 
-    def __init__(self, generation: int, checkpoint: Delta | None = None) -> None:
+    def __init__(
+        self, generation: int, checkpoint: Delta | None = None, recycle: bool = True
+    ) -> None:
         self.generation = generation
         self.records: list[Any] = []
         self.checkpoint = checkpoint
+        self.recycle = recycle  # the checkpointed file may become this generation's
+        # records = the whole pending delta of the generations before (a compaction:
+        # the older files go once this generation's first frame is durable)
+        self.compaction = False
 
     def empty(self) -> bool:
         return not self.records and self.checkpoint is None

@@ -51,9 +51,13 @@ Invariants:
   row of it exists.
 - Start-up: SQLite as it is, then every log file of the last run replayed over it in
   generation order, applied to SQLite in one transaction, then the files deleted and
-  the state loaded. If that transaction fails (a full disk), the files stay, their delta
-  becomes the first checkpoint's, and the state loads from an in-memory copy with the
-  delta applied. A damaged frame (valid ones after it) raises ``store_salvaged``.
+  the state loaded. If the disk has no room for that transaction, or it fails, the files
+  stay, their delta becomes the first checkpoint's, and the state loads from an
+  in-memory copy with the delta applied.
+- A checkpoint waits while the disk lacks room for it (twice its rows' bytes; the
+  records are durable in the log meanwhile): a full disk is never filled further by
+  moving data from the log into SQLite, at run time, at start-up or at a clean stop.
+- A damaged frame (valid ones after it) raises ``store_salvaged``.
 - A file made before inline bodies gets the columns at start-up (:func:`upgrade_schema`);
   its rows (``topic`` NULL) keep their bodies in ``messages``.
 """
@@ -69,12 +73,15 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gateway.store.journal_log import (
+    PREALLOCATE,
     QUEUE_COLS,
     Delta,
     JournalLog,
     LogSegment,
     Replayed,
     apply_deltas,
+    checkpoint_room,
+    log_bytes,
     log_dir,
     log_files,
     replay,
@@ -227,6 +234,7 @@ INLINE_MAX = 1024
 # log and the rows it carries into SQLite at the same time)
 CHECKPOINT_EVERY = 5.0
 CHECKPOINT_BYTES = 1024 * 1024
+DELETE_AHEAD_ROOM = 128 * 1024  # free bytes a deferred checkpoint's deletions need
 _TICK = 0.5
 
 
@@ -292,6 +300,8 @@ class SessionStore:
         self._segments = 0  # segments of the current generation
         self._checkpointed_at = time.monotonic()
         self._timer: Any = None
+        self._room_checked_at = 0.0
+        self.deferring = False  # checkpoints wait for room (see _checkpoint_if_room)
         self.replayed: Replayed | None = None
 
     # -- start-up ------------------------------------------------------------------
@@ -313,23 +323,35 @@ class SessionStore:
         if r.delta.empty():
             c.execute("DELETE FROM queue WHERE client_id NOT IN (SELECT client_id FROM sessions)")
             return c
+        room = checkpoint_room(self.log_dir, [r.delta])
+        if not room.fits:
+            log.warning("journal log: %d frames not checkpointed at start-up, %s free and "
+                        "about %s needed; kept, loaded from memory", r.frames,
+                        _kib(room.free), _kib(room.need))
+            return self._load_from_memory(r.delta)
         try:
             apply_deltas(c, [r.delta])
             c.execute("DELETE FROM queue WHERE client_id NOT IN (SELECT client_id FROM sessions)")
         except sqlite3.Error as exc:
             log.error("journal log: %d frames could not be checkpointed (%s); kept, "
                       "loaded from memory", r.frames, exc)
-            mem = sqlite3.connect(":memory:", isolation_level=None)
-            c.backup(mem)
-            apply_deltas(mem, [r.delta])
-            self._delta = r.delta
-            self._rows = r.delta.rows
-            self._segments = 1  # checkpoint as soon as the disk allows
-            return mem
+            return self._load_from_memory(r.delta)
         for gen, path in log_files(self.log_dir):
             if gen < self._replay_below:
                 path.unlink(missing_ok=True)
         return c
+
+    def _load_from_memory(self, delta: Delta) -> sqlite3.Connection:
+        """The log files stay; their delta becomes the first checkpoint's (taken once
+        the disk has room for it) and the state loads from an in-memory copy of SQLite
+        with the delta applied."""
+        mem = sqlite3.connect(":memory:", isolation_level=None)
+        self.conn.backup(mem)
+        apply_deltas(mem, [delta])
+        self._delta = delta
+        self._rows = delta.rows
+        self._segments = 1
+        return mem
 
     def _report_damage(self, r: Replayed) -> None:
         first = r.damage[0]
@@ -473,8 +495,8 @@ class SessionStore:
         writer or another write followed it)."""
         seg = self._seg
         if seg is None or not self._is_open(seg):
-            if self._log.size >= CHECKPOINT_BYTES:  # the writer's count, read once a batch
-                self.checkpoint()
+            # the writer's count, read once a batch
+            if self._log.size >= CHECKPOINT_BYTES and self._checkpoint_if_room(True):
                 return self._seg  # type: ignore[return-value]
             seg = self._seg = LogSegment(self._gen)
             self._segments += 1
@@ -604,17 +626,75 @@ class SessionStore:
 
     # -- checkpoints (on the loop; the writer applies them) ------------------------------
 
-    def checkpoint(self) -> None:
+    def checkpoint(self, recycle: bool = True) -> None:
         """Close the current generation: its delta goes to SQLite with the next commit,
-        and its log files are deleted after that commit."""
+        and its log files are recycled or deleted after that commit."""
         old = self._delta
         self._delta = Delta()
         self._rows = self._delta.rows
         self._gen += 1
         self._segments = 0
         self._checkpointed_at = time.monotonic()
-        seg = self._seg = LogSegment(self._gen, old)
+        seg = self._seg = LogSegment(self._gen, old, recycle)
         self.committer.add_segment(seg)
+
+    def _checkpoint_if_room(self, throttle: bool = False) -> bool:
+        """Checkpoint if the file system has room for it (journal_log.checkpoint_room);
+        else the records stay in the log, and one WARNING says so until a checkpoint
+        fits again. ``throttle``: measure at most once per tick (the commit path)."""
+        now = time.monotonic()
+        if throttle and now < self._room_checked_at + _TICK:
+            return False
+        self._room_checked_at = now
+        room = checkpoint_room(self.log_dir, [self._delta])
+        if not room.fits:
+            self._delete_ahead(room.free)
+            if self._compact_if_worth(room.free):
+                return True
+            if not self.deferring:
+                log.warning("journal log: checkpoints deferred, %s free and about %s needed;"
+                            " the records stay in the log until the sessions drain or the"
+                            " disk has room", _kib(room.free), _kib(room.need))
+                self.deferring = True
+            return False
+        if self.deferring:
+            log.warning("journal log: checkpoints again (%s free)", _kib(room.free))
+            self.deferring = False
+        self.checkpoint(room.recycle)
+        return True
+
+    def _delete_ahead(self, free: int) -> None:
+        """No room for a checkpoint: the delta's deletions go to SQLite with the next
+        commit (a few pages each; idempotent, so replay may repeat them), so that the
+        space guard's vacuum gives their pages back and the rest fits later."""
+        if free < DELETE_AHEAD_ROOM:
+            return
+        ahead = self._delta.split_deletions()
+        if ahead.empty():
+            return
+        add = self.committer.add
+        for sql, params in ahead.statements():
+            add(sql, params)
+
+    def _compact_if_worth(self, free: int) -> bool:
+        """No room for a checkpoint: if the pending delta is much smaller than the log
+        files (the sessions drained), rewrite it as a new generation's first frame, so
+        the older files go (journal_log: compaction)."""
+        records = self._delta.size_estimate()
+        held = log_bytes(self.log_dir)
+        new_file = -(-(records + 4096) // PREALLOCATE) * PREALLOCATE
+        if held < max(4 * records, new_file + 2 * PREALLOCATE) or free < new_file + 4096:
+            return False
+        self._gen += 1
+        self._segments = 1  # the delta stays pending: a checkpoint still has work
+        self._checkpointed_at = time.monotonic()
+        seg = self._seg = LogSegment(self._gen)
+        seg.compaction = True
+        seg.records = self._delta.records()
+        self.committer.add_segment(seg)
+        log.warning("journal log: compacted (%s of log files for about %s of pending "
+                    "records; no room to checkpoint into SQLite)", _kib(held), _kib(records))
+        return True
 
     def _start_timer(self) -> None:
         loop = self.committer.loop
@@ -632,7 +712,7 @@ class SessionStore:
                 or time.monotonic() - self._checkpointed_at >= CHECKPOINT_EVERY
                 or (fault is not None and fault.space)  # a checkpoint frees log space
             ):
-                self.checkpoint()
+                self._checkpoint_if_room()
         self._start_timer()
 
     def _closing(self) -> None:
@@ -641,7 +721,7 @@ class SessionStore:
             self._timer.cancel()
             self._timer = None
         if self._written():
-            self.checkpoint()
+            self._checkpoint_if_room()
 
     def _written(self) -> bool:
         """Records of the current generation exist (so a checkpoint has work)."""
@@ -667,3 +747,7 @@ class SessionStore:
 
     def retained_deleted(self, topic: str) -> None:
         self.committer.add("DELETE FROM retained WHERE topic=?", (topic,))
+
+
+def _kib(n: int) -> str:
+    return f"{n // 1024} KiB"

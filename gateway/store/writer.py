@@ -20,7 +20,9 @@ transaction commits and durable (``O_DSYNC``) before the batch counts as committ
 segment that opens a new log generation carries the delta of the one before (a
 checkpoint): the delta's statements run in the batch's transaction, records of that
 older generation still in the batch are not written (the delta has them), and the old
-log file is recycled only after the commit.
+log file is recycled only after the commit. A segment that opens a new generation as a
+*compaction* (its records are the whole pending delta, journal_log) is written the same
+way, and the older files are deleted only after its frame is durable.
 
 Invariants:
 - Batches commit in the order they were added, one at a time; within a batch,
@@ -328,7 +330,8 @@ class GroupCommitter:
         conn = self._conn
         chunks: list[list[Any]] = []
         deltas = []
-        rotate_to = -1
+        rotate_to = compact_to = -1
+        recycle = True
         began = False
         n = len(items)
         i = 0
@@ -340,6 +343,11 @@ class GroupCommitter:
                     deltas.append(item.checkpoint)
                     chunks.clear()  # the delta has them
                     rotate_to = item.generation
+                    recycle = item.recycle
+                    compact_to = -1  # this checkpoint covers an earlier compaction
+                elif item.compaction:
+                    chunks.clear()  # its records have them
+                    rotate_to = compact_to = item.generation
                 if item.records:
                     chunks.append(item.records)
                 continue
@@ -376,10 +384,13 @@ class GroupCommitter:
             return
         if rotate_to >= 0:
             jlog.rotate(rotate_to)
-            jlog.remove_before(rotate_to)
+            if compact_to < 0:
+                jlog.remove_before(rotate_to, recycle)
             self.checkpoints += 1
         if chunks:
             jlog.append(chunks)
+        if compact_to >= 0:  # the older files only once the compacted frame is durable
+            jlog.remove_before(compact_to, False)
 
     # -- back on the loop --------------------------------------------------------------
 

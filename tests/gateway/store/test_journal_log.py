@@ -26,6 +26,7 @@ from gateway.core.node import Node
 from gateway.store.journal_log import JournalLog, log_dir, log_files, read_frames
 from gateway.store.writer import GroupCommitter
 from protocols.context import ClientInfo, Message, SubOptions
+from tests.fsfaults import can_mount, fill, free_bytes, sized_tmpfs
 
 from .test_journal import count, sqlite_count
 from .test_sessions import committed, make_node, open_session
@@ -382,3 +383,122 @@ def test_kill9_with_a_non_empty_log_delivers_every_acknowledged_message(tmp_path
         assert expected <= got, f"lost {len(expected - got)} acknowledged messages"
     finally:
         gw.stop()
+
+
+def _row(ref: int, cid: str, mid: int) -> tuple[Any, ...]:
+    return (ref, cid, mid, 1, 0, None, None, 0, None, "t", b"x" * (ref % 7), 1, 0, None,
+            "p", None, 1.0, None)
+
+
+def _body(mid: int) -> tuple[Any, ...]:
+    return (mid, "t", b"b" * mid, 1, 0, None, "p", None, 1.0, None)
+
+
+# records over a few refs, bodies and clients, so that adds, removals and updates of the
+# same keys meet; refs 1-4 and bodies 1-2 are also in SQLite before the delta
+_refs = st.integers(1, 8)
+delta_records = st.lists(
+    st.one_of(
+        st.builds(_row, _refs, st.sampled_from(["a", "b"]), st.integers(1, 4)),
+        _refs,
+        st.builds(_body, st.integers(1, 4)),
+        st.tuples(st.just("p"), _refs, st.integers(1, 9)),
+        st.tuples(st.just("r"), _refs),
+        st.tuples(st.just("x"), st.integers(1, 4)),
+        st.tuples(st.just("a"), st.sampled_from(["a", "b"]), st.integers(1, 3), st.booleans()),
+        st.tuples(st.just("D"), st.sampled_from(["a", "b"])),
+    ),
+    max_size=30,
+)
+
+
+def _applied(*deltas: Any) -> list[Any]:
+    """The tables after applying ``deltas`` in order to a store holding refs 1-4."""
+    from gateway.store.db import ensure_schema
+    from gateway.store.journal_log import apply_deltas
+    from gateway.store.sessions import SCHEMA
+
+    conn = sqlite3.connect(":memory:", isolation_level=None)
+    ensure_schema(conn, SCHEMA)
+    for ref in range(1, 5):
+        conn.execute(f"INSERT INTO queue VALUES ({','.join('?' * 18)})", _row(ref, "a", ref))
+    for mid in (1, 2):
+        conn.execute(f"INSERT INTO messages VALUES ({','.join('?' * 10)})", _body(mid))
+    conn.execute("INSERT INTO awaiting_rel VALUES ('a', 1)")
+    apply_deltas(conn, deltas)
+    return [
+        conn.execute(f"SELECT * FROM {t} ORDER BY 1, 2").fetchall()
+        for t in ("queue", "messages", "awaiting_rel")
+    ]
+
+
+@settings(max_examples=150, deadline=None)
+@given(delta_records)
+def test_a_delta_as_records_and_split_into_its_deletions_applies_the_same(
+    recs: list[Any],
+) -> None:
+    """What compaction writes (Delta.records) replays to the same delta, and a deferred
+    checkpoint's deletions applied ahead, then the rest, give the same tables."""
+    from gateway.store.journal_log import Delta
+
+    whole = Delta()
+    whole.apply(recs)
+    expected = _applied(whole)
+    again = Delta()
+    again.apply(whole.records())
+    assert _applied(again) == expected
+    rest = Delta()
+    rest.apply(recs)
+    ahead = rest.split_deletions()
+    assert not (ahead.rows or ahead.bodies or ahead.pids or ahead.released)
+    assert not (rest.gone or rest.bodies_gone or rest.dead)
+    assert _applied(ahead, rest) == expected
+
+
+@pytest.mark.storage
+@pytest.mark.skipif(not can_mount(), reason="needs root to mount a file system")
+def test_no_room_to_checkpoint_compacts_the_log_and_a_crash_keeps_what_is_pending(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """On a nearly full file system a checkpoint waits (its rows would be written into
+    SQLite twice while the log still holds them); once the session drained most of
+    them, the log is compacted into a new generation, the old file's space comes back,
+    and a crash copy replays to exactly what is still pending."""
+    mib = 1024 * 1024
+
+    async def scenario() -> None:
+        with sized_tmpfs(tmp_path / "a", 4 * mib):
+            db = tmp_path / "a" / "gateway.db"
+            node, committer = make_node(db, VirtualScheduler())
+            offline_subscriber(node)
+            await committed(committer)
+            fill(tmp_path / "a" / "filler", leave=1800 * 1024)
+            bodies = [bytes([i]) * 32768 for i in range(40)]
+            publish(node, *bodies)
+            await committed(committer)
+            publish(node, b"late")  # a later batch looks at the log's size
+            await committed(committer)
+            assert sqlite_count(db, "queue") == 0, "checkpointed without room"
+            assert "checkpoints deferred" in caplog.text
+            held = sum(p.stat().st_size for _, p in log_files(log_dir(db)))
+            assert held > mib
+            info, h = open_session(node, "s", expiry=3600, rmax=40)
+            for d in h.delivered[:34]:
+                node.sessions["s"].puback(d.packet_id or 0)
+            node.close(info, h, send_will=False)
+            await committed(committer)
+            free = free_bytes(db.parent)
+            store = node.store
+            assert store is not None
+            assert store._checkpoint_if_room()  # type: ignore[attr-defined]
+            await committed(committer)
+            assert "journal log: compacted" in caplog.text
+            assert free_bytes(db.parent) > free + held // 2
+            copy = crash_copy(db.parent, tmp_path / "b")
+            node2, committer2 = make_node(copy, VirtualScheduler())
+            assert queued(node2) == [*bodies[34:], b"late"]
+            committer2.close()
+            committer.close()
+
+    with caplog.at_level(logging.WARNING, logger="gateway.store"):
+        asyncio.run(scenario())

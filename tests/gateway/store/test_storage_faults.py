@@ -222,6 +222,22 @@ def workdir(tmp_path: Path) -> Iterator[Path]:
     yield tmp_path / "gw"
 
 
+def space_report(gw: Gatewayd) -> str:
+    """Where the space went, for a failure message: the data directory's files, the
+    store's status and the node's log."""
+    files = sorted(
+        (str(p.relative_to(gw.data_dir)), p.stat().st_size)
+        for p in gw.data_dir.rglob("*") if p.is_file()
+    )
+    try:
+        store: Any = store_status(gw)
+    except OSError as exc:
+        store = f"not reachable ({exc})"
+    lines = [ln for ln in gw.log().splitlines() if "refused: the store" not in ln]
+    return (f"free {free_bytes(gw.data_dir)} B; files {files}; store {store}; log (without"
+            " the refused publishes):\n" + "\n".join(lines[-60:]))
+
+
 def report(name: str, **figures: Any) -> None:
     """Figures for the report (printed; run pytest -s to see them)."""
     print(f"\n[storage] {name}: " + json.dumps(figures))
@@ -282,12 +298,19 @@ def test_disk_full_v5_refuses_at_once_keeps_serving_and_recovers(workdir: Path) 
             assert gw.proc is not None
             gw.proc.kill()
             gw.proc.wait()
-            gw.start()
+            try:
+                gw.start()
+            except RuntimeError as exc:
+                raise AssertionError(f"restart on the full disk failed; {space_report(gw)}"
+                                     ) from exc
             expected = pub.acked_topics()
             got = drain_keeper(gw, 5, expected)
             assert expected <= got, f"lost {len(expected - got)} acknowledged messages"
             drained = time.monotonic()
-            poll("disk_full to clear", lambda: "disk_full" not in alarms(gw))
+            try:
+                poll("disk_full to clear", lambda: "disk_full" not in alarms(gw))
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}; {space_report(gw)}") from None
             again = Publisher(gw, "pub2", 5)
             mid = again.publish("t/again", b"x" * 1024)
             again.wait_answers([mid])
