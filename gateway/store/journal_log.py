@@ -356,9 +356,6 @@ class Delta:
         out.dead, self.dead = self.dead, []
         for key in [k for k, present in self.awaiting.items() if not present]:
             out.awaiting[key] = self.awaiting.pop(key)
-        for ref in out.gone:  # updates of a deleted row are moot
-            self.pids.pop(ref, None)
-            self.released.pop(ref, None)
         return out
 
     def records(self) -> list[Any]:

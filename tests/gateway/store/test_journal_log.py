@@ -432,7 +432,7 @@ def _applied(*deltas: Any) -> list[Any]:
     ]
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(delta_records)
 def test_a_delta_as_records_and_split_into_its_deletions_applies_the_same(
     recs: list[Any],
