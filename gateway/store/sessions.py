@@ -655,11 +655,11 @@ class SessionStore:
                 log.warning("journal log: checkpoints deferred, %s free and about %s needed;"
                             " the records stay in the log until the sessions drain or the"
                             " disk has room", _kib(room.free), _kib(room.need))
-                self.deferring = True
+                self.deferring = self.committer.log_waits_for_room = True
             return False
         if self.deferring:
             log.warning("journal log: checkpoints again (%s free)", _kib(room.free))
-            self.deferring = False
+            self.deferring = self.committer.log_waits_for_room = False
         self.checkpoint(room.recycle)
         return True
 

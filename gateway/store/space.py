@@ -19,7 +19,9 @@ whether the node takes new durable work:
 - the reserve: a file of ``reserve_size`` bytes (``gateway.reserve``, preallocated with
   ``posix_fallocate``) released by the writer thread at the first ENOSPC, so that the
   failing commit, and the deletes and checkpoints after it, find room; made again once
-  twice its size is free; and a boot reserve (``gateway.reserve.boot``, 256 KiB) released
+  twice its size is free and the journal log's checkpoints do not wait for room (the
+  reserve would take the room a deferred checkpoint or compaction needs); and a boot
+  reserve (``gateway.reserve.boot``, 256 KiB) released
   only at start-up (:func:`release_leftover_reserve`), so that a node stopped on a full
   disk can open its file again;
 - space back: a task on the writer thread runs ``PRAGMA incremental_vacuum`` (the store
@@ -421,6 +423,7 @@ class StoreGuard:
             and s.reserve_size
             and fault is None
             and usage.free >= 2 * s.reserve_size
+            and not self.committer.log_waits_for_room
             and self.reserve.make()
         ):
             log.info("store reserve of %s made again", _mb(s.reserve_size))

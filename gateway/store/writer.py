@@ -176,6 +176,9 @@ class GroupCommitter:
         self._retry_timer: asyncio.TimerHandle | None = None
         # the journal log (gateway.store.journal_log): LogSegment items append to it
         self.log: JournalLog | None = None
+        # the journal log's checkpoints wait for room (set by the session store): the
+        # space guard then does not make its reserve again, which would take that room
+        self.log_waits_for_room = False
         # on the loop at the start of close(), before the last commit (a final checkpoint)
         self.before_close: Callable[[], None] | None = None
         self.checkpoints = 0
