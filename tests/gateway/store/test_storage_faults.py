@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -329,11 +330,17 @@ def test_enospc_v311_releases_reserve_disconnects_then_everything_acked(workdir:
     the commit that meets ENOSPC gets the reserve and succeeds, the node refuses from then
     on (3.1.1: the connection is closed without PUBACK, paho re-sends after reconnecting);
     once the file is deleted the reserve is made again and every publish ends up
-    acknowledged, and delivered to the offline persistent session."""
+    acknowledged, and delivered to the offline persistent session.
+
+    Made deterministic: gatewayd is stopped (SIGSTOP) while the disk fills and the next
+    publish is sent, so no commit or check of its own sees the disk filling; that publish
+    (300 KiB) is larger than the room the journal log keeps ahead in its file (under
+    128 KiB after a growth, or a recycled file of under 256 KiB here), so its commit must
+    grow the file and meets ENOSPC. (Without it, a small commit that fits in that room
+    succeeded, measured the full disk and refused at once: no commit ever met ENOSPC and
+    the reserve was not needed, 1 CI run in about 20.)"""
     n = 60
-    # no periodic check: it could see the filler's low space before any commit meets
-    # ENOSPC (under CI's load the fill takes longer than 200 ms) and refuse at once,
-    # so the reserve would never be needed; commits and retries measure as they go
+    # no periodic check: its first run after SIGCONT could come before the publish's commit
     env = {**ENV, "GATEWAY_DURABILITY__CHECK_INTERVAL": "60s"}
     with sized_tmpfs(workdir / "data", 6 * MIB):
         gw = Gatewayd(workdir, extra_env=env).start()
@@ -342,8 +349,17 @@ def test_enospc_v311_releases_reserve_disconnects_then_everything_acked(workdir:
             pub = Publisher(gw, "pub311", 4)
             first = [pub.publish(f"t/{i}", os.urandom(16 * 1024)) for i in range(10)]
             pub.wait_answers(first)
-            filler = fill(workdir / "data" / "filler", leave=0)
-            assert free_bytes(workdir / "data") < 64 * 1024
+            assert gw.proc is not None
+            os.kill(gw.proc.pid, signal.SIGSTOP)
+            try:
+                filler = fill(workdir / "data" / "filler", leave=0)
+                assert free_bytes(workdir / "data") == 0
+                big = pub.publish("t/big", os.urandom(300 * 1024))
+            finally:
+                os.kill(gw.proc.pid, signal.SIGCONT)
+            pub.wait_answers([big])
+            assert pub.answers[big] == 0
+            assert "reserve released" in gw.log()
             rest = [pub.publish(f"t/{i}", os.urandom(16 * 1024)) for i in range(10, n)]
             poll("disk_full", lambda: "disk_full" in alarms(gw))
             st = store_status(gw)
@@ -356,7 +372,7 @@ def test_enospc_v311_releases_reserve_disconnects_then_everything_acked(workdir:
             filler.unlink()
             pub.wait_answers(first + rest, timeout=60)
             recovered_in = time.monotonic() - freed
-            assert all(pub.answers[m] == 0 for m in first + rest)
+            assert all(pub.answers[m] == 0 for m in [*first, big, *rest])
             poll("disk_full to clear", lambda: "disk_full" not in alarms(gw))
             poll("the reserve made again", lambda: store_status(gw)["reserve_held"])
             pub.close()
@@ -365,7 +381,6 @@ def test_enospc_v311_releases_reserve_disconnects_then_everything_acked(workdir:
             report("enospc_v311", publishes=n, disconnects=pub.disconnects,
                    unanswered_while_full=unanswered_while_full,
                    all_acked_after_freeing_s=round(recovered_in, 2), delivered=len(got))
-            assert "reserve released" in gw.log()
         finally:
             gw.stop()
 
