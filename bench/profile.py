@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench.profile                        # fanout-qos1 and p2p-qos1
     .venv/bin/python -m bench.profile --scenarios fanin-qos0 --duration 10 --top 25
+    .venv/bin/python -m bench.profile --scenarios p2p-qos1-persistent --memory  # durability off
 
 For each scenario: start gatewayd, attach ``py-spy record --pid`` (sampling without
 pausing the broker, ``--function`` so samples aggregate per function), run the scenario
@@ -26,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.brokers import REPO, Broker, Gatewayd, use_gatewayd_commit
+from bench.brokers import REPO, Broker, Gatewayd, GatewaydMemory, use_gatewayd_commit
 from bench.run import _markdown, renice
 from bench.scenarios import Params, needs_tls, run_scenario
 
@@ -42,11 +43,12 @@ def ensure_py_spy() -> str:
     return str(exe)
 
 
-def top_functions(raw: str, top: int) -> tuple[int, list[tuple[str, int, int]]]:
-    """(total samples, [(function, own samples, inclusive samples)]) from collapsed stacks."""
+def top_functions(raw: str, top: int) -> tuple[int, list[tuple[str, int, int]], int]:
+    """(total samples, [(function, own samples, inclusive samples)], samples of other
+    threads than the event loop's) from collapsed stacks."""
     own: collections.Counter[str] = collections.Counter()
     incl: collections.Counter[str] = collections.Counter()
-    total = 0
+    total = threads = 0
     for line in raw.splitlines():
         stack, _, count_s = line.rpartition(" ")
         if not stack or not count_s.isdigit():
@@ -58,11 +60,13 @@ def top_functions(raw: str, top: int) -> tuple[int, list[tuple[str, int, int]]]:
         if not frames:
             continue
         total += count
+        if any(f.startswith("Thread._bootstrap ") for f in frames):
+            threads += count  # the store's writer thread, the space guard's tasks
         own[frames[-1]] += count
         for f in set(frames):
             incl[f] += count
     rows = [(f, n, incl[f]) for f, n in own.most_common(top)]
-    return total, rows
+    return total, rows, threads
 
 
 def profile(
@@ -73,10 +77,13 @@ def profile(
     rate: int,
     native: bool = False,
     lines: bool = False,
+    memory: bool = False,
+    gil: bool = False,
 ) -> str:
     py_spy = ensure_py_spy()
-    broker = Gatewayd(tls=needs_tls(scenario))
-    kind = (".native" if native else "") + (".lines" if lines else "")
+    broker = (GatewaydMemory if memory else Gatewayd)(tls=needs_tls(scenario))
+    kind = (".memory" if memory else "") + (".native" if native else "") + (
+        ".lines" if lines else "") + (".gil" if gil else "")
     raw_path = out / f"{scenario}{kind}.collapsed.txt"
     try:
         broker.start()
@@ -91,6 +98,7 @@ def profile(
                 "--format",
                 "raw",
                 *([] if lines else ["--function"]),
+                *(["--gil"] if gil else []),
                 # native unwinding needs the target paused; Python-only sampling does not
                 *(["--native"] if native else ["--nonblocking"]),
                 "--output",
@@ -113,7 +121,7 @@ def profile(
         broker.cleanup()
     if not raw_path.exists():
         return f"## {scenario}: py-spy wrote nothing\n{err.decode(errors='replace')}"
-    total, rows = top_functions(raw_path.read_text(), top)
+    total, rows, threads = top_functions(raw_path.read_text(), top)
     table = [["#", "function (file:first line)", "own %", "inclusive %"]]
     for i, (func, n, inc) in enumerate(rows, 1):
         table.append([str(i), func, f"{100 * n / total:.1f}", f"{100 * inc / total:.1f}"])
@@ -123,7 +131,9 @@ def profile(
         f"## {scenario}: {result.value} {result.unit}, lost {result.lost}"
         f"{' ERROR ' + str(result.error) if result.error else ''}\n"
         f"{total} samples at {rate} Hz over {elapsed:.1f}s (broker on-CPU about {busy:.0f}% "
-        f"of the time); stacks in {shown}\n\n" + _markdown(table)
+        f"of the time; {100 * threads / max(1, total):.0f}% of the samples in threads other "
+        f"than the event loop's, I/O waits included); stacks in {shown}\n\n"
+        + _markdown(table)
     )
 
 
@@ -146,6 +156,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument(
         "--lines", action="store_true", help="samples per source line, not per function"
+    )
+    ap.add_argument(
+        "--memory", action="store_true",
+        help="profile gatewayd-memory ([durability] enable = false): set beside a durable "
+        "profile of the same scenario, what durability costs per function",
+    )
+    ap.add_argument(
+        "--gil", action="store_true",
+        help="only samples of the thread holding the GIL: CPU, not a thread waiting for "
+        "the GIL or in I/O (with the writer thread busy, a plain profile charges the loop "
+        "thread's GIL waits to whatever function it was in)",
     )
     ap.add_argument("--nice", type=int, default=0, help="as in bench.run (e.g. -20)")
     ap.add_argument(
@@ -176,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
                 args.rate,
                 args.native,
                 args.lines,
+                args.memory,
+                args.gil,
             ),
             flush=True,
         )

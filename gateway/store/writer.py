@@ -152,9 +152,11 @@ class GroupCommitter:
         self._inflight: _Batch | None = None
         self._scheduled = False
         self._closed = False
-        self._queue: queue.SimpleQueue[_Batch | Task | None] = queue.SimpleQueue()
-        self._idle = threading.Event()  # clear while the writer thread holds a batch
-        self._idle.set()
+        # batches and tasks in order; a threading.Event is a marker: the writer sets it
+        # once everything queued before it is done (flush_sync waits on one; a commit
+        # costs the loop no lock of its own)
+        self._queue: queue.SimpleQueue[_Batch | Task | threading.Event | None] = (
+            queue.SimpleQueue())
         self._thread = threading.Thread(
             target=self._writer, name="gateway-store-writer", daemon=True
         )
@@ -252,7 +254,6 @@ class GroupCommitter:
         if not items:
             return callbacks
         self._inflight = batch = _Batch(items, callbacks)
-        self._idle.clear()
         self._queue.put(batch)
         return []
 
@@ -265,6 +266,9 @@ class GroupCommitter:
                 return
             if isinstance(batch, Task):
                 self._run_task(batch)
+                continue
+            if isinstance(batch, threading.Event):
+                batch.set()
                 continue
             try:
                 self._commit_or_release(batch.items)
@@ -286,7 +290,6 @@ class GroupCommitter:
                         "store commit failed (%d operations), kept in memory to retry: %s",
                         len(batch.items), exc,
                     )
-            self._idle.set()  # batch.ok is read by flush_sync once this is set
             if not self._closed:
                 with contextlib.suppress(RuntimeError):  # the loop is closed
                     self._loop.call_soon_threadsafe(self._done, batch)
@@ -455,7 +458,7 @@ class GroupCommitter:
     def flush_sync(self) -> None:
         """Commit everything now and wait for it (shutdown; the loop need not run).
         Raises what the commit raised if it fails (the callbacks then do not run)."""
-        self._idle.wait()
+        self._wait_writer()
         items, self._items = self._items, []
         callbacks, self._callbacks = self._callbacks, []
         batch = self._inflight
@@ -470,9 +473,8 @@ class GroupCommitter:
         items = [it for it in items if isinstance(it, tuple) or not it.empty()]
         if items:
             last = _Batch(items, [])
-            self._idle.clear()
             self._queue.put(last)
-            self._idle.wait()
+            self._wait_writer()
             if not last.ok:
                 assert last.error is not None
                 raise last.error
@@ -480,6 +482,13 @@ class GroupCommitter:
             self.ops_committed += len(items)
         for cb in callbacks:
             cb()
+
+    def _wait_writer(self) -> None:
+        """Until the writer thread has done everything queued so far (``ok`` of the
+        batches among it is then final)."""
+        done = threading.Event()
+        self._queue.put(done)
+        done.wait()
 
     def close(self) -> None:
         """Commit what is pending and stop the thread. A commit that still fails (the

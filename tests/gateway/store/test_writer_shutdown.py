@@ -23,7 +23,7 @@ def test_flush_sync_does_not_replay_a_committed_batch(tmp_path: Path) -> None:
         done: list[str] = []
         committer.after_commit(lambda: done.append("first"))
         committer._flush()  # the batch goes to the writer thread
-        committer._idle.wait()  # committed; its _done waits on the loop
+        committer._wait_writer()  # committed; its _done waits on the loop
         committer.add("INSERT INTO t VALUES (?)", (2,))
         committer.after_commit(lambda: done.append("second"))
         committer.close()
