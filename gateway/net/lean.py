@@ -4,7 +4,7 @@ uvloop's ``TCPTransport`` costs ~1.2 KiB per connection (the transport object, l
 ``uv_tcp_t``, its small objects and the loop's weak reference to it): more than an idle
 MQTT connection's own state. Here a connection is one slotted :class:`LeanTransport`
 (fd, protocol, pending output, flags: 64 bytes) and one slot in its listener's fd table; the
-socket is a bare file descriptor (accepted, made non-blocking, ``detach()``-ed), with no
+socket is a bare file descriptor (accepted with the C ``_accept``, made non-blocking), with no
 Python socket object, no libuv handle and no weak reference.
 
 One :class:`Hub` per listener owns an ``epoll`` object registered with the event loop
@@ -418,13 +418,20 @@ class Hub:
     # -- accepting -----------------------------------------------------------------------
 
     def listen_on(self, sock: socket.socket) -> None:
+        if sock.family in (socket.AF_INET, socket.AF_INET6):
+            # Linux copies TCP_NODELAY from the listening socket to every accepted one
+            # (tests/gateway/net/test_lean.py checks it): no setsockopt per connection
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.listening.append(sock)
         self.loop.add_reader(sock.fileno(), self._accept, sock)
 
     def _accept(self, lsock: socket.socket) -> None:
+        # the C accept, (fd, address): socket.accept() would wrap the fd in a socket
+        # object (two enum conversions, a timeout check) only for it to be detached
+        accept = lsock._accept  # type: ignore[attr-defined]
         for _ in range(self.backlog):
             try:
-                conn, addr = lsock.accept()
+                fd, addr = accept()
             except (BlockingIOError, InterruptedError, ConnectionAbortedError):
                 return
             except OSError as exc:
@@ -435,10 +442,8 @@ class Hub:
                 self.loop.remove_reader(lsock.fileno())
                 self.loop.call_later(ACCEPT_RETRY, self._resume_accept, lsock)
                 return
-            conn.setblocking(False)
-            if conn.family != socket.AF_UNIX:
-                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._connected(conn.detach(), addr)
+            os.set_blocking(fd, False)  # O_NONBLOCK is not inherited
+            self._connected(fd, addr)
 
     def _resume_accept(self, lsock: socket.socket) -> None:
         if self.serving and lsock.fileno() >= 0:
