@@ -9,7 +9,9 @@ inputs). Leftovers of interrupted builds (``*.tmp*``) go once they are 12 hours 
 Nothing else is touched: ``keys/`` (the development signing key),
 ``data-empty.ext4`` and unknown names stay. ``test-out/<dir>`` (one per checkout that ran
 the image tests, tests/image_build.py) goes only when the checkout its ``checkout`` file
-names no longer exists.
+names no longer exists. Prunes may run at once (every build of every checkout prunes at
+its end): an entry is renamed to ``<name>.tmp<pid>`` before it is removed, so exactly one
+prune takes it (the other skips it) and a build never finds it half removed.
 
 A build killed before its stage was renamed into place may have left mounts below its
 ``*.tmp<pid>`` directory (an mmdebstrap from before it ran in its own mount namespace,
@@ -110,16 +112,21 @@ def stale(directory: Path, keep: int) -> list[Path]:
     groups: dict[str, list[Path]] = defaultdict(list)
     out: list[Path] = []
     now = time.time()
+    mtime: dict[Path, float] = {}
     for p in directory.iterdir():
+        try:
+            mtime[p] = p.lstat().st_mtime
+        except FileNotFoundError:
+            continue  # removed meanwhile (a prune or a build of another checkout)
         if TMP.search(p.name):
-            if now - p.lstat().st_mtime > TMP_AGE:
+            if now - mtime[p] > TMP_AGE:
                 out.append(p)
             continue
         m = ENTRY.match(p.name)
         if m:
             groups[m["stage"] + (m["ext"] or "")].append(p)
     for entries in groups.values():
-        entries.sort(key=lambda p: p.lstat().st_mtime, reverse=True)
+        entries.sort(key=mtime.__getitem__, reverse=True)
         out.extend(entries[keep:])
     return sorted(out)
 
@@ -154,8 +161,15 @@ def prune(cache: Path, keep: int, *, only: Path | None = None) -> int:
     freed = count = 0
     for d in dirs:
         for p in stale(d, keep) + (orphaned_test_outputs(cache) if d == cache else []):
-            n = size_of(p)
-            remove(p)
+            # renamed first: a build never sees an entry half removed, and of two
+            # prunes at once (two checkouts building) exactly one takes each entry
+            doomed = p.with_name(f"{p.name}.tmp{os.getpid()}")
+            try:
+                os.rename(p, doomed)
+            except FileNotFoundError:
+                continue
+            n = size_of(doomed)
+            remove(doomed)
             freed += n
             count += 1
             print(f"prune: removed {p.relative_to(cache)} ({n >> 20} MiB)", flush=True)

@@ -140,3 +140,25 @@ def test_build_start_unmounts_what_a_killed_mmdebstrap_left(tmp_path: Path) -> N
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"cache: unmounted {stale}/proc" in r.stdout, r.stdout
+
+
+def test_two_prunes_at_once_both_succeed(tmp_path: Path) -> None:
+    """Every build prunes at its end, so two checkouts building at once prune the same
+    cache together: an entry the other prune removed first is skipped, and between
+    them every stale entry goes (a CI image build once failed on the FileNotFoundError
+    after building its image)."""
+    amd = tmp_path / "image/amd64"
+    amd.mkdir(parents=True)
+    stale_n = 150
+    entries = [entry(amd / f"rootfs-{i:016x}", 100 + i, 0) for i in range(stale_n + 1)]
+    runs = [subprocess.Popen([str(REPO / "image/build"), "--prune", "--keep", "1"],
+                             env={**os.environ, "EDGE_GATEWAY_CACHE": str(tmp_path)},
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for _ in range(2)]
+    outs = [r.communicate(timeout=120) for r in runs]
+    for r, (_, err) in zip(runs, outs, strict=True):
+        assert r.returncode == 0, err[-2000:]
+    removed = [int(m.group(1)) for out, _ in outs
+               for m in [re.search(r"prune: (\d+) stale cache entr", out)] if m]
+    assert len(removed) == 2 and sum(removed) == stale_n, (removed, [o for o, _ in outs])
+    assert [p for p in entries if p.exists()] == [entries[0]]  # the newest stays
