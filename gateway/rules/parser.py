@@ -17,6 +17,7 @@ Errors raise :class:`SqlError` whose message names the line and column
 from __future__ import annotations
 
 import ast as pyast
+import warnings
 from typing import Any
 
 from lark import Lark, Token, Transformer, Tree, v_args
@@ -139,9 +140,13 @@ def _unquote(tok: str) -> str:
     body = tok[1:-1]
     if "\\" not in body:
         return body
-    # backslash escapes as in JSON/Python (\n, \t, \\, \', \", \uXXXX)
+    # backslash escapes as in JSON/Python (\n, \t, \\, \', \", \uXXXX); an unknown one
+    # (\q) keeps its backslash, without Python's "invalid escape sequence" warning on
+    # gatewayd's stderr
     quote = tok[0]
-    return str(pyast.literal_eval(quote + body + quote))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", (DeprecationWarning, SyntaxWarning))
+        return str(pyast.literal_eval(quote + body + quote))
 
 
 def _name(tok: Token | str) -> str:
