@@ -159,6 +159,20 @@ def drain_keeper(gw: Gatewayd, version: int, expected: set[str], idle: float = 5
     return got
 
 
+def assert_none_lost(gw: Gatewayd, pub: Publisher, expected: set[str], got: set[str],
+                     t0: float, since: str) -> None:
+    """Every acknowledged topic was delivered; else name when each lost one was
+    acknowledged (seconds after ``t0``, the monotonic time of ``since``) and show the
+    node's log."""
+    if expected <= got:
+        return
+    lost = {m: round(pub.answered_at[m] - t0, 3) for m in pub.answers
+            if pub.topic_of[m] in expected - got}
+    raise AssertionError(
+        f"lost {len(lost)} of {len(expected)} acknowledged messages; seconds from {since}"
+        f" to each one's PUBACK: {lost}; node log:\n{gw.log()[-4000:]}")
+
+
 def sys_alarm(watcher: Client, name: str) -> bool:
     """The $SYS alarms/activate message for ``name`` arrived."""
     deadline = time.monotonic() + WAIT
@@ -309,12 +323,7 @@ def test_disk_full_v5_refuses_at_once_keeps_serving_and_recovers(workdir: Path) 
                                      ) from exc
             expected = pub.acked_topics()
             got = drain_keeper(gw, 5, expected)
-            if not expected <= got:  # when each lost one was acknowledged, against the fault
-                lost = {m: round(pub.answered_at[m] - t0, 3) for m in pub.answers
-                        if pub.topic_of[m] in expected - got}
-                raise AssertionError(
-                    f"lost {len(lost)} of {len(expected)} acknowledged messages; s from the"
-                    f" ext4 error to each one's PUBACK: {lost}; node log:\n{gw.log()[-4000:]}")
+            assert_none_lost(gw, pub, expected, got, t0, "the first publish")
             drained = time.monotonic()
             try:
                 poll("disk_full to clear", lambda: "disk_full" not in alarms(gw))
@@ -439,12 +448,7 @@ def test_ext4_remount_read_only_under_load(workdir: Path, tmp_path: Path) -> Non
             gw.start()
             expected = pub.acked_topics()
             got = drain_keeper(gw, 5, expected)
-            if not expected <= got:  # when each lost one was acknowledged, against the fault
-                lost = {m: round(pub.answered_at[m] - t0, 3) for m in pub.answers
-                        if pub.topic_of[m] in expected - got}
-                raise AssertionError(
-                    f"lost {len(lost)} of {len(expected)} acknowledged messages; s from the"
-                    f" ext4 error to each one's PUBACK: {lost}; node log:\n{gw.log()[-4000:]}")
+            assert_none_lost(gw, pub, expected, got, t0, "the ext4 error")
             report("ext4_remount_ro", acked=sum(1 for c in codes if c < 0x80),
                    refused_0x97=codes.count(QUOTA_EXCEEDED), detected_in_s=round(detected_in, 2),
                    acked_total=len(expected), delivered_after_fsck=len(got & expected))
