@@ -485,7 +485,10 @@ class GroupCommitter:
 
     def _wait_writer(self) -> None:
         """Until the writer thread has done everything queued so far (``ok`` of the
-        batches among it is then final)."""
+        batches among it is then final); at once if the thread has stopped (a second
+        ``close``)."""
+        if not self._thread.is_alive():
+            return
         done = threading.Event()
         self._queue.put(done)
         done.wait()

@@ -1,7 +1,7 @@
 """GroupCommitter.flush_sync at shutdown, when the last batch was committed by the writer
 thread but its completion has not run on the (stopping) event loop yet: the batch must not
 be executed again (an INSERT of a fixed key would fail as a duplicate and take every
-pending write down with it)."""
+pending write down with it); and a second close() returns."""
 
 from __future__ import annotations
 
@@ -29,5 +29,19 @@ def test_flush_sync_does_not_replay_a_committed_batch(tmp_path: Path) -> None:
         committer.close()
         assert [r[0] for r in setup.execute("SELECT id FROM t ORDER BY id")] == [1, 2]
         assert done == ["first", "second"]
+    finally:
+        loop.close()
+
+
+def test_a_second_close_returns(tmp_path: Path) -> None:
+    """close() twice: the second finds the writer thread stopped and returns (its
+    synchronous flush waits on a marker in the thread's queue, which a stopped thread
+    would never set)."""
+    loop = asyncio.new_event_loop()
+    try:
+        committer = GroupCommitter(open_db(tmp_path / "gateway.db", check_same_thread=False),
+                                   loop)
+        committer.close()
+        committer.close()
     finally:
         loop.close()
