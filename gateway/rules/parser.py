@@ -21,7 +21,13 @@ import warnings
 from typing import Any
 
 from lark import Lark, Token, Transformer, Tree, v_args
-from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
+from lark.exceptions import (
+    UnexpectedCharacters,
+    UnexpectedEOF,
+    UnexpectedInput,
+    UnexpectedToken,
+    VisitError,
+)
 
 from gateway.rules.ast import (
     Array,
@@ -136,17 +142,23 @@ class SqlError(ValueError):
         self.column = column
 
 
-def _unquote(tok: str) -> str:
-    body = tok[1:-1]
+def _unquote(tok: Token) -> str:
+    text = str(tok)
+    body = text[1:-1]
     if "\\" not in body:
         return body
     # backslash escapes as in JSON/Python (\n, \t, \\, \', \", \uXXXX); an unknown one
     # (\q) keeps its backslash, without Python's "invalid escape sequence" warning on
-    # gatewayd's stderr
-    quote = tok[0]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", (DeprecationWarning, SyntaxWarning))
-        return str(pyast.literal_eval(quote + body + quote))
+    # gatewayd's stderr; a malformed one (\x without two hex digits) is a SqlError
+    quote = text[0]
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", (DeprecationWarning, SyntaxWarning))
+            return str(pyast.literal_eval(quote + body + quote))
+    except (SyntaxError, ValueError) as exc:
+        reason = str(exc).split(": ", 1)[-1].split(" (<unknown>")[0]
+        raise SqlError(f"bad escape in string {text}: {reason}", tok.line or 0,
+                       tok.column or 0) from None
 
 
 def _name(tok: Token | str) -> str:
@@ -207,7 +219,7 @@ class _Build(Transformer[Token, Any]):
         return tuple(_name(n) for n in names)
 
     def sources(self, *toks: Token) -> tuple[str, ...]:
-        return tuple(_unquote(str(t)) for t in toks)
+        return tuple(_unquote(t) for t in toks)
 
     # expressions
     def or_(self, a: Expr, b: Expr) -> Expr:
@@ -256,7 +268,7 @@ class _Build(Transformer[Token, Any]):
         return Lit(int(s) if s.isdigit() else float(s))
 
     def string(self, tok: Token) -> Expr:
-        return Lit(_unquote(str(tok)))
+        return Lit(_unquote(tok))
 
     def true(self) -> Expr:
         return Lit(True)
@@ -328,7 +340,12 @@ def parse(text: str) -> Statement:
                 assert isinstance(first, Token)
                 start, end = first.start_pos or 0, first.end_pos or 0
             node.children.append(Token("TEXT", text[start:end]))
-    built = _Build(text).transform(tree)
+    try:
+        built = _Build(text).transform(tree)
+    except VisitError as exc:  # lark wraps what a rule callback raises
+        if isinstance(exc.orig_exc, SqlError):
+            raise exc.orig_exc from None
+        raise
     assert isinstance(built, Statement)
     return built
 

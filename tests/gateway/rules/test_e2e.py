@@ -159,6 +159,8 @@ def test_bad_rules_at_the_api_are_refused_and_the_old_rule_stays(gatewayd: Gatew
         ('SELECT a FORM "t"', "line 1, column 10: unexpected 'FORM'"),
         ('SELECT nope(1) FROM "t"', "line 1, column 8: unknown function 'nope'"),
         ('SELECT * FROM "$events/nope"', "unknown event source"),
+        ("SELECT 'a\\x' AS y FROM \"t\"",
+         "line 1, column 8: bad escape in string 'a\\x': truncated \\xXX escape"),
     ]:
         status, _, raw = gatewayd.http("POST", f"{API}/rules", body={"id": "bad", "sql": sql})
         assert status == 400, raw

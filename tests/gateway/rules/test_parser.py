@@ -3,6 +3,8 @@ property (any tree renders to SQL that parses back to the same tree)."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -130,6 +132,9 @@ def test_alias_path() -> None:
         ('SELECT "unterminated FROM "t"', "line 1, column 28", ""),
         ("", "line 1, column 1", "unexpected end"),
         ('SELECT a FROM t', "line 1, column 15", "unexpected 't'"),
+        ("SELECT 'a\\x' AS y FROM \"t\"", "line 1, column 8",
+         "bad escape in string 'a\\x': truncated \\xXX escape"),
+        ('SELECT a FROM "t\\N{nope}"', "line 1, column 15", "bad escape in string"),
     ],
 )
 def test_errors_name_the_position(sql: str, where: str, what: str) -> None:
@@ -208,6 +213,23 @@ def test_garbage_raises_sql_error_only(text: str) -> None:
         parse(text)
     except SqlError as exc:
         assert str(exc).startswith("line ")
+
+
+def test_an_unknown_escape_keeps_its_backslash_without_a_warning() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        st_ = parse("SELECT 'a\\qb' AS y FROM \"t\"")
+    assert "Lit(value='a\\\\qb')" in repr(st_), repr(st_)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet="\\xuUN{}01aq'\"", max_size=12))
+def test_string_literals_parse_or_raise_sql_error(body: str) -> None:
+    """Escapes in a quoted string: a value, or a SqlError naming the position."""
+    try:
+        parse(f"SELECT '{body}' AS y FROM \"t\"")
+    except SqlError as exc:
+        assert exc.line >= 1 and exc.column >= 1
 
 
 SEEDS = [
