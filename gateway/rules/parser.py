@@ -156,7 +156,8 @@ def _unquote(tok: Token) -> str:
             warnings.simplefilter("ignore", (DeprecationWarning, SyntaxWarning))
             return str(pyast.literal_eval(quote + body + quote))
     except (SyntaxError, ValueError) as exc:
-        reason = str(exc).split(": ", 1)[-1].split(" (<unknown>")[0]
+        # SyntaxError.msg: "(unicode error) 'unicodeescape' codec ...: <reason>"
+        reason = (exc.msg if isinstance(exc, SyntaxError) else str(exc)).rsplit(": ", 1)[-1]
         raise SqlError(f"bad escape in string {text}: {reason}", tok.line or 0,
                        tok.column or 0) from None
 
