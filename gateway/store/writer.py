@@ -58,6 +58,14 @@ Invariants:
   loop then waited up to a switch interval to get it back).
 - ``flush_sync`` (shutdown) never runs a batch again that the writer thread committed;
   ``close`` commits everything added, then stops the thread.
+
+The writer thread runs under ``SCHED_BATCH`` (Linux): its wake-ups (a batch handed
+off, its ``O_DSYNC`` write done) do not preempt the event loop's thread. Under the
+default policy each commit cost about eight context switches on the loop's core: the
+woken writer preempted the loop, then waited for the GIL the loop still held, and so
+on. Now the writer runs when the loop blocks or idles, or when its time slice comes
+(its weight is unchanged, so it is never starved), and more work piles into each
+batch. Durable QoS 1 fan-in went from 45k to 56k msg/s with it (bench/README.md).
 """
 
 from __future__ import annotations
@@ -65,6 +73,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import queue
 import sqlite3
 import threading
@@ -81,6 +90,14 @@ RETRY_FIRST = 0.25
 RETRY_MAX = 5.0
 
 Op = tuple[str, Sequence[Any]]
+
+
+def _no_wakeup_preemption() -> None:
+    """The calling thread to ``SCHED_BATCH`` (module docstring), where there is one."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+    except (AttributeError, OSError) as exc:  # not Linux, or a sandbox that forbids it
+        log.debug("writer thread keeps its scheduling policy: %s", exc)
 
 
 class Segment(Protocol):
@@ -260,6 +277,7 @@ class GroupCommitter:
     # -- the writer thread -------------------------------------------------------------
 
     def _writer(self) -> None:
+        _no_wakeup_preemption()
         while True:
             batch = self._queue.get()
             if batch is None:
