@@ -16,8 +16,8 @@ Errors raise :class:`SqlError` whose message names the line and column
 
 from __future__ import annotations
 
-import ast as pyast
-import warnings
+import re
+import unicodedata
 from typing import Any
 
 from lark import Lark, Token, Transformer, Tree, v_args
@@ -118,7 +118,7 @@ _END: /end\b/i
 NAME: /(?!(KEYWORDS)\b)[A-Za-z_][A-Za-z0-9_]*/i
     | /`[^`]+`/
 NUMBER: /\d+(\.\d+)?([eE][+-]?\d+)?/
-STRING: /"(\\.|[^"\\])*"/ | /'(\\.|[^'\\])*'/
+STRING: /"(\\[\s\S]|[^"\\])*"/ | /'(\\[\s\S]|[^'\\])*'/
 
 %import common.WS
 %ignore WS
@@ -142,23 +142,48 @@ class SqlError(ValueError):
         self.column = column
 
 
+# Backslash escapes in string literals, as in Python's (and JSON's): the simple ones, \xHH,
+# \uXXXX, \UXXXXXXXX, \N{name}, octal \ooo, and a backslash-newline that joins lines.
+# An unknown escape (\q) keeps its backslash; a malformed one is an error.
+_ESCAPE = re.compile(r"\\(?:x([0-9a-fA-F]{2})|u([0-9a-fA-F]{4})|U([0-9a-fA-F]{8})"
+                     r"|N\{([^}]*)\}|([0-7]{1,3})|([\s\S]))")
+_SIMPLE = {"\n": "", "\\": "\\", "'": "'", '"': '"', "a": "\a", "b": "\b", "f": "\f",
+           "n": "\n", "r": "\r", "t": "\t", "v": "\v"}
+_MALFORMED = {"x": "truncated \\xXX escape", "u": "truncated \\uXXXX escape",
+              "U": "truncated \\UXXXXXXXX escape", "N": "malformed \\N character escape"}
+
+
+def _unescape(body: str) -> str:
+    """``body`` with its escapes decoded; ValueError (the reason) for a malformed one."""
+
+    def one(m: re.Match[str]) -> str:
+        hex2, hex4, hex8, name, octal, other = m.groups()
+        if other is not None:
+            if other in _MALFORMED:
+                raise ValueError(_MALFORMED[other])
+            return _SIMPLE.get(other, m.group())
+        if name is not None:
+            try:
+                return unicodedata.lookup(name)
+            except KeyError:
+                raise ValueError("unknown Unicode character name") from None
+        code = int(hex2 or hex4 or hex8, 16) if octal is None else int(octal, 8)
+        if code > 0x10FFFF:
+            raise ValueError("illegal Unicode character")
+        return chr(code)
+
+    return _ESCAPE.sub(one, body)
+
+
 def _unquote(tok: Token) -> str:
     text = str(tok)
     body = text[1:-1]
     if "\\" not in body:
         return body
-    # backslash escapes as in JSON/Python (\n, \t, \\, \', \", \uXXXX); an unknown one
-    # (\q) keeps its backslash, without Python's "invalid escape sequence" warning on
-    # gatewayd's stderr; a malformed one (\x without two hex digits) is a SqlError
-    quote = text[0]
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", (DeprecationWarning, SyntaxWarning))
-            return str(pyast.literal_eval(quote + body + quote))
-    except (SyntaxError, ValueError) as exc:
-        # SyntaxError.msg: "(unicode error) 'unicodeescape' codec ...: <reason>"
-        reason = (exc.msg if isinstance(exc, SyntaxError) else str(exc)).rsplit(": ", 1)[-1]
-        raise SqlError(f"bad escape in string {text}: {reason}", tok.line or 0,
+        return _unescape(body)
+    except ValueError as exc:
+        raise SqlError(f"bad escape in string {text}: {exc}", tok.line or 0,
                        tok.column or 0) from None
 
 

@@ -3,6 +3,8 @@ property (any tree renders to SQL that parses back to the same tree)."""
 
 from __future__ import annotations
 
+import ast as pyast
+import re
 import warnings
 
 import pytest
@@ -27,7 +29,7 @@ from gateway.rules.ast import (
     Var,
     render,
 )
-from gateway.rules.parser import SqlError, parse
+from gateway.rules.parser import SqlError, _unescape, parse
 
 # hypothesis warns that a failing tree's repr would be large; that is expected here
 pytestmark = pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisWarning")
@@ -230,6 +232,46 @@ def test_string_literals_parse_or_raise_sql_error(body: str) -> None:
         parse(f"SELECT '{body}' AS y FROM \"t\"")
     except SqlError as exc:
         assert exc.line >= 1 and exc.column >= 1
+
+
+_BODY = re.compile(r"(\\[\s\S]|[^'\\])*")
+_TOKEN = re.compile(r"\\[\s\S]|[^'\\]")
+
+
+def _python_value(body: str) -> str | None:
+    """What Python makes of the same literal (None: it refuses it), in triple quotes so
+    that a line break is allowed; a bare double quote is escaped for the delimiters."""
+    source = "".join('\\"' if t == '"' else t for t in _TOKEN.findall(body))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            return str(pyast.literal_eval('"""' + source + '"""'))
+        except (SyntaxError, ValueError):
+            return None
+
+
+@settings(max_examples=1000, deadline=None)
+@given(st.text(alphabet="\\xuUN{}0123789aefqnt'\"\n", max_size=14))
+def test_escapes_decode_as_python_decodes_them(body: str) -> None:
+    """Differential: a string literal's value, or its refusal, is Python's for the same
+    literal (an unknown escape keeps its backslash in both; a line break inside the
+    string is itself, as in a triple-quoted Python string)."""
+    if not _BODY.fullmatch(body):
+        return  # an unescaped quote: not one string token
+    try:
+        got: str | None = _unescape(body)
+    except ValueError:
+        got = None
+    assert got == _python_value(body), body
+
+
+def test_a_string_may_span_lines_and_hold_escapes() -> None:
+    """A line break inside a quoted string is part of it, escapes or not (the decoder
+    before refused 'a<newline>b\\t' as an unterminated string)."""
+    stmt = parse("SELECT 'a\nb\\t' AS y FROM \"t\"")
+    assert "Lit(value='a\\nb\\t')" in repr(stmt), repr(stmt)
+    stmt = parse("SELECT 'a\\\nb' AS y FROM \"t\"")  # backslash-newline joins the lines
+    assert "Lit(value='ab')" in repr(stmt), repr(stmt)
 
 
 SEEDS = [
