@@ -97,7 +97,7 @@ def _no_wakeup_preemption() -> None:
     try:
         os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
     except (AttributeError, OSError) as exc:  # not Linux, or a sandbox that forbids it
-        log.debug("writer thread keeps its scheduling policy: %s", exc)
+        log.info("store writer thread keeps its scheduling policy (no SCHED_BATCH: %s)", exc)
 
 
 class Segment(Protocol):
