@@ -4,8 +4,9 @@ inputs) with the project installed in /opt/gateway, booted with
 
 Checks: gatewayd reaches READY (active, STATUS= set by sd_notify), ``gatewayctl status``
 works inside, a client from outside connects (the container shares the host's network),
-``systemctl reload`` re-reads the TLS certificate without a restart, and a hung event
-loop (SIGSTOP) is killed by the watchdog and restarted.
+``systemctl reload`` re-reads the TLS certificate without a restart, the store's writer
+thread gets SCHED_BATCH inside the unit's sandbox, and a hung event loop (SIGSTOP) is
+killed by the watchdog and restarted.
 
 Slow (minutes the first time, while the rootfs is built); skipped when not root or when
 mmdebstrap / systemd-nspawn are missing or the Debian mirror cannot be reached.
@@ -177,6 +178,23 @@ def test_reload_rereads_certificates_without_a_restart(
     if new is not None:
         assert server_cert_serial(ports["mqtts"]) == new
     assert c.show("MainPID", "NRestarts") == before
+
+
+def test_the_store_writer_thread_gets_sched_batch_inside_the_sandbox(
+    container: tuple[Container, dict[str, int]],
+) -> None:
+    """The unit's sandbox (SystemCallFilter=@system-service, RestrictRealtime=yes) lets
+    the store's writer thread take SCHED_BATCH (gateway/store/writer.py): one thread of
+    gatewayd has policy 3 (SCHED_BATCH), and the main thread (the event loop) keeps 0."""
+    c, _ = container
+    pid = c.show("MainPID")["MainPID"]
+    r = c.run("sh", "-c", f"cat /proc/{pid}/task/*/stat")
+    assert r.returncode == 0, r.stderr
+    # /proc/<pid>/task/<tid>/stat: "tid (comm) state ..."; the policy is field 41
+    policy = {int(line.split(" ", 1)[0]): int(line.rsplit(")", 1)[1].split()[38])
+              for line in r.stdout.splitlines()}
+    assert policy[int(pid)] == 0, policy
+    assert 3 in policy.values(), policy
 
 
 def test_a_hung_event_loop_is_restarted_by_the_watchdog(
