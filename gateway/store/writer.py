@@ -61,11 +61,11 @@ Invariants:
 
 The writer thread runs under ``SCHED_BATCH`` (Linux): its wake-ups (a batch handed
 off, its ``O_DSYNC`` write done) do not preempt the event loop's thread. Under the
-default policy each commit cost about eight context switches on the loop's core: the
+default policy each commit cost about seven context switches on the loop's core: the
 woken writer preempted the loop, then waited for the GIL the loop still held, and so
 on. Now the writer runs when the loop blocks or idles, or when its time slice comes
 (its weight is unchanged, so it is never starved), and more work piles into each
-batch. Durable QoS 1 fan-in went from 45k to 56k msg/s with it (bench/README.md).
+batch. Durable QoS 1 fan-in went from 46k to 58k msg/s with it (bench/README.md).
 """
 
 from __future__ import annotations
