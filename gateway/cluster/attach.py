@@ -14,6 +14,8 @@ Invariants:
 - A replicant has at most one core (``core``); it dials the next one (name order, the
   one it just lost last) when the links to it go, and moves what was queued for the old
   one to the new one (at least once).
+- ``detached`` is set exactly while ``core`` is None (:meth:`wait_detached`: a leave
+  answers once the replicant's own view says it has no core).
 - A core relays at most one hop each way (replicant -> core -> core -> replicant) and
   never back to where a message came from.
 """
@@ -54,6 +56,15 @@ class Attach:
         self.core_switches = 0
         self.routes_bootstrapped = False  # the core's route snapshot arrived
         self._wake = asyncio.Event()
+        self.detached = asyncio.Event()
+        self.detached.set()
+
+    async def wait_detached(self, timeout: float) -> bool:
+        """Until this replicant has no core (its links to it closed), at most
+        ``timeout`` seconds; whether it has none."""
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self.detached.wait(), timeout)
+        return self.core is None
 
     def wake(self) -> None:
         """A member was added: the attach loop looks again at once."""
@@ -127,6 +138,7 @@ class Attach:
 
     def _attached(self, peer: Peer, previous: str | None) -> None:
         self.core = peer.name
+        self.detached.clear()
         self.core_since = time.time()
         peer.failures = 0
         peer.last_error = ""
@@ -152,6 +164,7 @@ class Attach:
     def _detached(self, peer: Peer) -> None:
         log.warning("cluster: replicant lost its core %s", peer.name)
         self.core = self.candidate = None
+        self.detached.set()
         self.core_since = None
         self.routes_bootstrapped = False
         self._on_detached()

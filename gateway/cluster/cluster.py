@@ -63,6 +63,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Cluster", "ClusterSettings", "Context", "parse_seed"]
 
+LEAVE_DETACH_WAIT = 2.0  # seconds a leaving replicant waits for its core's links to close
+
 
 class Cluster:
     """One node's cluster: the parts, wired, started and stopped together."""
@@ -251,7 +253,13 @@ class Cluster:
         return self.membership.join(target)
 
     async def leave(self) -> int:
-        return await self.membership.leave()
+        """Leave the cluster; a replicant answers once it has let go of its core too
+        (its links to it are closed), so its own status no longer names one."""
+        told = await self.membership.leave()
+        if not await self.attach.wait_detached(LEAVE_DETACH_WAIT):
+            log.warning("cluster: left, but the links to core %s are still closing",
+                        self.attach.core)
+        return told
 
     def forget(self, name: str, why: str, *, claims: bool = True) -> bool:
         return self.membership.forget(name, why, claims=claims)
