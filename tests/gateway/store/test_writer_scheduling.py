@@ -6,16 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sys
 from pathlib import Path
-
-import pytest
 
 from gateway.store.db import open_db
 from gateway.store.writer import GroupCommitter
 
 
-@pytest.mark.skipif(sys.platform != "linux", reason="SCHED_BATCH is Linux's")
 def test_the_writer_thread_is_sched_batch_and_the_caller_is_not(tmp_path: Path) -> None:
     loop = asyncio.new_event_loop()
     try:
