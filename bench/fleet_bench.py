@@ -3,6 +3,7 @@ one generated fleet, in one run.
 
     .venv/bin/python -m bench.fleet_bench                    # 300 devices x 7 days: ~3M rows
     .venv/bin/python -m bench.fleet_bench --devices 50 --days 2 --json out.json
+    .venv/bin/python -m bench.fleet_bench --conf spark.driver.extraJavaOptions=-XX:+UseParallelGC
 
 The fleet is generated once under ``--dir`` and reused while its spec is the same. Spark's
 figure excludes JVM start-up (timed apart); both engines get 2 threads. The engines run
@@ -74,8 +75,17 @@ def main() -> None:
     ap.add_argument("--skip-spark", action="store_true")
     ap.add_argument("--skip-duckdb", action="store_true")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                    help="a Spark setting for the session (repeatable), e.g. "
+                         "spark.driver.extraJavaOptions=-XX:+UseParallelGC")
     args = ap.parse_args()
 
+    conf = {}
+    for item in args.conf:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            ap.error(f"--conf {item!r}: expected KEY=VALUE")
+        conf[key] = value
     raw = args.dir / "raw"
     manifest = ensure_fleet(raw, FleetSpec(devices=args.devices, days=args.days))
     lines = manifest["telemetry_lines"]
@@ -97,7 +107,8 @@ def main() -> None:
         from gateway.fleet import job
 
         started = time.monotonic()
-        spark = job.spark_session("local[2]", "fleet-bench")
+        spark = job.spark_session("local[2]", "fleet-bench", conf=conf)
+        result["spark_conf"] = conf
         spark.range(1).count()  # the JVM is up and a first job has run
         result["spark_jvm_start_seconds"] = time.monotonic() - started
         gateway = spark.sparkContext._jvm
