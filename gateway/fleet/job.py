@@ -31,6 +31,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from pyspark import StorageLevel
@@ -57,6 +58,9 @@ def active_session() -> SparkSession | None:
     return SparkSession.getActiveSession()
 
 
+LOG4J_CONFIG = Path(__file__).with_name("log4j2.properties")
+
+
 def spark_session(
     master: str | None = None,
     app_name: str = "gateway-fleet",
@@ -71,9 +75,18 @@ def spark_session(
         builder = builder.master(master)
     elif not under_submit:
         builder = builder.master("local[*]")
+        master = "local[*]"
     if not under_submit:
-        # An embedded JVM: room for the cached raw rows, no web UI.
+        # An embedded JVM: room for the cached raw rows, no web UI, our log4j settings
+        # (no start-up chatter on stderr; Spark's warnings still show).
         builder = builder.config("spark.driver.memory", os.environ.get("FLEET_DRIVER_MEMORY", "4g"))
+        builder = builder.config(
+            "spark.driver.defaultJavaOptions", f"-Dlog4j2.configurationFile={LOG4J_CONFIG}"
+        )
+        if master and master.startswith("local"):
+            # One JVM on this host: bind to loopback, instead of warning that the host
+            # name resolves to it (Debian's /etc/hosts does) and picking an interface.
+            os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         builder = builder.config("spark.ui.enabled", "false")
         builder = builder.config("spark.ui.showConsoleProgress", "false")  # ours instead
     for key, value in (conf or {}).items():

@@ -78,6 +78,8 @@ def test_standalone_cluster_tables_equal_local(spark, cluster: str, tmp_path: Pa
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"on {cluster}" in done.stderr
+    # the driver logs through gateway/fleet/log4j2.properties: no start-up chatter
+    assert "log4j" not in done.stderr and "NativeCodeLoader" not in done.stderr, done.stderr
     local, remote = snapshot(tmp_path / "local"), snapshot(tmp_path / "cluster")
     assert all(local[t] for t in ("telemetry", "device_daily", "rollup_5m"))
     assert remote == local
