@@ -268,6 +268,12 @@ class StreamShell(EffectLoop, asyncio.Protocol):
         channel = self.channel
         if channel is not None and not self.closed:
             self._input(channel.handle_data, data)
+            if self.wbuf is not None:
+                # This connection's own answers (its PUBACKs, the deliveries its acks
+                # freed) leave now, not after every other connection ready in this loop
+                # turn has been read: its peer may send again sooner. What other
+                # connections' input pushes here later in the turn is still gathered.
+                self._flush()
 
     def eof_received(self) -> bool | None:
         return None  # close the transport
@@ -301,9 +307,10 @@ class StreamShell(EffectLoop, asyncio.Protocol):
         return self.transport is not None and not self.transport.is_closing()
 
     def _write_all(self, writes: list[bytes]) -> None:
-        """Writes are gathered and handed to the transport once per event-loop turn: a
-        subscriber fed by many publishers (or a publisher answered with many acks) costs
-        one send() per turn instead of one per packet."""
+        """Writes are gathered and handed to the transport once per event-loop turn, or
+        at the end of this connection's own input (``data_received``): a subscriber fed
+        by many publishers, or a publisher answered with many acks, costs one send() per
+        turn instead of one per packet."""
         buf = self.wbuf
         if buf is None:
             self.wbuf = buf = []

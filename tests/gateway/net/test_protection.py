@@ -268,6 +268,22 @@ def test_pause_lengths(seconds: float) -> None:
     assert transport.reading
 
 
+# -- gathering writes --------------------------------------------------------------------
+
+
+def test_own_answers_leave_with_the_input_what_others_push_is_gathered() -> None:
+    shell, transport, loop, channel = make_shell()
+    channel.script = [[b"ack1", b"ack2"]]
+    shell.data_received(b"x")
+    assert transport.written == [b"ack1ack2"]  # before the loop's turn ends: one write
+    # deliveries that other connections' input pushes here later in the turn
+    shell._write_all([b"d1"])
+    shell._write_all([b"d2"])
+    assert transport.written == [b"ack1ack2"]
+    loop.run_ready()
+    assert transport.written == [b"ack1ack2", b"d1d2"]  # one write for the rest of the turn
+
+
 # -- slow readers ------------------------------------------------------------------------
 
 
