@@ -13,9 +13,10 @@ and kernel CPU per message taken alone (bench/README.md, "Latency tails").
 from __future__ import annotations
 
 import socket
-import struct
 import sys
 import time
+
+from bench import wire
 
 
 def connect(port: int, client_id: str) -> socket.socket:
@@ -24,9 +25,7 @@ def connect(port: int, client_id: str) -> socket.socket:
     except OSError as exc:
         raise SystemExit(f"pingpong: no broker on 127.0.0.1:{port}: {exc.strerror}") from None
     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    cid = client_id.encode()
-    var = b"\x00\x04MQTT\x04\x02\x00\x3c" + struct.pack("!H", len(cid)) + cid
-    s.sendall(bytes([0x10, len(var)]) + var)
+    s.sendall(wire.connect(client_id))
     if s.recv(4)[:2] != b"\x20\x02":
         raise SystemExit(f"pingpong: {client_id}: no CONNACK from port {port}")
     return s
@@ -39,11 +38,9 @@ def main() -> None:
     n = int(sys.argv[2]) if len(sys.argv) > 2 else 3000
     gap = float(sys.argv[3]) if len(sys.argv) > 3 else 0.001
     sub, pub = connect(port, "ppsub"), connect(port, "pppub")
-    topic = b"p/a"
-    body = struct.pack("!H", 1) + struct.pack("!H", len(topic)) + topic + b"\x00"
-    sub.sendall(bytes([0x82, len(body)]) + body)
+    sub.sendall(wire.subscribe(1, "p/a", 0))
     sub.recv(5)  # SUBACK
-    pkt = bytes([0x30, 2 + len(topic) + 8]) + struct.pack("!H", len(topic)) + topic + b"x" * 8
+    pkt = wire.publish("p/a", b"x" * 8)
     time.sleep(0.2)  # the subscription is in place before the first message
     rtts = []
     for _ in range(n):
