@@ -97,10 +97,15 @@ class Usage:
     free: int  # for us (f_bavail), not counting the reserve file
     db_bytes: int  # gateway.db + its WAL + the journal log's files
     wal_bytes: int
+    used: int = 0  # blocks in use (f_blocks - f_bfree): root's reserved blocks are not
 
     @property
     def used_ratio(self) -> float:
-        return 0.0 if self.total <= 0 else (self.total - self.free) / self.total
+        """As ``df`` shows it (Use%): used / (used + available to us). Root's reserved
+        blocks count as neither, so on a file system with a large reserve this is well
+        below ``1 - free / total``."""
+        room = self.used + self.free
+        return 0.0 if room <= 0 else self.used / room
 
 
 class Reserve:
@@ -164,13 +169,14 @@ def measure(data_dir: Path, db: Path) -> Usage:
     st = os.statvfs(data_dir)
     total = st.f_blocks * st.f_frsize
     free = st.f_bavail * st.f_frsize
+    used = (st.f_blocks - st.f_bfree) * st.f_frsize
     db_bytes = wal = 0
     with contextlib.suppress(OSError):
         db_bytes = os.stat(db).st_size
     with contextlib.suppress(OSError):
         wal = os.stat(f"{db}-wal").st_size
     # the journal log's files are the store's too (the size cap counts them)
-    return Usage(total, free, db_bytes + wal + log_bytes(log_dir(db)), wal)
+    return Usage(total, free, db_bytes + wal + log_bytes(log_dir(db)), wal, used)
 
 
 def maintain(conn: sqlite3.Connection, urgent: bool = False, budget: float = 2.0

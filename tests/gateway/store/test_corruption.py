@@ -23,7 +23,10 @@ from tests.gateway.store.test_storage_faults import Publisher, drain_keeper, kee
 
 pytestmark = [pytest.mark.slow, pytest.mark.storage]
 
-ENV = {"GATEWAY_DURABILITY__CHECK_INTERVAL": "200ms"}
+# the watermark at 100%: a host disk that is nearly full would raise high_disk_usage,
+# and the guard would then truncate the WAL every check, leaving no frame to damage
+ENV = {"GATEWAY_DURABILITY__CHECK_INTERVAL": "200ms",
+       "GATEWAY_DURABILITY__DISK_HIGH_WATERMARK": "1"}
 RETAINED = 60
 QUEUED = 40
 
