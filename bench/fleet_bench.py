@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import shutil
 import statistics
 import subprocess
@@ -51,6 +52,41 @@ def _cpu_of(pid: int) -> float:
     """User + system CPU seconds of process ``pid`` (all its threads) so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+# JVM threads by name (/proc/<pid>/task/*/comm), grouped: where a run's CPU goes besides
+# the tasks themselves (Spark's generated code is compiled again by the JIT per new class)
+THREAD_GROUPS = (
+    ("jit", re.compile(r"^C[12] Compiler")),
+    ("gc", re.compile(r"^(GC |G1 |VM Periodic)")),
+    ("tasks", re.compile(r"^Executor task")),
+)
+
+
+def _thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds so far of each live thread of ``pid``, keyed "tid name"."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended
+            continue
+        out[f"{task.name} {name}"] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def _thread_groups(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """CPU seconds spent between two :func:`_thread_cpu` snapshots, per group of
+    :data:`THREAD_GROUPS` ("other": the driver, schedulers, shuffle; threads that
+    ended in between are not counted)."""
+    groups = dict.fromkeys([name for name, _ in THREAD_GROUPS] + ["other"], 0.0)
+    for key, cpu in after.items():
+        name = key.split(" ", 1)[1]
+        group = next((g for g, pattern in THREAD_GROUPS if pattern.match(name)), "other")
+        groups[group] += cpu - before.get(key, 0.0)
+    return {g: round(v, 1) for g, v in groups.items()}
 
 
 def ensure_fleet(root: Path, spec: FleetSpec) -> dict[str, Any]:
@@ -114,7 +150,7 @@ def main() -> None:
         gateway = spark.sparkContext._jvm
         assert gateway is not None
         jvm_pid = int(gateway.java.lang.ProcessHandle.current().pid())
-    runs: dict[str, list[dict[str, float]]] = {"duckdb": [], "spark": []}
+    runs: dict[str, list[dict[str, Any]]] = {"duckdb": [], "spark": []}
     for _ in range(args.repeat):
         if not args.skip_duckdb:
             shutil.rmtree(args.dir / "duckdb", ignore_errors=True)
@@ -130,9 +166,11 @@ def main() -> None:
             shutil.rmtree(args.dir / "spark", ignore_errors=True)
             load = os.getloadavg()[0]
             cpu = _cpu_of(jvm_pid) + time.process_time()
+            threads = _thread_cpu(jvm_pid)
             run = job.run(spark, settings, job.stderr_progress())
             runs["spark"].append({"wall": run.seconds, "load": load,
-                                  "cpu": _cpu_of(jvm_pid) + time.process_time() - cpu})
+                                  "cpu": _cpu_of(jvm_pid) + time.process_time() - cpu,
+                                  "jvm_threads": _thread_groups(threads, _thread_cpu(jvm_pid))})
             print(f"spark: {runs['spark'][-1]}")
     for engine, done in runs.items():
         if done:
@@ -159,6 +197,12 @@ def main() -> None:
             f"Spark {s:.1f}s ({lines / s:,.0f} lines/s), DuckDB {d:.1f}s "
             f"({lines / d:,.0f} lines/s); Spark/DuckDB = {s / d:.2f}x wall (target <= 1.5x); "
             f"CPU {sc:.0f}s / {dc:.0f}s = {sc / dc:.2f}x"
+        )
+        first = result["spark"]["runs"][0]
+        print(
+            f"Spark's first run (a fresh JVM's, what a one-shot `gateway-fleet run` does): "
+            f"{first['wall']:.1f}s, {first['wall'] / d:.2f}x DuckDB's median; JVM threads "
+            f"(CPU-s) {first['jvm_threads']}, then {result['spark']['runs'][-1]['jvm_threads']}"
         )
         print(f"load average before {result['load_before']}, after {result['load_after']}")
     if args.json:
