@@ -243,3 +243,16 @@ def test_anomalies_by_z_score(hand):
     assert (row["device"], row["metric"], row["value"], row["seq"]) == ("dev-k", "k", 100.0, 61)
     assert row["z"] == pytest.approx((100 - row["mean"]) / row["stddev"])
     assert row["z"] > 4
+
+
+def test_an_embedded_local_jvm_gets_our_logging_and_jit_options(spark: Any) -> None:
+    """A local master's JVM (the one that runs the tasks) starts with our log4j file and
+    the raised C2 thresholds; options the caller adds come after them (the tests' own
+    C1-only JIT here), so a caller can still override any of them."""
+    from gateway.fleet import job
+
+    jvm = spark.sparkContext._jvm
+    args = list(jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())
+    ours = [f"-Dlog4j2.configurationFile={job.LOG4J_CONFIG}", *job.LOCAL_JIT_OPTIONS.split()]
+    assert all(a in args for a in ours), args
+    assert args.index("-XX:TieredStopAtLevel=1") > max(args.index(a) for a in ours), args
