@@ -62,12 +62,12 @@ LOG4J_CONFIG = Path(__file__).with_name("log4j2.properties")
 
 # HotSpot compiles a method with C2 (its optimising JIT) after 5,000 calls by default. A
 # job run is one JVM's whole life, and Spark generates new classes for every query: on
-# the bench data C2 took 31 of a run's ~120 CPU-s on 2 cores, much of it on code that
-# ran a few thousand times. Thresholds 16 times higher (the minimum, 600 calls, 33 times)
-# leave the per-row loops (millions of calls) compiled as before: C2 took 17 CPU-s and
-# the run 6-11 % less wall time; small runs did not get slower (bench/README.md, "Round
-# 7"). Only for a local master: this JVM runs the tasks. The caller's extraJavaOptions
-# come after these and win.
+# the bench data C2 took 31 of a run's ~120 CPU-s on 2 cores. Thresholds 16 times higher
+# (the minimum, 600 calls, 33 times) still compile the per-row loops (millions of calls):
+# C2 took 17 CPU-s, the task threads 1-2 CPU-s more (less compiled code), and
+# in the bench a run took 11 % less wall time and 14 % less CPU; small runs did not get
+# slower (bench/README.md, "Round 7"). Only for a local master: this JVM runs the tasks.
+# The caller's extraJavaOptions come after these and win.
 LOCAL_JIT_OPTIONS = (
     "-XX:Tier4InvocationThreshold=80000 -XX:Tier4MinInvocationThreshold=20000 "
     "-XX:Tier4CompileThreshold=120000 -XX:Tier4BackEdgeThreshold=640000"
