@@ -5,7 +5,8 @@
 A subscriber and a publisher (MQTT 3.1.1 on raw blocking sockets, no client library)
 connect to 127.0.0.1:PORT; the publisher sends one 8-byte message to ``p/a`` and waits
 until the subscriber has it, COUNT times (3,000), sleeping GAP_SECONDS (0.001; 0 for
-back to back) between round trips. Prints the round trip's p50 / p90 / p99 / min in µs.
+back to back) between round trips. Prints the round trip's p50 / p90 / p99 / p99.9 /
+max / min in µs.
 Read the broker's ``/proc/<pid>/stat`` utime and stime before and after to get its user
 and kernel CPU per message taken alone (bench/README.md, "Latency tails").
 """
@@ -57,7 +58,8 @@ def main() -> None:
     def q(p: float) -> float:
         return rtts[int(p * (len(rtts) - 1))]
 
-    print(f"n={n} p50={q(.5):.0f}us p90={q(.9):.0f} p99={q(.99):.0f} min={rtts[0]:.0f}")
+    print(f"n={n} p50={q(.5):.0f}us p90={q(.9):.0f} p99={q(.99):.0f} p99.9={q(.999):.0f} "
+          f"max={rtts[-1]:.0f} min={rtts[0]:.0f}")
 
 
 if __name__ == "__main__":
