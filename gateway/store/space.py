@@ -97,7 +97,7 @@ class Usage:
     free: int  # for us (f_bavail), not counting the reserve file
     db_bytes: int  # gateway.db + its WAL + the journal log's files
     wal_bytes: int
-    used: int = 0  # blocks in use (f_blocks - f_bfree): root's reserved blocks are not
+    used: int  # bytes in use ((f_blocks - f_bfree) x f_frsize): not root's reserve
 
     @property
     def used_ratio(self) -> float:

@@ -13,7 +13,7 @@ def test_used_ratio_leaves_roots_reserve_out_as_df_does() -> None:
     # 100 blocks, 80 in use, 10 for us, 10 reserved for root: df says 89%, not 90%
     usage = Usage(total=100, free=10, db_bytes=0, wal_bytes=0, used=80)
     assert usage.used_ratio == 80 / 90
-    assert Usage(total=0, free=0, db_bytes=0, wal_bytes=0).used_ratio == 0.0
+    assert Usage(total=0, free=0, db_bytes=0, wal_bytes=0, used=0).used_ratio == 0.0
 
 
 def test_measure_agrees_with_df(tmp_path: Path) -> None:
