@@ -32,6 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.procstat import CLK_TCK, cpu_seconds
 from tests.harness.gatewayd import HOST, GatewaydProcess, free_port, free_port_run
 
 __all__ = ["BROKERS", "HOST", "Broker", "free_port", "free_port_run", "running", "setup"]
@@ -40,7 +41,6 @@ REPO = Path(__file__).resolve().parents[1]
 AMQTT_VENV = REPO / "bench" / ".venv-amqtt"
 AMQTT_REQUIREMENT = "amqtt==0.12.*"
 READY_TIMEOUT = 20.0
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 def mqtt_ping(host: str, port: int, client_id: str, timeout: float = 2.0) -> None:
@@ -224,10 +224,7 @@ class Broker:
         raise RuntimeError("no VmRSS")
 
     def cpu_seconds(self) -> float:
-        with open(f"/proc/{self.pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        # fields[11], [12] are utime, stime (the 14th and 15th fields of stat)
-        return (int(fields[11]) + int(fields[12])) / CLK_TCK
+        return cpu_seconds(f"/proc/{self.pid}/stat")
 
     def log_since_start(self) -> str:
         try:
@@ -511,9 +508,8 @@ class GatewaydWorkers(Gatewayd):
         would lose its share; the run's log says so)."""
         total = 0.0
         for pid in self._pids():
-            with contextlib.suppress(OSError), open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-                total += (int(fields[11]) + int(fields[12])) / CLK_TCK
+            with contextlib.suppress(OSError):
+                total += cpu_seconds(f"/proc/{pid}/stat")
         return total
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import fleet_duckdb
+from bench.procstat import cpu_seconds
 from gateway.fleet.generate import MANIFEST, FleetSpec, generate_fleet
 from gateway.fleet.settings import JobSettings
 
@@ -48,12 +49,6 @@ def _machine() -> str:
     return f"{os.cpu_count()} cores, {cpu}; {java.splitlines()[0] if java else 'no java'}"
 
 
-def _cpu_of(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` (all its threads) so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 # JVM threads by name (/proc/<pid>/task/*/comm), grouped: where a run's CPU goes besides
 # the tasks themselves (Spark's generated code is compiled again by the JIT per new class)
 THREAD_GROUPS = (
@@ -65,15 +60,12 @@ THREAD_GROUPS = (
 
 def _thread_cpu(pid: int) -> dict[str, float]:
     """CPU seconds so far of each live thread of ``pid``, keyed "tid name"."""
-    tick = os.sysconf("SC_CLK_TCK")
     out = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
-            name = (task / "comm").read_text().strip()
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            out[f"{task.name} {(task / 'comm').read_text().strip()}"] = cpu_seconds(task / "stat")
         except OSError:  # the thread ended
             continue
-        out[f"{task.name} {name}"] = (int(fields[11]) + int(fields[12])) / tick
     return out
 
 
@@ -165,11 +157,12 @@ def main() -> None:
 
             shutil.rmtree(args.dir / "spark", ignore_errors=True)
             load = os.getloadavg()[0]
-            cpu = _cpu_of(jvm_pid) + time.process_time()
+            jvm_stat = f"/proc/{jvm_pid}/stat"
+            cpu = cpu_seconds(jvm_stat) + time.process_time()
             threads = _thread_cpu(jvm_pid)
             run = job.run(spark, settings, job.stderr_progress())
             runs["spark"].append({"wall": run.seconds, "load": load,
-                                  "cpu": _cpu_of(jvm_pid) + time.process_time() - cpu,
+                                  "cpu": cpu_seconds(jvm_stat) + time.process_time() - cpu,
                                   "jvm_threads": _thread_groups(threads, _thread_cpu(jvm_pid))})
             print(f"spark: {runs['spark'][-1]}")
     for engine, done in runs.items():
