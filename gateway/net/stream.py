@@ -44,6 +44,10 @@ log = logging.getLogger("gateway.net")
 
 LINGER = 5.0  # seconds to wait for the peer to close after our FIN
 
+# The shell whose data_received is running (the loop is one thread): what its own input
+# writes to it is flushed when that input ends, with no call_soon of its own.
+_reading: StreamShell | None = None
+
 
 class StreamChannel(Protocol):
     def connection_made(self) -> list[Effect]: ...
@@ -265,15 +269,21 @@ class StreamShell(EffectLoop, asyncio.Protocol):
         transport.abort()
 
     def data_received(self, data: bytes) -> None:
+        global _reading
         channel = self.channel
         if channel is not None and not self.closed:
-            self._input(channel.handle_data, data)
-            if self.wbuf is not None:
-                # This connection's own answers (its PUBACKs, the deliveries its acks
-                # freed) leave now, not after every other connection ready in this loop
-                # turn has been read: its peer may send again sooner. What other
-                # connections' input pushes here later in the turn is still gathered.
-                self._flush()
+            _reading = self
+            try:
+                self._input(channel.handle_data, data)
+            finally:
+                _reading = None
+                if self.wbuf is not None:
+                    # This connection's own answers (its PUBACKs, the deliveries its
+                    # acks freed) leave now, not after every other connection ready in
+                    # this loop turn has been read: its peer may send again sooner.
+                    # What other connections' input pushes here later in the turn is
+                    # still gathered (and flushed by a call_soon, see _write_all).
+                    self._flush()
 
     def eof_received(self) -> bool | None:
         return None  # close the transport
@@ -314,7 +324,8 @@ class StreamShell(EffectLoop, asyncio.Protocol):
         buf = self.wbuf
         if buf is None:
             self.wbuf = buf = []
-            self.site.loop.call_soon(self._flush)
+            if _reading is not self:  # else data_received flushes it
+                self.site.loop.call_soon(self._flush)
         buf.extend(writes)
 
     def _flush(self) -> None:

@@ -276,6 +276,7 @@ def test_own_answers_leave_with_the_input_what_others_push_is_gathered() -> None
     channel.script = [[b"ack1", b"ack2"]]
     shell.data_received(b"x")
     assert transport.written == [b"ack1ack2"]  # before the loop's turn ends: one write
+    assert loop.ready == []  # and no flush left queued for the turn's end
     # deliveries that other connections' input pushes here later in the turn
     shell._write_all([b"d1"])
     shell._write_all([b"d2"])
