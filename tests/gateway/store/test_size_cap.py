@@ -34,7 +34,10 @@ def test_size_cap_refuses_and_deleting_retained_gives_space_back(tmp_path: Path)
             if pub.answers[mid] == QUOTA_EXCEEDED:
                 break
         acked = [m for m in mids if pub.answers[m] < 0x80]
-        assert pub.answers[mids[-1]] == QUOTA_EXCEEDED and 10 < len(acked) < 40
+        assert pub.answers[mids[-1]] == QUOTA_EXCEEDED
+        # near the cap the writer measures after every commit: the bytes acknowledged
+        # stay within the cap (they overshot it by up to 45 % when measured every 20 ms)
+        assert 10 < len(acked) <= cap // (64 * 1024), len(acked)
         # (the alarm may already have cleared: a checkpoint shrinks the WAL, and the cap
         # counts it; the refusal above is what matters, the alarm's history shows it)
         raised = {a["name"] for a in gw.get("/api/v5/alarms")["data"]}
