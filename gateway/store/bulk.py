@@ -58,16 +58,18 @@ def _marks(count: int) -> str:
     return ",".join("?" * count)
 
 
-def insert_rows(head: str, width: int, rows: Sequence[Sequence[Any]]) -> list[Statement]:
+def insert_rows(
+    head: str, width: int, rows: Sequence[Sequence[Any]], tail: str = ""
+) -> list[Statement]:
     """``head`` is ``INSERT INTO t(a, b)`` (or ``INSERT OR IGNORE ...``); each row has
-    ``width`` values."""
+    ``width`` values; ``tail`` follows the values (an ``ON CONFLICT`` clause)."""
     out: list[Statement] = []
     i = 0
     for size in chunk_sizes(len(rows), width):
         params: list[Any] = []
         for row in rows[i : i + size]:
             params.extend(row)
-        out.append((f"{head} VALUES {_tuples(width, size)}", params))
+        out.append((f"{head} VALUES {_tuples(width, size)}{tail}", params))
         i += size
     return out
 

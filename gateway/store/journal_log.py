@@ -3,9 +3,11 @@
 Every QoS 1/2 delivery of a persistent session used to be inserted into SQLite's
 ``queue`` table and deleted again a few ms later, after its PUBACK: two B-tree changes,
 a WAL write and an fsync per group commit. Now those changes (queue rows, message
-bodies, packet ids, PUBREC marks, awaited PUBRELs, the deletion of a session's rows) are
-*records* appended to a log file, and SQLite sees only what is still pending at a
-*checkpoint*: rows queued and removed between two checkpoints never touch it.
+bodies, packet ids, PUBREC marks, awaited PUBRELs, the sessions and their subscriptions,
+the deletion of a session) are *records* appended to a log file, and SQLite sees only
+what is still pending at a *checkpoint*: rows queued and removed between two
+checkpoints never touch it. A persistent session's whole state is in the log, so one
+frame carries it (a CONNECT's session row no longer costs a SQLite transaction).
 
 Files: ``{data_dir}/gateway.journal/<generation>.log`` (12 decimal digits). A file is a
 sequence of frames, one per group commit: ``<u32 length><u32 crc32>`` (little endian)
@@ -18,7 +20,12 @@ of record lists. Records (one tuple or int each; :meth:`Delta.apply` reads them)
 - ``("p", ref, packet_id)``, ``("r", ref)``: a packet id assigned, a PUBREC received;
 - ``("x", msg_id)``: a ``messages`` row deleted;
 - ``("a", client_id, packet_id, present)``: an awaited PUBREL added or removed;
-- ``("D", client_id)``: every queue row and awaited PUBREL of the client deleted.
+- ``("s", client_id, expiry_interval, disconnected_at, created_at)``: a ``sessions`` row
+  saved (an existing row keeps its ``created_at``);
+- ``("S", client_id, filter, qos, no_local, rap, rh, sid)``: a subscription saved;
+- ``("U", client_id, filter)``: a subscription deleted;
+- ``("D", client_id)``: the session deleted, with its subscriptions, queue rows and
+  awaited PUBRELs.
 
 Every record sets a key to a value (or deletes it), so replaying a prefix of the records
 again, or a log whose records SQLite already has, gives the same state (idempotent).
@@ -324,10 +331,16 @@ class Delta:
     - ``pids`` / ``released``: packet ids and PUBREC marks of older rows;
     - ``bodies`` / ``bodies_gone``: the same for ``messages`` rows by message id;
     - ``awaiting``: (client, packet id) -> present, the last state;
-    - ``dead``: clients whose older queue rows and awaited PUBRELs are all deleted (a
-      client's rows of these generations were dropped from ``rows`` at that point)."""
+    - ``sessions``: ``sessions`` rows saved, by client, in their latest state;
+    - ``subs``: (client, filter) -> a ``subscriptions`` row saved, or None: deleted;
+    - ``dead``: clients whose older session, subscriptions, queue rows and awaited
+      PUBRELs are all deleted (a client's entries of these generations were dropped at
+      that point)."""
 
-    __slots__ = ("rows", "gone", "pids", "released", "bodies", "bodies_gone", "awaiting", "dead")
+    __slots__ = (
+        "rows", "gone", "pids", "released", "bodies", "bodies_gone", "awaiting", "sessions",
+        "subs", "dead",
+    )
 
     def __init__(self) -> None:
         self.rows: dict[int, tuple[Any, ...]] = {}
@@ -337,12 +350,14 @@ class Delta:
         self.bodies: dict[int, tuple[Any, ...]] = {}
         self.bodies_gone: list[int] = []
         self.awaiting: dict[tuple[str, int], bool] = {}
+        self.sessions: dict[str, tuple[str, int, float | None, float]] = {}
+        self.subs: dict[tuple[str, str], tuple[Any, ...] | None] = {}
         self.dead: list[str] = []
 
     def empty(self) -> bool:
         return not (
             self.rows or self.gone or self.pids or self.released or self.bodies
-            or self.bodies_gone or self.awaiting or self.dead
+            or self.bodies_gone or self.awaiting or self.sessions or self.subs or self.dead
         )
 
     def split_deletions(self) -> Delta:
@@ -369,11 +384,16 @@ class Delta:
         out += [("p", ref, pid) for ref, pid in self.pids.items()]
         out += [("r", ref) for ref in self.released]
         out += [("a", cid, pid, present) for (cid, pid), present in self.awaiting.items()]
+        out += [("s", *row) for row in self.sessions.values()]
+        out += [("S", *row) if row else ("U", *key) for key, row in self.subs.items()]
         return out
 
     def size_estimate(self) -> int:
         """About how many bytes applying this delta writes into SQLite's pages."""
-        n = _ROW_BYTES * (len(self.rows) + len(self.bodies) + len(self.awaiting))
+        n = _ROW_BYTES * (
+            len(self.rows) + len(self.bodies) + len(self.awaiting) + len(self.sessions)
+            + len(self.subs)
+        )
         n += sum(len(r[_PAYLOAD] or b"") + len(r[_TOPIC] or "") for r in self.rows.values())
         n += sum(len(b[2] or b"") + len(b[1]) for b in self.bodies.values())
         return n + 16 * (len(self.gone) + len(self.pids) + len(self.bodies_gone))
@@ -412,7 +432,21 @@ class Delta:
             del rows[ref]
         for key in [k for k in self.awaiting if k[0] == client_id]:
             del self.awaiting[key]
+        self.sessions.pop(client_id, None)
+        if self.subs:
+            for skey in [k for k in self.subs if k[0] == client_id]:
+                del self.subs[skey]
         self.dead.append(client_id)
+
+    def session_saved(
+        self, client_id: str, expiry: int, disconnected_at: float | None, created_at: float
+    ) -> tuple[str, int, float | None, float]:
+        """The session's row (an existing one keeps its ``created_at``, as SQLite's
+        upsert does); returns it."""
+        old = self.sessions.get(client_id)
+        row = (client_id, expiry, disconnected_at, created_at if old is None else old[3])
+        self.sessions[client_id] = row
+        return row
 
     def apply(self, records: Iterable[Any]) -> None:
         """Replay ``records`` (see the module docstring) into this delta. Unlike the
@@ -441,6 +475,12 @@ class Delta:
                     self.body_gone(r[1])
                 elif tag == "a":
                     self.awaiting[(r[1], r[2])] = r[3]
+                elif tag == "s":
+                    self.session_saved(r[1], r[2], r[3], r[4])
+                elif tag == "S":
+                    self.subs[(r[1], r[2])] = r[1:]
+                elif tag == "U":
+                    self.subs[(r[1], r[2])] = None
                 elif tag == "D":
                     self.client_deleted(r[1])
                 else:
@@ -451,6 +491,8 @@ class Delta:
         for cid in self.dead:
             yield "DELETE FROM queue WHERE client_id=?", (cid,)
             yield "DELETE FROM awaiting_rel WHERE client_id=?", (cid,)
+            yield "DELETE FROM sessions WHERE client_id=?", (cid,)
+            yield "DELETE FROM subscriptions WHERE client_id=?", (cid,)
         if self.gone:
             yield from where_in("DELETE FROM queue WHERE ref", self.gone)
         if self.bodies_gone:
@@ -475,6 +517,20 @@ class Delta:
                 yield from delete_pairs("awaiting_rel", ("client_id", "packet_id"), gone)
             if added:
                 yield from insert_rows("INSERT OR IGNORE INTO awaiting_rel", 2, added)
+        if self.sessions:
+            yield from insert_rows(
+                "INSERT INTO sessions(client_id, expiry_interval, disconnected_at, created_at)",
+                4, list(self.sessions.values()),
+                " ON CONFLICT(client_id) DO UPDATE SET expiry_interval=excluded.expiry_interval,"
+                " disconnected_at=excluded.disconnected_at",
+            )
+        if self.subs:
+            unsubscribed = [k for k, row in self.subs.items() if row is None]
+            saved = [row for row in self.subs.values() if row is not None]
+            if unsubscribed:
+                yield from delete_pairs("subscriptions", ("client_id", "filter"), unsubscribed)
+            if saved:
+                yield from insert_rows("INSERT OR REPLACE INTO subscriptions", 7, saved)
 
 
 @dataclass

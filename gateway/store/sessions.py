@@ -6,11 +6,12 @@ core's state at start-up. Writes go through a :class:`GroupCommitter`, so the tr
 shell can hold acknowledgements until they are durable.
 
 What is persisted, and where:
-- in SQLite (a statement per change, committed by the group commit): a session whose
-  expiry interval is > 0 (its row), its subscriptions, every retained message;
+- in SQLite (a statement per change, committed by the group commit): every retained
+  message;
 - in the journal log first (:mod:`gateway.store.journal_log`: records appended to a
-  file, one frame per group commit) and in SQLite from the next checkpoint on: every
-  QoS 1/2 delivery queued or inflight for a persistent session (its ``queue`` row, with
+  file, one frame per group commit) and in SQLite from the next checkpoint on: a
+  session whose expiry interval is > 0 (its row) and its subscriptions, every QoS 1/2
+  delivery queued or inflight for such a session (its ``queue`` row, with
   its packet id once assigned and whether its PUBREC arrived), the packet ids of
   incoming QoS 2 messages awaiting PUBREL, and message bodies: in the queue row itself
   (columns ``topic`` to ``expires_at``) when the message went to one persistent session
@@ -34,10 +35,11 @@ Invariants:
   reused (counters above every stored one, log included: start-up checkpoints the log
   before it reads the counters).
 - What a crash leaves: (a) before a batch's log frame is complete, a torn tail, cut off
-  at replay: nothing of that batch was acknowledged; (b) after the frame and before
-  the SQLite commit of the same batch (a batch with SQL statements: sessions,
-  subscriptions, retained), queue rows whose session row may be missing: unacknowledged,
-  removed at start-up with the other rows of no session; (c) during a checkpoint, before
+  at replay: nothing of that batch was acknowledged (a session's row, subscriptions and
+  queue rows are all records, so a frame has a session's changes whole; a batch's
+  retained messages, SQL, commit before its frame); (b) queue rows of no session
+  (a file of an older version, which kept sessions in SQLite only) are removed at
+  start-up; (c) during a checkpoint, before
   its commit: SQLite as before, every log file kept: replay gives the same state; after
   its commit and before the old file is recycled: records SQLite already has, which
   replay applies again (every record sets a key: idempotent).
@@ -457,38 +459,29 @@ class SessionStore:
     def session_saved(
         self, client_id: str, expiry: int, created_at: float, disconnected_at: float | None
     ) -> None:
-        self.committer.add(
-            "INSERT INTO sessions(client_id, expiry_interval, disconnected_at, created_at) "
-            "VALUES (?,?,?,?) ON CONFLICT(client_id) DO UPDATE SET "
-            "expiry_interval=excluded.expiry_interval, disconnected_at=excluded.disconnected_at",
-            (client_id, expiry, disconnected_at, created_at),
-        )
+        self._segment().records.append(("s", client_id, expiry, disconnected_at, created_at))
+        self._delta.session_saved(client_id, expiry, disconnected_at, created_at)
 
     def session_deleted(self, client_id: str) -> None:
-        add = self.committer.add
-        add("DELETE FROM sessions WHERE client_id=?", (client_id,))
-        add("DELETE FROM subscriptions WHERE client_id=?", (client_id,))
         self._segment().records.append(("D", client_id))
         self._delta.client_deleted(client_id)
 
     def subscribed(self, client_id: str, topic_filter: str, o: SubOptions) -> None:
-        self.committer.add(
-            "INSERT OR REPLACE INTO subscriptions VALUES (?,?,?,?,?,?,?)",
-            (
-                client_id,
-                topic_filter,
-                o.qos,
-                int(o.no_local),
-                int(o.retain_as_published),
-                o.retain_handling,
-                o.subscription_id,
-            ),
+        row = (
+            client_id,
+            topic_filter,
+            o.qos,
+            int(o.no_local),
+            int(o.retain_as_published),
+            o.retain_handling,
+            o.subscription_id,
         )
+        self._segment().records.append(("S", *row))
+        self._delta.subs[(client_id, topic_filter)] = row
 
     def unsubscribed(self, client_id: str, topic_filter: str) -> None:
-        self.committer.add(
-            "DELETE FROM subscriptions WHERE client_id=? AND filter=?", (client_id, topic_filter)
-        )
+        self._segment().records.append(("U", client_id, topic_filter))
+        self._delta.subs[(client_id, topic_filter)] = None
 
     def _segment(self) -> LogSegment:
         """This turn's open log segment (a new one once the last was handed to the

@@ -395,10 +395,22 @@ def _body(mid: int) -> tuple[Any, ...]:
 
 
 # records over a few refs, bodies and clients, so that adds, removals and updates of the
-# same keys meet; refs 1-4 and bodies 1-2 are also in SQLite before the delta
+# same keys meet; refs 1-4, bodies 1-2, session "a" and its subscription "t" are also in
+# SQLite before the delta
 _refs = st.integers(1, 8)
+_cids = st.sampled_from(["a", "b"])
+session_records = st.one_of(
+    st.tuples(st.just("s"), _cids, st.integers(0, 9), st.none() | st.floats(0, 9), st.floats(0, 9)),
+    st.tuples(
+        st.just("S"), _cids, st.sampled_from(["t", "u"]), st.integers(0, 2), st.integers(0, 1),
+        st.integers(0, 1), st.integers(0, 2), st.none() | st.integers(1, 5),
+    ),
+    st.tuples(st.just("U"), _cids, st.sampled_from(["t", "u"])),
+    st.tuples(st.just("D"), _cids),
+)
 delta_records = st.lists(
     st.one_of(
+        session_records,
         st.builds(_row, _refs, st.sampled_from(["a", "b"]), st.integers(1, 4)),
         _refs,
         st.builds(_body, st.integers(1, 4)),
@@ -425,11 +437,54 @@ def _applied(*deltas: Any) -> list[Any]:
     for mid in (1, 2):
         conn.execute(f"INSERT INTO messages VALUES ({','.join('?' * 10)})", _body(mid))
     conn.execute("INSERT INTO awaiting_rel VALUES ('a', 1)")
+    conn.execute("INSERT INTO sessions VALUES ('a', 60, NULL, 0.5)")
+    conn.execute("INSERT INTO subscriptions VALUES ('a', 't', 1, 0, 0, 0, NULL)")
     apply_deltas(conn, deltas)
     return [
         conn.execute(f"SELECT * FROM {t} ORDER BY 1, 2").fetchall()
-        for t in ("queue", "messages", "awaiting_rel")
+        for t in ("queue", "messages", "awaiting_rel", "sessions", "subscriptions")
     ]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(session_records, max_size=20))
+def test_session_records_give_the_tables_their_statements_one_by_one_gave(
+    recs: list[Any],
+) -> None:
+    """A delta of session, subscription and deletion records writes the ``sessions`` and
+    ``subscriptions`` tables as running each change's statement in turn did (how they
+    were written before they were log records): an existing session keeps its
+    ``created_at``."""
+    from gateway.store.journal_log import Delta
+
+    delta = Delta()
+    delta.apply(recs)
+    tables = _applied(delta)[3:]
+    conn = sqlite3.connect(":memory:", isolation_level=None)
+    conn.execute("CREATE TABLE sessions(client_id TEXT PRIMARY KEY, expiry_interval, "
+                 "disconnected_at, created_at)")
+    conn.execute("CREATE TABLE subscriptions(client_id, filter, qos, no_local, rap, rh, sid, "
+                 "PRIMARY KEY (client_id, filter))")
+    conn.execute("INSERT INTO sessions VALUES ('a', 60, NULL, 0.5)")
+    conn.execute("INSERT INTO subscriptions VALUES ('a', 't', 1, 0, 0, 0, NULL)")
+    for r in recs:
+        if r[0] == "s":
+            conn.execute(
+                "INSERT INTO sessions VALUES (?,?,?,?) ON CONFLICT(client_id) DO UPDATE SET "
+                "expiry_interval=excluded.expiry_interval, "
+                "disconnected_at=excluded.disconnected_at", r[1:])
+        elif r[0] == "S":
+            conn.execute("INSERT OR REPLACE INTO subscriptions VALUES (?,?,?,?,?,?,?)", r[1:])
+        elif r[0] == "U":
+            conn.execute("DELETE FROM subscriptions WHERE client_id=? AND filter=?", r[1:])
+        else:
+            conn.execute("DELETE FROM sessions WHERE client_id=?", r[1:])
+            conn.execute("DELETE FROM subscriptions WHERE client_id=?", r[1:])
+    expected = [
+        conn.execute(f"SELECT * FROM {t} ORDER BY 1, 2").fetchall()
+        for t in ("sessions", "subscriptions")
+    ]
+    assert tables == expected
 
 
 @settings(max_examples=300, deadline=None)

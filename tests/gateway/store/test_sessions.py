@@ -145,8 +145,18 @@ def test_clean_session_is_not_persisted_and_expired_session_is_deleted(tmp_path:
         node.close(b, hb, send_will=False)
         await committed(committer)
         conn = open_db(db)
+        # sessions are journal log records until a checkpoint takes them into SQLite
+        assert conn.execute("SELECT COUNT(*) FROM sessions").fetchone()[0] == 0
+        assert node.store is not None
+        node.store.checkpoint()
+        await committed(committer)
         assert [r[0] for r in conn.execute("SELECT client_id FROM sessions")] == ["short"]
+        assert conn.execute("SELECT client_id, filter FROM subscriptions").fetchall() == [
+            ("short", "t")
+        ]
         clock.advance(6)
+        await committed(committer)
+        node.store.checkpoint()
         await committed(committer)
         assert conn.execute("SELECT COUNT(*) FROM sessions").fetchone()[0] == 0
         assert conn.execute("SELECT COUNT(*) FROM subscriptions").fetchone()[0] == 0
