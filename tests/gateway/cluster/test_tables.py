@@ -25,6 +25,7 @@ from tests.gateway.cluster.harness import (
     free_port,
     gatewayctl,
     wait_mesh,
+    wait_routes,
     wait_until,
 )
 
@@ -97,6 +98,9 @@ def test_late_joiner_gets_retained_bans_and_users(nodes) -> None:  # type: ignor
     r = gatewayctl("users", "rules", "alice", env=b.ctl_env())
     assert "secret/#" in r.stdout, r.stdout
     dev = Client(b, "dev1")  # auto-subscribed on b to what was set up on a
+    # routes reach the other node asynchronously (a publish on a before b's route is
+    # there has no subscriber on a's side): CI's load once delayed it past the publish
+    wait_routes(a, b, 1)
     Client(a, "cmd").publish("cmd/dev1", "reboot", qos=1)
     assert dev.next_message().payload == b"reboot"
     dev.close()
