@@ -25,7 +25,9 @@ of record lists. Records (one tuple or int each; :meth:`Delta.apply` reads them)
 - ``("S", client_id, filter, qos, no_local, rap, rh, sid)``: a subscription saved;
 - ``("U", client_id, filter)``: a subscription deleted;
 - ``("D", client_id)``: the session deleted, with its subscriptions, queue rows and
-  awaited PUBRELs.
+  awaited PUBRELs;
+- ``None``: a queue row added and removed again before its frame was written (the
+  delivery was acknowledged within one group commit): the frame carries neither.
 
 Every record sets a key to a value (or deletes it), so replaying a prefix of the records
 again, or a log whose records SQLite already has, gives the same state (idempotent).
@@ -455,6 +457,8 @@ class Delta:
         SQLite already has, their rows included."""
         rows = self.rows
         for r in records:
+            if r is None:
+                continue
             if type(r) is int:
                 rows.pop(r, None)
                 self.removed(r)
@@ -594,13 +598,16 @@ class LogSegment:
     records belong to; the first segment of a generation carries ``checkpoint``, the
     delta of the generation before it, for the writer to apply once it rotated."""
 
-    __slots__ = ("generation", "records", "checkpoint", "recycle", "compaction")
+    __slots__ = ("generation", "records", "adds", "checkpoint", "recycle", "compaction")
 
     def __init__(
         self, generation: int, checkpoint: Delta | None = None, recycle: bool = True
     ) -> None:
         self.generation = generation
         self.records: list[Any] = []
+        # ref -> index in ``records`` of the queue rows this segment adds, so that a
+        # removal (or a packet id) while it is open changes the row in place
+        self.adds: dict[int, int] = {}
         self.checkpoint = checkpoint
         self.recycle = recycle  # the checkpointed file may become this generation's
         # records = the whole pending delta of the generations before (a compaction:

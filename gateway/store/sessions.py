@@ -543,7 +543,9 @@ class SessionStore:
             json.dumps(share) if share else None,
             *body,
         )
-        seg.records.append(row)
+        records = seg.records
+        seg.adds[ref] = len(records)
+        records.append(row)
         self._rows[ref] = row
 
     def _body_row(self, seg: LogSegment, m: Message, mid: int) -> None:
@@ -569,8 +571,13 @@ class SessionStore:
         ref = d.ref
         if ref is None:
             return
-        self._segment().records.append(("p", ref, d.packet_id))
+        seg = self._segment()
         self._delta.assigned(ref, d.packet_id)
+        i = seg.adds.get(ref)
+        if i is None:
+            seg.records.append(("p", ref, d.packet_id))
+        else:  # added by this segment: the row itself gets the packet id
+            seg.records[i] = self._rows[ref]
 
     def released(self, d: Delivery) -> None:
         ref = d.ref
@@ -587,7 +594,11 @@ class SessionStore:
         seg = self._seg
         if seg is None or not self._is_open(seg):
             seg = self._segment()
-        seg.records.append(ref)
+        i = seg.adds.pop(ref, None)
+        if i is None:
+            seg.records.append(ref)
+        else:  # added by this segment, not written yet: the frame gets neither
+            seg.records[i] = None
         if self._rows.pop(ref, None) is None:  # else: added this generation, never in SQLite
             self._delta.removed(ref)
         m = d.message

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import pickle
 import shutil
 import sqlite3
 from pathlib import Path
@@ -108,6 +109,39 @@ def test_replay_after_a_crash_restores_what_only_the_log_holds(tmp_path: Path) -
         node2, committer2 = make_node(copy, VirtualScheduler())
         assert queued(node2) == [b"0", b"1", b"2"]
         assert sqlite_count(copy, "queue") == 3  # start-up checkpointed the log
+        committer2.close()
+        committer.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_row_acknowledged_or_assigned_within_its_batch_changes_in_place(
+    tmp_path: Path,
+) -> None:
+    """A queue row removed while its segment is still open leaves neither the row nor
+    the removal in the frame; a packet id assigned then goes into the row itself. A
+    crash after that frame restores exactly the rest, packet ids included."""
+
+    async def scenario() -> None:
+        db = tmp_path / "a" / "gateway.db"
+        node, committer = make_node(db, VirtualScheduler())
+        info, h = open_session(node, "s", expiry=3600, rmax=2)
+        node.subscribe(info, "t/#", SubOptions(qos=1))
+        await committed(committer)
+        publish(node, b"0", b"1", b"2", b"3")  # 0 and 1 sent (window 2), 2 and 3 queued
+        session = node.sessions["s"]
+        session.puback(h.delivered[0].packet_id or 0)  # 2 drained and assigned
+        await committed(committer)
+        path = the_log(db)
+        frames = read_frames(path, int(path.stem))[0]
+        records = [r for chunk in pickle.loads(frames[-1]) for r in chunk]
+        assert records.count(None) == 1  # "0", acknowledged before the frame was written
+        assert not [r for r in records if type(r) is int or (r and r[0] == "p")]
+        copy = crash_copy(db.parent, tmp_path / "b")
+        node2, committer2 = make_node(copy, VirtualScheduler())
+        assert queued(node2) == [b"1", b"2", b"3"]
+        pids = {d.message.payload: d.packet_id for d in node2.sessions["s"].inflight.values()}
+        assert pids == {d.message.payload: d.packet_id for d in session.inflight.values()}
         committer2.close()
         committer.close()
 
