@@ -21,6 +21,11 @@ Invariants:
   acknowledged, sends it again), which QoS 1 allows; the subscriber's PUBACK may then
   cancel the row before it is ever written. QoS 2 deliveries wait: a duplicate would
   break exactly-once.
+- Deliveries the core pushes to *other* connections while one connection's input is
+  handled are gathered per connection and handed over when that input's handling
+  ends (in the order pushed): a read of 32 PUBLISHes for 16 subscribers makes 16
+  deliver calls of 32, not 512 of one. They reach the wire no later than before (a
+  stream shell writes once per loop turn anyway).
 - After a Close effect no further effect is carried out (``closed`` is set first).
 """
 
@@ -157,10 +162,11 @@ class _InputState(threading.local):
     """The connection whose input is being handled on this thread (EffectLoop._input)."""
 
     owner: EffectLoop | None = None
-    deferred: list[Delivery]
-
-    def __init__(self) -> None:
-        self.deferred = []
+    # the owner's own deliveries, run after its input's effects (None: no commit gate,
+    # the channel appends them to those effects itself)
+    deferred: list[Delivery] | None = None
+    # deliveries to other connections, handed over when the owner's input is handled
+    others: dict[EffectLoop, list[Delivery]] | None = None
 
 
 _input = _InputState()
@@ -258,8 +264,26 @@ class EffectLoop:
     def deliver(self, deliveries: list[Delivery]) -> None:
         if self.channel is None or self.closed:
             return
-        if _input.owner is self:
-            _input.deferred.extend(deliveries)  # after the input's own effects
+        state = _input
+        owner = state.owner
+        if owner is not None:
+            if owner is not self:  # gathered until the owner's input is handled
+                others = state.others
+                assert others is not None
+                pending = others.get(self)
+                if pending is None:
+                    others[self] = list(deliveries)
+                else:
+                    pending.extend(deliveries)
+                return
+            deferred = state.deferred
+            if deferred is not None:
+                deferred.extend(deliveries)  # after the input's own effects
+                return
+        self._deliver_now(deliveries)
+
+    def _deliver_now(self, deliveries: list[Delivery]) -> None:
+        if self.channel is None or self.closed:
             return
         effects = self.channel.deliver(deliveries)
         if not effects:
@@ -302,18 +326,19 @@ class EffectLoop:
         channel afterwards as one batch, so they need not wait behind the input's own
         held effects when they are QoS 0/1 and nothing else of ours is held. Without a
         gate (nothing is ever held) the channel appends them to the input's effects."""
-        if self.site.gate is None:
-            self._run(handle(data))
-            return
         state = _input
-        outer, outer_deferred = state.owner, state.deferred
+        outer, outer_deferred, outer_others = state.owner, state.deferred, state.others
         state.owner = self
-        deferred: list[Delivery] = []
+        deferred: list[Delivery] | None = None if self.site.gate is None else []
         state.deferred = deferred
+        others: dict[EffectLoop, list[Delivery]] = {}
+        state.others = others
         try:
             effects = handle(data)
         finally:
-            state.owner, state.deferred = outer, outer_deferred
+            state.owner, state.deferred, state.others = outer, outer_deferred, outer_others
+            for shell, pending in others.items():  # (to the outer input's, if nested)
+                shell.deliver(pending)
         self._run(effects)
         if deferred:
             self.deliver(deferred)
