@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from gateway.net.stream import ListenerLimits, StreamShell, StreamSite
+from protocols.context import Delivery, Message
 from protocols.effects import Effect, Pause
 
 
@@ -183,6 +184,7 @@ class PausingChannel:
     def __init__(self) -> None:
         self.script: list[list[Effect]] = []
         self.seen: list[bytes] = []
+        self.deliver_calls: list[list[bytes]] = []  # the payloads of each deliver call
 
     def connection_made(self) -> list[Effect]:
         return []
@@ -197,8 +199,9 @@ class PausingChannel:
     def connection_lost(self) -> None:
         pass
 
-    def deliver(self, deliveries: Any) -> list[Effect]:
-        return []
+    def deliver(self, deliveries: list[Delivery]) -> list[Effect]:
+        self.deliver_calls.append([d.message.payload for d in deliveries])
+        return [b"".join(d.message.payload for d in deliveries)]
 
     def release(self, packet_id: int) -> list[Effect]:
         return []
@@ -283,6 +286,32 @@ def test_own_answers_leave_with_the_input_what_others_push_is_gathered() -> None
     assert transport.written == [b"ack1ack2"]
     loop.run_ready()
     assert transport.written == [b"ack1ack2", b"d1d2"]  # one write for the rest of the turn
+
+
+def test_deliveries_to_others_during_an_input_are_handed_over_once_it_ends() -> None:
+    pub, _, loop, pub_channel = make_shell()
+    a, a_transport, a_loop, a_channel = make_shell()
+    b, _, _, b_channel = make_shell()
+
+    def d(payload: bytes) -> list[Delivery]:
+        return [Delivery(Message("t", payload), 0, False)]
+
+    def read(data: bytes) -> list[Effect]:  # the publisher's input routes 3 messages
+        for i in (b"1", b"2", b"3"):
+            a.deliver(d(i))
+            if i != b"2":
+                b.deliver(d(i))
+        assert a_channel.deliver_calls == []  # not yet: gathered
+        return []
+
+    pub_channel.handle_data = read  # type: ignore[method-assign]
+    pub.data_received(b"x")
+    assert a_channel.deliver_calls == [[b"1", b"2", b"3"]]  # one call each, in order
+    assert b_channel.deliver_calls == [[b"1", b"3"]]
+    a_loop.run_ready()
+    assert a_transport.written == [b"123"]
+    a.deliver(d(b"4"))  # outside any input: at once, as before
+    assert a_channel.deliver_calls[-1] == [b"4"]
 
 
 # -- slow readers ------------------------------------------------------------------------
