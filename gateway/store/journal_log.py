@@ -442,13 +442,13 @@ class Delta:
 
     def session_saved(
         self, client_id: str, expiry: int, disconnected_at: float | None, created_at: float
-    ) -> tuple[str, int, float | None, float]:
+    ) -> None:
         """The session's row (an existing one keeps its ``created_at``, as SQLite's
-        upsert does); returns it."""
+        upsert does)."""
         old = self.sessions.get(client_id)
-        row = (client_id, expiry, disconnected_at, created_at if old is None else old[3])
-        self.sessions[client_id] = row
-        return row
+        if old is not None:
+            created_at = old[3]
+        self.sessions[client_id] = (client_id, expiry, disconnected_at, created_at)
 
     def apply(self, records: Iterable[Any]) -> None:
         """Replay ``records`` (see the module docstring) into this delta. Unlike the

@@ -289,7 +289,7 @@ def test_own_answers_leave_with_the_input_what_others_push_is_gathered() -> None
 
 
 def test_deliveries_to_others_during_an_input_are_handed_over_once_it_ends() -> None:
-    pub, _, loop, pub_channel = make_shell()
+    pub, _, _, pub_channel = make_shell()
     a, a_transport, a_loop, a_channel = make_shell()
     b, _, _, b_channel = make_shell()
 
