@@ -536,12 +536,13 @@ class SessionStore:
             client_id,
             mid,
             d.qos,
-            1 if d.retain else 0,
+            int(d.retain),
             ",".join(map(str, ids)) if ids else None,
             d.packet_id,
             0,
             json.dumps(share) if share else None,
-        ) + body  # noqa: RUF005 - a concatenation costs half of unpacking into the display
+            *body,
+        )
         records = seg.records
         seg.adds[ref] = len(records)
         records.append(row)
