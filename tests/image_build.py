@@ -95,10 +95,14 @@ def arm64_buildable() -> None:
     budget: qemu-user binfmt, qemu-system-aarch64 and AAVMF present, and the emulated
     Debian stage (mmdebstrap under qemu-user, the longest part of a cold arm64 build) in
     the cache already, or ``EDGE_GATEWAY_ARM64_COLD=1`` to pay for it in this run."""
+    from edge_image.arch import ARCHES, ensure_binfmt
+    from edge_image.common import BadInput
+
     skip_unless_possible()
-    if not Path("/proc/sys/fs/binfmt_misc/qemu-aarch64").exists():
-        pytest.skip("qemu-aarch64 is not registered in binfmt_misc (qemu-user-static, "
-                    "binfmt-support)")
+    try:  # mounts binfmt_misc and enables qemu-aarch64 where it can, as image/build does
+        ensure_binfmt(ARCHES["arm64"])
+    except BadInput as exc:
+        pytest.skip(str(exc))
     if shutil.which("qemu-system-aarch64") is None:
         pytest.skip("qemu-system-aarch64 not installed (Debian package qemu-system-arm)")
     if not Path("/usr/share/AAVMF/AAVMF_CODE.fd").exists():
