@@ -280,11 +280,6 @@ class EffectLoop:
             if deferred is not None:
                 deferred.extend(deliveries)  # after the input's own effects
                 return
-        self._deliver_now(deliveries)
-
-    def _deliver_now(self, deliveries: list[Delivery]) -> None:
-        if self.channel is None or self.closed:
-            return
         effects = self.channel.deliver(deliveries)
         if not effects:
             return
