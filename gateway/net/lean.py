@@ -31,10 +31,6 @@ Invariants:
   and its table slot is already free.
 - Accepting and the listener's limits work as with asyncio's transports: the protocol's
   ``connection_made`` runs before any input, and may ``abort()`` (a refusal).
-- A hub's batch (the ready connections of one ``ep.poll``) is one unit of work: what a
-  protocol registers with :func:`at_batch_end` while it runs is called once the last
-  of them is handled, before the event loop runs anything else (the stream shells
-  write their gathered output then, see :mod:`gateway.net.stream`).
 """
 
 from __future__ import annotations
@@ -46,7 +42,6 @@ import logging
 import os
 import select
 import socket
-import threading
 from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
 
@@ -76,25 +71,6 @@ MAX_EVENTS = 256  # per poll (level-triggered: the rest are reported on the next
 # Accept errors that mean "out of resources", not "this listener is broken" (asyncio's)
 ACCEPT_RESOURCE_ERRORS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 ACCEPT_RETRY = 1.0  # seconds without accepting after such an error
-
-
-class _Batch(threading.local):
-    """The callbacks to run when this thread's running hub batch ends (None: none runs)."""
-
-    ends: list[Callable[[], None]] | None = None
-
-
-_batch = _Batch()
-
-
-def at_batch_end(callback: Callable[[], None]) -> bool:
-    """Call ``callback`` when the hub batch running now ends; False if none runs (the
-    caller then schedules it itself, e.g. with ``call_soon``)."""
-    ends = _batch.ends
-    if ends is None:
-        return False
-    ends.append(callback)
-    return True
 
 
 def _sock(fd: int) -> socket.socket:
@@ -422,32 +398,22 @@ class Hub:
 
     def _ready(self) -> None:
         table = self.table
-        batch = _batch
-        batch.ends = ends = []
-        try:
-            for fd, ev in self.ep.poll(0, MAX_EVENTS):
-                t = table[fd]
-                if t is None:  # closed earlier in this batch
-                    continue
-                try:
-                    if ev & (EPOLLIN | HANGUP) and not t.flags & NOT_READING:
-                        t._read_ready()
-                    if t.wbuf is not None and ev & (EPOLLOUT | HANGUP):
-                        t._write_ready()
-                    if ev & HANGUP and not t.flags & DONE and not self.mask(t):
-                        # hung up while paused: out of the epoll until reading resumes
-                        self.ep.unregister(fd)
-                        t.flags |= UNWATCHED
-                except Exception as exc:  # a protocol's bug must not stop the others
-                    log.exception("protocol callback failed on fd %d; connection aborted", fd)
-                    t._force_close(exc)
-        finally:
-            batch.ends = None
-            for callback in ends:
-                try:
-                    callback()
-                except Exception:  # pragma: no cover - a bug must not stop the others
-                    log.exception("callback at the end of a batch failed")
+        for fd, ev in self.ep.poll(0, MAX_EVENTS):
+            t = table[fd]
+            if t is None:  # closed earlier in this batch
+                continue
+            try:
+                if ev & (EPOLLIN | HANGUP) and not t.flags & NOT_READING:
+                    t._read_ready()
+                if t.wbuf is not None and ev & (EPOLLOUT | HANGUP):
+                    t._write_ready()
+                if ev & HANGUP and not t.flags & DONE and not self.mask(t):
+                    # hung up while paused: out of the epoll until reading resumes
+                    self.ep.unregister(fd)
+                    t.flags |= UNWATCHED
+            except Exception as exc:  # a protocol's bug must not stop the others
+                log.exception("protocol callback failed on fd %d; connection aborted", fd)
+                t._force_close(exc)
 
     # -- accepting -----------------------------------------------------------------------
 

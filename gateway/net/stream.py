@@ -31,9 +31,9 @@ import logging
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar, Protocol, cast
+from typing import Any, Protocol, cast
 
-from gateway.net.lean import LeanServer, LeanTransport, at_batch_end, start_lean_server
+from gateway.net.lean import LeanServer, LeanTransport, start_lean_server
 from gateway.net.shell import CommitGate, EffectLoop, Site
 from protocols import ratelimit
 from protocols.context import Delivery
@@ -45,42 +45,8 @@ log = logging.getLogger("gateway.net")
 LINGER = 5.0  # seconds to wait for the peer to close after our FIN
 
 # The shell whose data_received is running (the loop is one thread): what its own input
-# writes to it is flushed when that input ends, not with the turn's output.
+# writes to it is flushed when that input ends, with no call_soon of its own.
 _reading: StreamShell | None = None
-
-
-class TurnOutput:
-    """One event loop's gathered output: the stream shells written to since it was last
-    flushed, in the order of their first write, each flushed (one write) together. On a
-    lean listener that is the end of the hub's batch (:func:`lean.at_batch_end`), so a
-    publisher's PUBACK leaves after the deliveries its input made, as a broker writing
-    each packet at once sends them; otherwise one ``call_soon`` for the whole turn."""
-
-    _outputs: ClassVar[dict[asyncio.AbstractEventLoop, TurnOutput]] = {}
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.shells: list[StreamShell] | None = None
-
-    @classmethod
-    def of(cls, loop: asyncio.AbstractEventLoop) -> TurnOutput:
-        out = cls._outputs.get(loop)
-        if out is None:
-            out = cls._outputs[loop] = TurnOutput(loop)
-        return out
-
-    def add(self, shell: StreamShell) -> None:
-        shells = self.shells
-        if shells is None:
-            self.shells = shells = []
-            if not at_batch_end(self.flush):
-                self.loop.call_soon(self.flush)
-        shells.append(shell)
-
-    def flush(self) -> None:
-        shells, self.shells = self.shells, None
-        for shell in shells or ():
-            shell._flush()  # a no-op for one flushed since (its own input's end, a close)
 
 
 class StreamChannel(Protocol):
@@ -173,7 +139,7 @@ class StreamSite(Site):
     """A stream listener's shared part of its connections: the gate and loop, the
     listener's limits and the factory of its channels."""
 
-    __slots__ = ("factory", "limits", "output")
+    __slots__ = ("factory", "limits")
 
     def __init__(
         self,
@@ -185,7 +151,6 @@ class StreamSite(Site):
         super().__init__(gate, loop)
         self.limits = limits
         self.factory = factory
-        self.output = TurnOutput.of(loop)
 
 
 class StreamShell(EffectLoop, asyncio.Protocol):
@@ -317,7 +282,7 @@ class StreamShell(EffectLoop, asyncio.Protocol):
                     # acks freed) leave now, not after every other connection ready in
                     # this loop turn has been read: its peer may send again sooner.
                     # What other connections' input pushes here later in the turn is
-                    # still gathered (with the turn's output, see _write_all).
+                    # still gathered (and flushed by a call_soon, see _write_all).
                     self._flush()
 
     def eof_received(self) -> bool | None:
@@ -352,15 +317,15 @@ class StreamShell(EffectLoop, asyncio.Protocol):
         return self.transport is not None and not self.transport.is_closing()
 
     def _write_all(self, writes: list[bytes]) -> None:
-        """Writes are gathered and handed to the transport with the turn's output
-        (:class:`TurnOutput`), or at the end of this connection's own input on an
-        asyncio transport (``data_received``): a subscriber fed by many publishers, or a
-        publisher answered with many acks, costs one send() per turn, not per packet."""
+        """Writes are gathered and handed to the transport once per event-loop turn, or
+        at the end of this connection's own input (``data_received``): a subscriber fed
+        by many publishers, or a publisher answered with many acks, costs one send() per
+        turn instead of one per packet."""
         buf = self.wbuf
         if buf is None:
             self.wbuf = buf = []
             if _reading is not self:  # else data_received flushes it
-                self.site.output.add(self)
+                self.site.loop.call_soon(self._flush)
         buf.extend(writes)
 
     def _flush(self) -> None:
@@ -395,16 +360,9 @@ class StreamShell(EffectLoop, asyncio.Protocol):
 class LeanShell(StreamShell):
     """The stream shell on a lean transport (:mod:`gateway.net.lean`), which ignores
     writes once it is closing: the flush needs no ``is_closing()`` call first (asyncio's
-    and uvloop's transports buffer a write made after ``close()``; this one does not).
-    Its input always arrives in a hub batch, so its own answers leave with the batch's
-    output, after the deliveries that input made to other connections."""
+    and uvloop's transports buffer a write made after ``close()``; this one does not)."""
 
     __slots__ = ()
-
-    def data_received(self, data: bytes) -> None:
-        channel = self.channel
-        if channel is not None and not self.closed:
-            self._input(channel.handle_data, data)
 
     def _flush(self) -> None:
         buf = self.wbuf

@@ -26,7 +26,6 @@ from gateway.config.listeners import DEFAULT_TRANSPORT
 from gateway.net import lean
 from gateway.net.lean import LeanServer, LeanTransport, start_lean_server
 from gateway.net.stream import ListenerLimits, StreamShell, start_stream_listener
-from protocols.context import Delivery, Message
 from protocols.effects import Effect
 
 BOUND = 20.0  # seconds: a bound on waiting for an event, never a figure under test
@@ -456,100 +455,5 @@ def test_asyncio_transport_still_available(run: Callable[[Awaitable[Any]], Any])
             await start_stream_listener(
                 "127.0.0.1:0", ListenerLimits("tcp:t"), lambda s, p: Blaster(1), transport="x"
             )
-
-    run(main())
-
-
-class Router:
-    """A stream channel that answers its own input with ``ack<name>`` and, for input
-    starting with ``p``, first delivers ``d<name>`` to every other connection."""
-
-    def __init__(self, name: bytes, peers: list[StreamShell]) -> None:
-        self.name = name
-        self.peers = peers
-
-    def connection_made(self) -> list[Effect]:
-        return []
-
-    def handle_data(self, data: bytes) -> list[Effect]:
-        if data.startswith(b"p"):
-            for shell in self.peers:
-                if shell.channel is not self:
-                    shell.deliver([Delivery(Message("t", b"d" + self.name), 0, False)])
-        return [b"ack" + self.name]
-
-    def on_timer(self, name: str) -> list[Effect]:
-        return []
-
-    def connection_lost(self) -> None:
-        pass
-
-    def deliver(self, deliveries: list[Delivery]) -> list[Effect]:
-        return [d.message.payload for d in deliveries]
-
-    def release(self, packet_id: int) -> list[Effect]:
-        return []
-
-    def kick(self, reason_code: int) -> list[Effect]:
-        return []
-
-
-def test_a_batch_writes_each_connection_once_deliveries_before_the_publishers_ack(
-    run: Callable[[Awaitable[Any]], Any], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The output of one hub batch leaves at its end, one write per connection, in the
-    order of first writes: the deliveries a publisher's input makes go before its own
-    acknowledgement (as a broker writing each packet at once sends them), and a
-    connection answered in its own input and delivered to by another's in the same
-    batch gets one write, not two; nothing is left for a later loop turn."""
-    writes: list[tuple[int, bytes]] = []
-
-    def write(fd: int, data: bytes) -> int:
-        writes.append((fd, bytes(data)))
-        return os.write(fd, data)
-
-    monkeypatch.setattr(lean, "_write", write)
-
-    async def main() -> None:
-        shells: list[StreamShell] = []
-
-        def factory(shell: StreamShell, peer: tuple[str, int] | None) -> Router:
-            shells.append(shell)
-            return Router(str(len(shells)).encode(), shells)
-
-        server = await start_stream_listener(
-            "127.0.0.1:0", ListenerLimits("tcp:t"), factory, transport="lean"
-        )
-        port = server.sockets[0].getsockname()[1]
-        loop = asyncio.get_running_loop()
-        clients = []
-        for n in (1, 2):
-            s = socket.socket()
-            s.setblocking(False)
-            await loop.sock_connect(s, ("127.0.0.1", port))
-            while len(shells) < n:  # accepted on a later loop turn
-                await asyncio.sleep(0)
-            clients.append(s)
-        sub, pub = clients
-        fd = {shell.transport.fd: shell.channel.name for shell in shells}  # type: ignore[union-attr]
-
-        pub.send(b"p")  # alone in its batch
-        assert await recv_all(sub, 2) == b"d2"
-        assert await recv_all(pub, 4) == b"ack2"
-        assert [(fd[f], data) for f, data in writes] == [(b"1", b"d2"), (b"2", b"ack2")]
-        writes.clear()
-
-        sub.send(b"s")  # both ready before the loop runs: one batch
-        pub.send(b"p")
-        assert len(await recv_all(sub, 6)) == 6
-        assert await recv_all(pub, 4) == b"ack2"
-        # (in the order epoll reported the two)
-        assert [(fd[f], data) for f, data in writes] in (
-            [(b"1", b"ack1d2"), (b"2", b"ack2")],
-            [(b"1", b"d2ack1"), (b"2", b"ack2")],
-        )
-        for s in clients:
-            s.close()
-        server.close()
 
     run(main())
