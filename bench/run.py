@@ -433,6 +433,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--idle-conns", type=int, help="connections of idle-memory (<= 18000)")
     ap.add_argument("--json", metavar="FILE", help="write every result to this JSON file")
     ap.add_argument(
+        "--rcvlowat",
+        type=int,
+        metavar="BYTES",
+        help="SO_RCVLOWAT of the load generator's QoS 0 throughput subscribers: one read "
+        "per this many bytes, not per send() of the broker (default 0: off)",
+    )
+    ap.add_argument(
         "--wait-quiet",
         type=float,
         default=0.0,
@@ -463,6 +470,7 @@ def main(argv: list[str] | None = None) -> int:
         ("clients", args.clients),
         ("duration", args.duration),
         ("idle_conns", args.idle_conns),
+        ("rcvlowat", args.rcvlowat),
     ):
         if value is not None:
             setattr(params, attr, value)

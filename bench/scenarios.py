@@ -65,6 +65,7 @@ class Params:
     latency_duration: float = 5.0
     storm_conns: int = 5000  # storm-5000: connections opened at once
     loadgen_cpus: tuple[int, ...] = ()  # CPUs the load-generator workers are pinned to
+    rcvlowat: int = 0  # SO_RCVLOWAT of QoS 0 throughput subscribers (loadgen._coalesce_reads)
 
     @classmethod
     def quick(cls) -> Params:
@@ -286,6 +287,7 @@ def _assign(
             window=params.window,
             inflight=params.inflight,
             cpus=params.loadgen_cpus,
+            rcvlowat=params.rcvlowat,
         )
         for w in range(nw)
     ]

@@ -54,3 +54,23 @@ def test_tiny_run_against_gatewayd(tmp_path: Path) -> None:
             assert d["p50_ms"] <= d["p99_ms"] <= d["p999_ms"] <= d["max_ms"], r
     assert "| fanin-qos0" in proc.stdout  # the table was printed
     assert "load average" in proc.stdout and "broker on CPU 0" in proc.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_coalesced_reads_still_receive_the_tail(tmp_path: Path) -> None:
+    """``--rcvlowat``: with a mark above what a subscriber's last messages add up to,
+    the tail is still read once the publishers are done (else it counts as lost)."""
+    out = tmp_path / "results.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.run", "--tiny", "--brokers", "gatewayd",
+         "--scenarios", "fanout-qos0,p2p-qos0", "--rcvlowat", "65536", "--json", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=110, check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    results = json.loads(out.read_text())["results"]
+    assert len(results) == 2
+    for r in results:
+        d = r["details"]
+        assert r["error"] is None and r["lost"] == 0, r
+        assert d["expected"] > 0 and d["received"] == d["expected"], r
