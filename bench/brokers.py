@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from bench.procstat import CLK_TCK, cpu_seconds
@@ -189,12 +190,16 @@ class Broker:
         """Start the broker on ``self.port`` and wait until it answers."""
         self.process = GatewaydProcess(
             self.tmp, self.env(), command=self.full_command(), log_path=self.log_path,
-            ready=lambda: mqtt_ping(self.host, self.port, "bench-ready") is None,
+            ready=self._answers,
             ready_timeout=READY_TIMEOUT, what=self.name,
         )
         self.process.start()
         self.proc = self.process.proc
         self.log_offset = self.process.log_offset
+
+    def _answers(self) -> bool:
+        mqtt_ping(self.host, self.port, "bench-ready")  # raises until it answers
+        return True
 
     def stop(self) -> None:
         if self.process is not None:
@@ -252,7 +257,10 @@ class Gatewayd(Broker):
     # it never collides with another gatewayd on the machine.
     # [mqtt] max_mqueue_len = 0: unbounded offline/in-flight queues, like mosquitto's
     # max_queued_messages 0 below (issue 23: both unlimited, so no broker wins by dropping)
-    OPTIONAL_CONFIG = ('[api]\nbind = "127.0.0.1:0"\n', "[mqtt]\nmax_mqueue_len = 0\n")
+    OPTIONAL_CONFIG: tuple[str, ...] = (
+        '[api]\nbind = "127.0.0.1:0"\n',
+        "[mqtt]\nmax_mqueue_len = 0\n",
+    )
     _supported: dict[tuple[Path, str], bool] = {}  # noqa: RUF012 - a cache shared on purpose
 
     def _gatewayd(self, conf: Path, *extra: str) -> list[str]:
@@ -537,7 +545,7 @@ def setup(names: list[str]) -> None:
 
 
 @contextlib.contextmanager
-def running(cls: type[Broker]):  # type: ignore[no-untyped-def]
+def running(cls: type[Broker]) -> Iterator[Broker]:
     broker = cls()
     try:
         broker.start()

@@ -430,6 +430,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, help="load-generator processes")
     ap.add_argument("--clients", type=int, help="N of fan-in/fan-out/p2p")
     ap.add_argument("--duration", type=float, help="seconds of publishing per scenario")
+    ap.add_argument(
+        "--window", type=int, help="messages outstanding per subscriber, closed loop (500)"
+    )
     ap.add_argument("--idle-conns", type=int, help="connections of idle-memory (<= 18000)")
     ap.add_argument("--json", metavar="FILE", help="write every result to this JSON file")
     ap.add_argument(
@@ -471,6 +474,7 @@ def main(argv: list[str] | None = None) -> int:
         ("duration", args.duration),
         ("idle_conns", args.idle_conns),
         ("rcvlowat", args.rcvlowat),
+        ("window", args.window),
     ):
         if value is not None:
             setattr(params, attr, value)

@@ -43,7 +43,8 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from bench import wire
-from bench.brokers import CLK_TCK, Gatewayd, machine_busy_seconds, use_gatewayd_commit
+from bench.brokers import Gatewayd, machine_busy_seconds, use_gatewayd_commit
+from bench.procstat import CLK_TCK
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 FD_LIMIT_MARGIN = 500  # descriptors a process keeps for itself (logs, pipes, the store)

@@ -38,7 +38,7 @@ import time
 from array import array
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
-from typing import Any
+from typing import Any, cast
 
 from bench.brokers import Broker, machine_busy_seconds, mqtt_ping
 from bench.loadgen import PubSpec, Shared, SubSpec, WorkerSpec, worker_main
@@ -198,10 +198,11 @@ class _Workers:
             if left <= 0:
                 break
             pending = [p for i, p in enumerate(self.pipes) if i not in out]
-            for p in wait(pending, timeout=left):
-                i = self.pipes.index(p)  # type: ignore[arg-type]
+            for ready in wait(pending, timeout=left):
+                p = cast(Connection, ready)
+                i = self.pipes.index(p)
                 try:
-                    msg = p.recv()  # type: ignore[union-attr]
+                    msg: tuple[str, dict[str, Any]] = p.recv()
                 except (EOFError, OSError):
                     out[i] = {"error": "worker exited"}
                     continue

@@ -106,19 +106,19 @@ class NotifySocket:
         self.sock.settimeout(0.5)
         self.messages: list[str] = []
         self.changed = threading.Condition()
-        self.running = True
+        self.stopping = threading.Event()  # (an Event: set by another thread)
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
-        while self.running:
+        while not self.stopping.is_set():
             try:
                 data = self.sock.recv(4096)
             except TimeoutError:
                 continue
             except OSError:
                 return
-            if not data and not self.running:
+            if not data and self.stopping.is_set():
                 return
             with self.changed:
                 self.messages.append(data.decode(errors="replace"))
@@ -137,7 +137,7 @@ class NotifySocket:
             )
 
     def close(self) -> None:
-        self.running = False
+        self.stopping.set()
         with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
             s.sendto(b"", "\0" + self.name[1:])  # wakes the thread's recv at once
         self.thread.join(2)
