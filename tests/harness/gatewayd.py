@@ -40,11 +40,22 @@ STOP_TIMEOUT = 30.0
 POLL = 0.05  # seconds between two looks at a condition of another process
 
 
+_handed_out: set[int] = set()  # ports free_port returned in this process
+
+
 def free_port(kind: int = socket.SOCK_STREAM) -> int:
-    """A port free on the loopback now (TCP by default, ``SOCK_DGRAM`` for UDP)."""
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
+    """A port free on the loopback now (TCP by default, ``SOCK_DGRAM`` for UDP), and
+    never one this process was given before: the kernel may offer a port again once its
+    probe socket is closed, and two ports of one test (an MQTT listener and the API)
+    then collided."""
+    for _ in range(1000):
+        with socket.socket(socket.AF_INET, kind) as s:
+            s.bind((HOST, 0))
+            port = int(s.getsockname()[1])
+        if port not in _handed_out:
+            break
+    _handed_out.add(port)
+    return port
 
 
 def free_port_run(n: int) -> int:
