@@ -255,6 +255,10 @@ class EffectLoop:
     def _writable(self) -> bool:
         return True
 
+    def _flush(self) -> None:
+        """Write what was gathered for the end of the loop turn now (a shell that
+        gathers nothing has nothing to do)."""
+
     def _pause_reading(self, seconds: float) -> None:
         """Read nothing from the peer for ``seconds`` (a Pause effect: a rate limit).
         A shell that cannot (a datagram socket shared by many peers) ignores it."""
@@ -314,13 +318,16 @@ class EffectLoop:
 
     # -- input -----------------------------------------------------------------------
 
-    def _input(self, handle: Callable[[bytes], list[Effect]], data: bytes) -> None:
+    def _input(
+        self, handle: Callable[[bytes], list[Effect]], data: bytes
+    ) -> dict[EffectLoop, list[Delivery]]:
         """Run ``handle(data)`` (the channel's input entry point) and carry out its
         effects. Deliveries the core pushes to this connection meanwhile (the window a
         PUBACK frees, a SUBACK's retained messages, a self-subscribed publish) go to the
         channel afterwards as one batch, so they need not wait behind the input's own
         held effects when they are QoS 0/1 and nothing else of ours is held. Without a
-        gate (nothing is ever held) the channel appends them to the input's effects."""
+        gate (nothing is ever held) the channel appends them to the input's effects.
+        Returns what the input delivered to other connections, by connection."""
         state = _input
         outer, outer_deferred, outer_others = state.owner, state.deferred, state.others
         state.owner = self
@@ -337,6 +344,7 @@ class EffectLoop:
         self._run(effects)
         if deferred:
             self.deliver(deferred)
+        return others
 
     # -- effects -------------------------------------------------------------------
 

@@ -43,6 +43,10 @@ from protocols.rare import Rare
 log = logging.getLogger("gateway.net")
 
 LINGER = 5.0  # seconds to wait for the peer to close after our FIN
+# An input of at most this many bytes (a few small packets: a lightly loaded publisher)
+# has the deliveries it made written at its end instead of the loop turn's.
+SMALL_INPUT = 512
+SMALL_FANOUT = 2  # ... when they went to at most this many connections
 
 # The shell whose data_received is running (the loop is one thread): what its own input
 # writes to it is flushed when that input ends, with no call_soon of its own.
@@ -273,10 +277,16 @@ class StreamShell(EffectLoop, asyncio.Protocol):
         channel = self.channel
         if channel is not None and not self.closed:
             _reading = self
+            others: dict[EffectLoop, list[Delivery]] = {}
             try:
-                self._input(channel.handle_data, data)
+                others = self._input(channel.handle_data, data)
             finally:
                 _reading = None
+                if others and len(data) <= SMALL_INPUT and len(others) <= SMALL_FANOUT:
+                    # a lightly loaded connection: what its input delivered leaves now,
+                    # not after every other connection ready in this turn is handled
+                    for shell in others:
+                        shell._flush()
                 if self.wbuf is not None:
                     # This connection's own answers (its PUBACKs, the deliveries its
                     # acks freed) leave now, not after every other connection ready in

@@ -8,7 +8,13 @@ from typing import Any
 
 import pytest
 
-from gateway.net.stream import ListenerLimits, StreamShell, StreamSite
+from gateway.net.stream import (
+    SMALL_FANOUT,
+    SMALL_INPUT,
+    ListenerLimits,
+    StreamShell,
+    StreamSite,
+)
 from protocols.context import Delivery, Message
 from protocols.effects import Effect, Pause
 
@@ -312,6 +318,44 @@ def test_deliveries_to_others_during_an_input_are_handed_over_once_it_ends() -> 
     assert a_transport.written == [b"123"]
     a.deliver(d(b"4"))  # outside any input: at once, as before
     assert a_channel.deliver_calls[-1] == [b"4"]
+
+
+def test_a_small_input_sends_what_it_delivered_at_its_end() -> None:
+    """A lightly loaded publisher (an input of a few packets, reaching one or two
+    connections) has its deliveries written when its input ends, before its own
+    acknowledgement, instead of at the end of the loop turn; a large input, or one that
+    reached more connections, leaves them for the turn's end (one write per connection
+    for all the turn's input)."""
+    pub, pub_t, _, pub_channel = make_shell()
+    subs = [make_shell() for _ in range(3)]
+    order: list[str] = []
+    for name, (_, t, _, _) in zip(("a", "b", "c"), subs, strict=True):
+        t.write = lambda data, t=t, name=name: (order.append(name), t.written.append(data))  # type: ignore[method-assign]
+    pub_t.write = lambda data: (order.append("pub"), pub_t.written.append(data))  # type: ignore[method-assign]
+    targets: list[StreamShell] = []
+
+    def read(data: bytes) -> list[Effect]:
+        for shell in targets:
+            shell.deliver([Delivery(Message("t", data[:1]), 0, False)])
+        return [b"ack"]
+
+    pub_channel.handle_data = read  # type: ignore[method-assign]
+    (a, a_t, a_loop, _), (b, b_t, _, _), (c, c_t, _, _) = subs
+    targets[:] = [a]
+    pub.data_received(b"1")
+    assert a_t.written == [b"1"] and order == ["a", "pub"]  # before the turn ends
+    order.clear()
+    pub.data_received(b"2" * (SMALL_INPUT + 1))  # a large input: at the turn's end
+    assert a_t.written == [b"1"] and order == ["pub"]
+    a_loop.run_ready()
+    assert a_t.written == [b"1", b"2"]
+    assert SMALL_FANOUT < 3
+    targets[:] = [a, b, c]  # more connections than SMALL_FANOUT: at the turn's end
+    pub.data_received(b"3")
+    assert a_t.written == [b"1", b"2"] and b_t.written == c_t.written == []
+    for _, _, loop, _ in subs:
+        loop.run_ready()
+    assert a_t.written[-1] == b_t.written[-1] == c_t.written[-1] == b"3"
 
 
 # -- slow readers ------------------------------------------------------------------------
