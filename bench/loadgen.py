@@ -530,7 +530,8 @@ def _coalesce_reads(ws: WorkerSpec, subs: list[tuple[SubSpec, Client]]) -> list[
     """Set SO_RCVLOWAT on the QoS 0 throughput subscribers: the kernel wakes the load
     generator for a read only once ``ws.rcvlowat`` bytes wait. A broker that writes each
     delivery in its own send() otherwise costs the load generator one read (a Python
-    callback) per 2-3 messages, and it, not the broker, becomes the bottleneck. QoS 1
+    callback) per 2-3 messages: a check of whether that, not the broker, sets the figure
+    (bench/README.md; off by default, it raises the broker's own cost). QoS 1
     subscribers are left alone: the broker's inflight window (20 in mosquitto) may hold
     less than the mark. Returns the sockets set."""
     if not ws.rcvlowat:
