@@ -25,7 +25,7 @@ Invariants:
   handled are gathered per connection and handed over when that input's handling
   ends (in the order pushed): a read of 32 PUBLISHes for 16 subscribers makes 16
   deliver calls of 32, not 512 of one. They reach the wire no later than before (a
-  stream shell writes once per loop turn anyway).
+  stream shell writes them at the end of the loop turn, or of a small input).
 - After a Close effect no further effect is carried out (``closed`` is set first).
 """
 
