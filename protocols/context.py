@@ -208,6 +208,12 @@ class ConnectResult:
     session: SessionAPI | None = None
     session_present: bool = False
     session_expiry_interval: int = 0
+    # The CONNACK may leave before the store commits what this connect wrote: losing
+    # those writes in a crash leaves no session, or the session as it was, which the
+    # client learns from session present at its next connect (MQTT tells it what to do).
+    # False when the connect discarded a session (clean start) or moved one in from
+    # another node: that must be on disk before the client is told.
+    connack_early: bool = False
 
 
 PUBLISH_REFUSED = -1

@@ -39,4 +39,17 @@ class Pause:
     seconds: float
 
 
-Effect = bytes | SetTimer | CancelTimer | Close | Pause
+@dataclass(frozen=True, slots=True)
+class Unheld:
+    """The ``count`` effects after this one acknowledge nothing the node's store is
+    still writing: a shell whose store has writes to commit may carry them out at once
+    instead of holding them for the commit, if nothing of the connection is held yet.
+    Only the first effect of a list counts as one; elsewhere, or without a store, it
+    means nothing. The MQTT channel puts one before a CONNACK whose session's loss in a
+    crash would show the client only what MQTT already tells it to handle (session
+    present 0 at its next connect), see ``ConnectResult.connack_early``."""
+
+    count: int
+
+
+Effect = bytes | SetTimer | CancelTimer | Close | Pause | Unheld

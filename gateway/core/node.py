@@ -245,6 +245,8 @@ class Node:
             self.hooks.run("client.connect", client)
         existing = self.sessions.get(cid)
         present = False
+        # see ConnectResult.connack_early: not after a discard or a move from elsewhere
+        early = self.cluster is None and not (clean_start and existing is not None)
         if existing is None and self.cluster is not None:
             # a session of this client id on another node moves here (or ends there)
             present = bool(self.cluster.takeover(client, clean_start))
@@ -293,7 +295,7 @@ class Node:
         self._counters["client.connected"] += 1
         if "client.connected" in active:
             self.hooks.run("client.connected", client)
-        return ConnectResult(0, existing, present, expiry_interval)
+        return ConnectResult(0, existing, present, expiry_interval, early)
 
     def _new_session(self, cid: str, receive_maximum: int) -> Session:
         return Session(cid, receive_maximum=receive_maximum, config=self._session_config)

@@ -21,6 +21,13 @@ Invariants:
   acknowledged, sends it again), which QoS 1 allows; the subscriber's PUBACK may then
   cancel the row before it is ever written. QoS 2 deliveries wait: a duplicate would
   break exactly-once.
+- The other exception: effects a channel marks :class:`~protocols.effects.Unheld`
+  (the first effect of a list, counting those after it) leave at once when nothing of
+  the connection is held. The MQTT channel marks a CONNACK (and its timers) that
+  acknowledges nothing the store must keep first: a new session, or one resumed, whose
+  loss in a crash the client sees as session present 0 at its next connect. A CONNACK
+  after a clean start discarded a session, or on a node of a cluster, waits, as does
+  whatever follows the marked effects (a SUBACK of the same read).
 - Deliveries the core pushes to *other* connections while one connection's input is
   handled are gathered per connection and handed over when that input's handling
   ends (in the order pushed): a read of 32 PUBLISHes for 16 subscribers makes 16
@@ -38,7 +45,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar, Protocol
 
 from protocols.context import Delivery
-from protocols.effects import CancelTimer, Close, Effect, Pause, SetTimer
+from protocols.effects import CancelTimer, Close, Effect, Pause, SetTimer, Unheld
 from protocols.rare import Rare
 
 log = logging.getLogger("gateway.net")
@@ -428,6 +435,13 @@ class EffectLoop:
             return
         gate = self.site.gate
         if gate is not None and (self.held or gate.dirty):
+            first = effects[0]
+            if type(first) is Unheld and not self.held:  # e.g. a CONNACK: out now
+                n = first.count + 1
+                self._execute(effects[1:n])
+                effects = effects[n:]
+                if not effects or self.closed:
+                    return
             # One commit callback per hold: these effects may depend on writes added
             # since an earlier hold registered its callback, so they wait for a callback
             # registered now. Callbacks run in registration order; each releases what

@@ -202,7 +202,9 @@ class StreamShell(EffectLoop, asyncio.Protocol):
             return
         site.limits.current += 1
         self.channel = channel = site.factory(self, peer_t)
-        self._run(channel.connection_made())
+        # no input answered yet, so nothing here waits for the store (MQTT: the idle
+        # timer, which would otherwise hold the CONNACK behind a commit, see Unheld)
+        self._execute(channel.connection_made())
 
     def sockname(self) -> str | None:
         """The local address of the connection, ``host:port`` (None once closed)."""

@@ -46,7 +46,7 @@ from websockets.typing import Origin, Subprotocol
 
 from gateway.net.stream import StreamChannel
 from protocols.context import ConnectionHandle, Delivery
-from protocols.effects import CancelTimer, Close, Effect, SetTimer
+from protocols.effects import CancelTimer, Close, Effect, SetTimer, Unheld
 
 log = logging.getLogger("gateway.net.websocket")
 # the websockets library logs every opened connection at INFO: keep that at DEBUG level
@@ -248,6 +248,8 @@ class WebSocketChannel:
                 if ws.state is State.OPEN:  # else the client closed: nothing goes out
                     ws.send_binary(e)
                     self._drain(out)
+            elif type(e) is Unheld:
+                continue  # it counts the inner writes, not the frames: hold them all
             elif isinstance(e, Close):
                 if ws.state is State.OPEN:
                     ws.send_close(1000)

@@ -54,7 +54,7 @@ from protocols.context import (
     SubOptions,
     subscribe_refused,
 )
-from protocols.effects import CancelTimer, Close, Effect, Pause, SetTimer
+from protocols.effects import CancelTimer, Close, Effect, Pause, SetTimer, Unheld
 from protocols.mqtt.codec import (
     encode,
     encode_publish,
@@ -900,6 +900,7 @@ class MqttChannel:
             self._refuse(result.reason_code or RC.UNSPECIFIED_ERROR, "session refused")
             return
         self.session = result.session
+        start = len(self._out)
         if v == MQTT_5:
             ack_props = Properties(
                 session_expiry_interval=(
@@ -931,6 +932,8 @@ class MqttChannel:
         self._out.append(_CANCEL_IDLE)
         if keepalive:
             self._out.append(_timer("keepalive", keepalive * s.keepalive_multiplier))
+        if result.connack_early:  # the CONNACK and its timers need not wait for the store
+            self._out.insert(start, Unheld(len(self._out) - start))
         if self._held:
             held, self._held = self._held, None
             self._send_deliveries(held)

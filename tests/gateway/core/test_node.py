@@ -174,6 +174,31 @@ def test_clean_start_discards_session(node: Node) -> None:
     assert node.publish(a, msg("t")) == 0
 
 
+def test_connack_may_go_early_unless_a_session_was_discarded_or_clustered(node: Node) -> None:
+    def early(cid: str, *, clean: bool) -> bool:
+        info = ClientInfo(client_id=cid, proto_ver=5)
+        r = node.open_session(info, FakeHandle(), clean_start=clean, expiry_interval=100,
+                              receive_maximum=10, will=None, will_delay=0)
+        assert r.session is not None
+        node.close(info, node.sessions[cid].handle, send_will=False)  # type: ignore[arg-type]
+        return r.connack_early
+
+    assert early("a", clean=False)  # new: lost in a crash = no session, what it was told
+    assert early("a", clean=False)  # resumed: lost = the session as it was
+    assert early("b", clean=True)  # a clean start with nothing to discard
+    assert not early("a", clean=True)  # discarded a session: that must be on disk first
+
+    class Cluster:  # no session elsewhere, but one may move in from another node
+        def takeover(self, client: ClientInfo, clean_start: bool) -> bool:
+            return False
+
+        def session_ended(self, *args: object) -> None:
+            pass
+
+    node.cluster = Cluster()
+    assert not early("c", clean=False)
+
+
 def test_takeover_kicks_old_connection_and_keeps_session(node: Node) -> None:
     a, ha, _ = connect(node, "a", clean=False, expiry=100)
     node.subscribe(a, "t", SubOptions(qos=1))

@@ -9,11 +9,22 @@ did: a client got PUBACKs for messages not yet on disk, lost by a kill -9)."""
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from collections.abc import Callable
+from pathlib import Path
 
+from gateway.core.clock import VirtualScheduler
 from gateway.net.shell import EffectLoop, Site
+from gateway.net.stream import ListenerLimits, StreamShell, start_stream_listener
+from gateway.store.writer import Task
 from protocols.context import Delivery, Message
-from protocols.effects import Effect
+from protocols.effects import Effect, Unheld
+from protocols.mqtt.channel import MqttChannel
+from protocols.mqtt.encoder import encode
+from protocols.mqtt.packets import Connect, Subscribe, Subscription
+from protocols.mqtt.settings import MqttSettings
+from tests.gateway.store.test_sessions import make_node
 
 
 class TwoPhaseCommitter:
@@ -201,3 +212,74 @@ def test_a_qos2_delivery_pushed_during_input_waits_for_the_commit() -> None:
     gate.flush()
     gate.complete()
     assert loop.written == [b"next"]
+
+
+def test_unheld_effects_leave_before_the_commit_and_what_follows_them_waits() -> None:
+    gate = TwoPhaseCommitter()
+    loop = Recorder(gate)
+    gate.add("another connection's row")
+    loop.run(Unheld(1), b"connack", b"suback")  # a CONNECT and a SUBSCRIBE in one read
+    assert loop.written == [b"connack"]
+    gate.flush()
+    gate.complete()
+    assert loop.written == [b"connack", b"suback"]
+
+
+def test_unheld_effects_keep_their_place_behind_held_output() -> None:
+    gate = TwoPhaseCommitter()
+    loop = Recorder(gate)
+    gate.add("w")
+    loop.run(b"puback")
+    loop.run(Unheld(1), b"late")  # nothing overtakes what is held
+    loop.run(b"x", Unheld(1), b"y")  # a marker that is not first means nothing
+    assert loop.written == []
+    gate.flush()
+    gate.complete()
+    assert loop.written == [b"puback", b"late", b"x", b"y"]
+    loop.run(Unheld(1), b"clean")  # a clean store: everything goes, the marker skipped
+    assert loop.written[-1] == b"clean"
+
+
+def test_a_connack_leaves_while_the_store_commits_and_a_suback_waits(tmp_path: Path) -> None:
+    """Real sockets, a real store: with the writer thread busy (a commit under way), a
+    client's persistent CONNECT is answered at once; its SUBSCRIBE's SUBACK waits for
+    the commit that holds the subscription."""
+
+    async def main() -> None:
+        node, committer = make_node(tmp_path / "n.db", VirtualScheduler())
+        subscribed = asyncio.Event()
+        node.hooks.add("session.subscribed", lambda *args: subscribed.set())
+        shells: list[StreamShell] = []
+
+        def factory(shell: StreamShell, peer: tuple[str, int] | None) -> MqttChannel:
+            shells.append(shell)
+            return MqttChannel(node, MqttSettings(), shell, peer=peer, monotonic=time.monotonic)
+
+        server = await start_stream_listener(
+            "127.0.0.1:0", ListenerLimits("tcp:t"), factory, committer, transport="lean")
+        port = server.sockets[0].getsockname()[1]
+        writer_busy = threading.Event()
+        committer.submit(Task(lambda conn: writer_busy.wait(30)))
+        committer.add("CREATE TABLE IF NOT EXISTS t_busy (x)")  # dirty until it commits
+        await asyncio.sleep(0)  # the group commit hands it to the (busy) writer
+        assert committer.dirty
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            writer.write(encode(Connect("c", clean_start=False), 4))
+            assert await asyncio.wait_for(reader.readexactly(4), 10) == b"\x20\x02\x00\x00"
+            assert committer.dirty  # the session's row is not on disk yet
+            writer.write(encode(Subscribe(1, (Subscription("t", 1),)), 4))
+            await asyncio.wait_for(subscribed.wait(), 10)
+            assert shells[0].held  # the SUBACK, held for the commit
+            writer_busy.set()
+            suback = await asyncio.wait_for(reader.readexactly(5), 10)
+            assert suback[0] == 0x90 and suback[-1] == 1
+            assert not committer.dirty
+        finally:
+            writer_busy.set()
+            writer.close()
+            server.close()
+            await server.wait_closed()
+            committer.close()
+
+    asyncio.run(main())
