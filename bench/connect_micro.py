@@ -13,9 +13,11 @@ loop turn, and so on. The figure is this process's CPU time per connect (the loo
 and, for persistent sessions, the store's writer thread), after 2,000 connects of
 warm-up; with ``--profile`` cProfile's top functions follow (their times are inflated,
 their call counts exact). The garbage collector's share is printed too (per
-generation); ``--freeze`` freezes the start-up objects first, as ``gatewayd`` does once
-it serves. Run it pinned (``taskset -c 0``) and repeat: it measures the Python side of a
-connect, which ``bench.run``'s connrate scenarios add the kernel's and uvloop's work to.
+generation), with the longest full collection; ``--freeze`` installs the collector
+policy ``gatewayd`` runs with once it serves (:mod:`gateway.gcpolicy`: the start-up
+objects, and the survivors of every full collection, frozen). Run it pinned
+(``taskset -c 0``) and repeat: it measures the Python side of a connect, which
+``bench.run``'s connrate scenarios add the kernel's and uvloop's work to.
 """
 
 from __future__ import annotations
@@ -80,12 +82,14 @@ async def measure(conf: Path, clean: bool, count: int, profile: bool, freeze: bo
     from gateway.app import Gateway
     from gateway.config.loader import load_config
     from gateway.frontends import FRONTENDS
+    from gateway.gcpolicy import GcPolicy
     from gateway.net.stream import StreamShell, StreamSite
 
     gateway = Gateway(load_config(conf))
     await gateway.start()
-    if freeze:
-        gc.freeze()
+    policy = GcPolicy(asyncio.get_running_loop()) if freeze else None
+    if policy is not None:
+        policy.install()
     assert gateway.assembly is not None
     frontend = next(f for f in FRONTENDS if f.protocol == "mqtt" and f.transport == "stream")
     spec = frontend.listeners(gateway.config)[0]
@@ -99,6 +103,7 @@ async def measure(conf: Path, clean: bool, count: int, profile: bool, freeze: bo
     packets = [wire.connect(f"m{i}", 60, clean) for i in range(count)]
     collections = {g: [0, 0.0] for g in range(3)}
     started = [0.0]
+    longest = [0.0]  # seconds
 
     def on_gc(phase: str, info: dict[str, int]) -> None:
         if phase == "start":
@@ -106,7 +111,10 @@ async def measure(conf: Path, clean: bool, count: int, profile: bool, freeze: bo
         else:
             c = collections[info["generation"]]
             c[0] += 1
-            c[1] += time.perf_counter() - started[0]
+            took = time.perf_counter() - started[0]
+            c[1] += took
+            if info["generation"] == 2:
+                longest[0] = max(longest[0], took)
 
     async def run(lo: int, hi: int) -> None:
         for first in range(lo, hi, 50):
@@ -140,8 +148,11 @@ async def measure(conf: Path, clean: bool, count: int, profile: bool, freeze: bo
         f"connect ({1e6 * (loop1 - loop0) / n:.1f} on the loop thread), {n} connects"
     )
     print("garbage collections (count, µs per connect): " + ", ".join(
-        f"gen{g} {c[0]} {1e6 * c[1] / n:.2f}" for g, c in collections.items()))
+        f"gen{g} {c[0]} {1e6 * c[1] / n:.2f}" for g, c in collections.items())
+        + f"; longest full collection {1e3 * longest[0]:.1f} ms")
     await gateway.stop()
+    if policy is not None:
+        policy.close()
     if profiler is not None:
         pstats.Stats(profiler).sort_stats("tottime").print_stats(35)
 
@@ -155,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("sessions", choices=["clean", "persistent"])
     ap.add_argument("count", type=int, nargs="?", default=22000, help="connects (> 100)")
     ap.add_argument("--profile", action="store_true", help="cProfile the measured part")
-    ap.add_argument("--freeze", action="store_true", help="gc.freeze() after start-up")
+    ap.add_argument("--freeze", action="store_true",
+                    help="gatewayd's collector policy (gateway.gcpolicy)")
     args = ap.parse_args(argv)
     if args.count <= 100:
         ap.error("count must be more than 100")

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import gc
 import logging
 import signal
 import sqlite3
@@ -42,6 +41,7 @@ from gateway.ext.service import Extensions, start_extensions
 from gateway.fleet.archiver import Archiver, settings_from_config
 from gateway.frontends import FRONTENDS, Assembly
 from gateway.frontends.listen import open_listener
+from gateway.gcpolicy import GcPolicy
 from gateway.net.datagram import DatagramShell
 from gateway.net.dtls import DtlsServer
 from gateway.net.lean import LeanServer
@@ -446,10 +446,10 @@ async def serve(config: GatewayConfig, worker: int | None = None) -> int:
         loop.add_signal_handler(sig, stop.set)
     loop.add_signal_handler(signal.SIGHUP, gateway.reload)
     log.info("gatewayd %s started", config.node.name)
-    # What start-up made (modules, configuration, schemas: ~100k objects) lives as long as
-    # the process: kept out of the full garbage collections from here on (a reconnect
-    # storm of persistent sessions triggers several, and each walked all of it)
-    gc.freeze()
+    # What start-up made lives as long as the process, and so do most objects that
+    # survive a full collection: kept out of the next ones (gateway.gcpolicy)
+    gc_policy = GcPolicy(loop)
+    gc_policy.install()
     admin = gateway.admin
     systemd = SystemdIntegration(admin.status_line if admin is not None else lambda: "running")
     systemd.ready()  # READY=1 now that every listener is open; watchdog pings from here
@@ -457,7 +457,7 @@ async def serve(config: GatewayConfig, worker: int | None = None) -> int:
     log.info("stopping")
     systemd.stopping()
     await gateway.stop()
-    gc.unfreeze()  # finalized at exit as before (the store's last checkpoint)
+    gc_policy.close()  # thawed: finalized at exit as before (the store's last checkpoint)
     return 0
 
 
