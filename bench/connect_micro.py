@@ -87,7 +87,7 @@ async def measure(conf: Path, clean: bool, count: int, profile: bool, freeze: bo
 
     gateway = Gateway(load_config(conf))
     await gateway.start()
-    policy = GcPolicy(asyncio.get_running_loop()) if freeze else None
+    policy = GcPolicy() if freeze else None
     if policy is not None:
         policy.install()
     assert gateway.assembly is not None

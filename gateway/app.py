@@ -448,7 +448,7 @@ async def serve(config: GatewayConfig, worker: int | None = None) -> int:
     log.info("gatewayd %s started", config.node.name)
     # What start-up made lives as long as the process, and so do most objects that
     # survive a full collection: kept out of the next ones (gateway.gcpolicy)
-    gc_policy = GcPolicy(loop)
+    gc_policy = GcPolicy()
     gc_policy.install()
     admin = gateway.admin
     systemd = SystemdIntegration(admin.status_line if admin is not None else lambda: "running")

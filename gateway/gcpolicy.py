@@ -1,80 +1,68 @@
 """The garbage collector's policy in a running gatewayd: what survives a full collection
-is frozen, and everything is thawed and collected again every ``THAW_EVERY`` seconds.
+is frozen, and a full collection walks everything again at most every ``THAW_EVERY``
+seconds.
 
 Why. A broker's long-lived objects grow with its fleet: persistent sessions, their
 queued messages, retained messages, routes. CPython's full (generation 2) collection
 walks every tracked object, and it runs whenever the objects that reached generation 2
 since the last one pass a quarter of those it kept: during a reconnect storm of new
 persistent sessions, again and again, each time over all of them. In-process
-(``bench.connect_micro persistent 30000``) the full collections cost 18.8 µs of a
-57.6 µs connect, each one a pause of about 80 ms at 28,000 sessions. With this policy:
-2.3 of 39.6 (bench/README.md, "The garbage collector's full collections").
+(``bench.connect_micro persistent 30000 --freeze``, start-up objects frozen) the full
+collections cost 10.3-15.3 µs of a 48-53 µs connect, about 70 ms each at 28,000
+sessions; with this policy 2.0-2.5 µs of 38-40, the longest 15-27 ms (bench/README.md,
+"CONNACKs that need not wait, a garbage-collector policy, ...").
 
 Invariants:
-- After every full collection the survivors are frozen (``gc.freeze``): later
-  collections, full ones included, walk only objects made since. Collections run as
-  often as before (CPython counts what reaches generation 2, frozen or not).
-- Reference counting frees a frozen object as soon as its last reference goes; only
-  garbage *cycles* among frozen objects wait for the next thaw, at most
-  ``THAW_EVERY`` seconds (a bounded delay, never a leak).
-- A thaw unfreezes everything and runs one full collection (one long pause per
-  ``THAW_EVERY``), whose survivors are frozen again.
+- After every full collection the survivors are frozen (``gc.freeze``): the next full
+  collections walk only objects that reached generation 2 since. (CPython then sizes
+  its trigger by those: more full collections, each short.)
+- A full collection that starts ``THAW_EVERY`` seconds or more after the last one that
+  walked everything walks everything (``gc.unfreeze`` first), so a garbage *cycle*
+  among frozen objects waits at most for that one. Reference counting frees every
+  other frozen object as soon as its last reference goes. No collection is added: a
+  node where nothing reaches generation 2 has none, as without the policy.
 - ``close`` removes the policy and thaws (the process's exit finalizes as usual).
 """
 
 from __future__ import annotations
 
-import asyncio
 import gc
-import logging
 import time
 from typing import Any
 
-log = logging.getLogger("gateway.gc")
-
-THAW_EVERY = 600.0  # seconds between full collections of everything
+THAW_EVERY = 600.0  # seconds: the least time between full collections of everything
 
 
 class GcPolicy:
-    """Installed on the running loop by :func:`gateway.app.serve`."""
+    """Installed by :func:`gateway.app.serve` once the node serves."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, thaw_every: float = THAW_EVERY) -> None:
-        self.loop = loop
+    def __init__(self, thaw_every: float = THAW_EVERY) -> None:
         self.thaw_every = thaw_every
-        self.timer: asyncio.TimerHandle | None = None
         self.full = 0  # full collections seen
-        self.longest = 0.0  # seconds, the longest full collection seen
+        self.thaws = 0  # of which walked everything
+        self.longest = 0.0  # seconds, the longest full collection
+        self._thawed_at = 0.0
         self._started = 0.0
 
     def install(self) -> None:
         gc.freeze()  # what start-up made (modules, configuration: ~100k objects)
+        self._thawed_at = time.monotonic()
         gc.callbacks.append(self._on_gc)
-        self.timer = self.loop.call_later(self.thaw_every, self._thaw_timer)
 
     def close(self) -> None:
         if self._on_gc in gc.callbacks:
             gc.callbacks.remove(self._on_gc)
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
         gc.unfreeze()
-
-    def thaw(self) -> None:
-        """Collect everything once (cycles among frozen objects included); the survivors
-        are frozen again."""
-        frozen = gc.get_freeze_count()
-        gc.unfreeze()
-        found = gc.collect()
-        log.debug("thawed %d frozen objects: %d unreachable found", frozen, found)
-
-    def _thaw_timer(self) -> None:
-        self.thaw()
-        self.timer = self.loop.call_later(self.thaw_every, self._thaw_timer)
 
     def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
         if info["generation"] != 2:
             return
         if phase == "start":
+            now = time.monotonic()
+            if now - self._thawed_at >= self.thaw_every:
+                gc.unfreeze()  # into generation 2, which this collection walks
+                self._thawed_at = now
+                self.thaws += 1
             self._started = time.perf_counter()
             return
         self.full += 1

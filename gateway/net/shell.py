@@ -27,7 +27,9 @@ Invariants:
   acknowledges nothing the store must keep first: a new session, or one resumed, whose
   loss in a crash the client sees as session present 0 at its next connect. A CONNACK
   after a clean start discarded a session, or on a node of a cluster, waits, as does
-  whatever follows the marked effects (a SUBACK of the same read).
+  whatever follows the marked effects (a SUBACK of the same read). A stream
+  connection's first effects (``connection_made``: no input answered yet) are not
+  held either.
 - Deliveries the core pushes to *other* connections while one connection's input is
   handled are gathered per connection and handed over when that input's handling
   ends (in the order pushed): a read of 32 PUBLISHes for 16 subscribers makes 16
