@@ -22,6 +22,8 @@ Invariants:
   other frozen object as soon as its last reference goes. No collection is added: a
   node where nothing reaches generation 2 has none, as without the policy.
 - ``close`` removes the policy and thaws (the process's exit finalizes as usual).
+- ``ACTIVE`` is the installed policy (one per process), which the Prometheus exposition
+  reads (``gateway_gc_*``).
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from typing import Any
 
 THAW_EVERY = 600.0  # seconds: the least time between full collections of everything
 
+ACTIVE: GcPolicy | None = None
+
 
 class GcPolicy:
     """Installed by :func:`gateway.app.serve` once the node serves."""
@@ -41,18 +45,24 @@ class GcPolicy:
         self.full = 0  # full collections seen
         self.thaws = 0  # of which walked everything
         self.longest = 0.0  # seconds, the longest full collection
+        self.seconds = 0.0  # spent in full collections
         self._thawed_at = 0.0
         self._started = 0.0
 
     def install(self) -> None:
+        global ACTIVE
         gc.freeze()  # what start-up made (modules, configuration: ~100k objects)
         self._thawed_at = time.monotonic()
         gc.callbacks.append(self._on_gc)
+        ACTIVE = self
 
     def close(self) -> None:
+        global ACTIVE
         if self._on_gc in gc.callbacks:
             gc.callbacks.remove(self._on_gc)
         gc.unfreeze()
+        if ACTIVE is self:
+            ACTIVE = None
 
     def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
         if info["generation"] != 2:
@@ -65,6 +75,8 @@ class GcPolicy:
                 self.thaws += 1
             self._started = time.perf_counter()
             return
+        took = time.perf_counter() - self._started
         self.full += 1
-        self.longest = max(self.longest, time.perf_counter() - self._started)
+        self.seconds += took
+        self.longest = max(self.longest, took)
         gc.freeze()  # the survivors: every tracked object is in generation 2 now

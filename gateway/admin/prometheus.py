@@ -17,11 +17,16 @@ Read at scrape time from the core (no second set of counters on the hot path):
   ``gateway_messages_rate{counter}`` (per second, last sample), ``gateway_nofile_limit``
 - ``gateway_cluster_peer_up{peer}``, ``gateway_cluster_nodes_up``,
   ``gateway_cluster_nodes_total``
-- the standard ``process_*`` and ``python_*`` families.
+- the garbage collector (:mod:`gateway.gcpolicy`, while installed):
+  ``gateway_gc_frozen_objects``, ``gateway_gc_full_collections_total``,
+  ``gateway_gc_full_collections_complete_total`` (those that walked everything),
+  ``gateway_gc_full_collection_seconds_total`` and ``..._longest_seconds``
+- the standard ``process_*`` and ``python_*`` families (``python_gc_*`` included).
 """
 
 from __future__ import annotations
 
+import gc
 import re
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -29,12 +34,15 @@ from typing import Any
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
+    GCCollector,
     PlatformCollector,
     ProcessCollector,
     generate_latest,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from gateway import gcpolicy
 
 PREFIX = "gateway"
 BASELINE_COUNTERS = (
@@ -257,9 +265,33 @@ def make_registry(snapshot: Callable[[], dict[str, Any]]) -> CollectorRegistry:
     collectors, so several nodes in one test process do not collide."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(GatewayCollector(snapshot))
+    registry.register(GcPolicyCollector())
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
     return registry
+
+
+class GcPolicyCollector(Collector):
+    """What the garbage-collector policy saw (nothing while none is installed)."""
+
+    def collect(self) -> Iterator[Metric]:
+        policy = gcpolicy.ACTIVE
+        if policy is None:
+            return
+        yield GaugeMetricFamily(f"{PREFIX}_gc_frozen_objects",
+                                "Objects frozen out of the garbage collector's walks.",
+                                value=gc.get_freeze_count())
+        yield CounterMetricFamily(f"{PREFIX}_gc_full_collections",
+                                  "Full (generation 2) collections.", value=policy.full)
+        yield CounterMetricFamily(f"{PREFIX}_gc_full_collections_complete",
+                                  "Full collections that walked the frozen objects too.",
+                                  value=policy.thaws)
+        yield CounterMetricFamily(f"{PREFIX}_gc_full_collection_seconds",
+                                  "Time spent in full collections.", value=policy.seconds)
+        yield GaugeMetricFamily(f"{PREFIX}_gc_full_collection_longest_seconds",
+                                "The longest full collection (a pause of the event loop).",
+                                value=policy.longest)
 
 
 def exposition(registry: CollectorRegistry) -> bytes:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import weakref
 
+from gateway import gcpolicy
 from gateway.gcpolicy import GcPolicy
 
 
@@ -41,7 +42,9 @@ def test_survivors_of_a_full_collection_are_frozen_and_later_ones_skip_them() ->
         gc.collect()
         assert kept_ref() is None and policy.thaws == 1
         assert gc.get_freeze_count() > 0  # its survivors, frozen again
+        assert gcpolicy.ACTIVE is policy and policy.seconds >= policy.longest
     finally:
         policy.close()
     assert gc.get_freeze_count() == 0 and policy._on_gc not in gc.callbacks
+    assert gcpolicy.ACTIVE is None
 

@@ -45,6 +45,9 @@ def test_prometheus_counts_real_connections_and_messages(gatewayd: Gatewayd) -> 
         info = [k for k in after if k[0] == "gateway_info"]
         assert dict(info[0][1])["node"] == gatewayd.node_name
         assert ("process_open_fds", ()) in after
+        assert after[("gateway_gc_frozen_objects", ())] > 0  # gateway.gcpolicy runs
+        assert ("gateway_gc_full_collection_longest_seconds", ()) in after
+        assert ("python_gc_collections_total", (("generation", "2"),)) in after
         assert ("gateway_clients_connected", (("protocol", "mqtt"),)) in after
     # the alias under /api/v5 says the same, and is public too (metrics_auth = false)
     status, _, _ = gatewayd.http("GET", "/api/v5/prometheus/stats", auth=False)
