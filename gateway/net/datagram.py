@@ -152,7 +152,7 @@ class DatagramShell(asyncio.DatagramProtocol):
             log.exception("cannot make a channel for %s:%d", *addr)
             self._drop(peer)
             return None
-        peer._run(effects)
+        peer._execute(effects)  # no input answered yet: nothing here waits for the store
         return None if peer.closed else peer
 
     def forget(self, peer: DatagramPeer) -> None:

@@ -78,7 +78,7 @@ from gateway.net.tls import (
     load_key_pair,
 )
 from protocols.context import ClientInfo, ConnectionHandle, Delivery
-from protocols.effects import Close, Effect, SetTimer
+from protocols.effects import Close, Effect, SetTimer, Unheld
 from protocols.identity import BoundIdentity, IdentityRefused
 
 if TYPE_CHECKING:
@@ -662,7 +662,7 @@ class DtlsChannel:
             elif isinstance(e, Close):
                 out.extend(self._close(e.reason))
                 break
-            else:
+            elif type(e) is not Unheld:  # it counts records, not what they seal to
                 out.append(e)
         return out
 

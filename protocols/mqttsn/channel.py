@@ -61,7 +61,7 @@ from protocols.context import (
     SubOptions,
     subscribe_refused,
 )
-from protocols.effects import CancelTimer, Close, Effect, SetTimer
+from protocols.effects import CancelTimer, Close, Effect, SetTimer, Unheld
 from protocols.mqtt.topics import is_wildcard, validate_topic_filter
 from protocols.mqttsn.codec import Codec, LocalProtocolError, RemoteProtocolError, Role
 from protocols.mqttsn.packets import (
@@ -444,6 +444,7 @@ class MqttSnChannel(ChannelBase):
             self.topic_ids.clear()
             self.id_topics.clear()
             self._next_topic_id = s.first_topic_id
+        start = len(self._out)
         self._send(ConnAck(RC.ACCEPTED))
         self.context.connack(info, 0)
         self.state = State.ACTIVE
@@ -451,6 +452,8 @@ class MqttSnChannel(ChannelBase):
         self._out.append(CancelTimer("idle"))
         if p.duration:
             self._out.append(SetTimer("keepalive", p.duration * s.keepalive_multiplier))
+        if result.connack_early:  # the CONNACK and its timers need not wait for the store
+            self._out.insert(start, Unheld(len(self._out) - start))
         self._pump()  # anything the core pushed while the session opened
         result.session.resume()
 

@@ -14,6 +14,7 @@ from gateway.core.authz import Authorizer, Rule
 from gateway.core.clock import VirtualScheduler
 from gateway.core.deferred import Deferred
 from gateway.core.node import CoreSettings, Node
+from protocols.effects import Unheld
 from protocols.mqtt.packets import Publish as MqttPublish
 from protocols.mqtt.packets import SubAck as MqttSubAck
 from protocols.mqtt.packets import Subscribe as MqttSubscribe
@@ -130,6 +131,15 @@ def test_connect_and_disconnect(node: Node, clock: VirtualScheduler):
     w.send(Disconnect())
     assert w.take() == [Disconnect()]
     assert w.closed == "client disconnected" and "c1" not in node.sessions
+
+
+def test_a_connack_is_marked_to_leave_before_the_store_commits(
+    node: Node, clock: VirtualScheduler
+):
+    w = SnWire(node, clock)
+    effects = w.channel.handle_datagram(w.codec.encode(Connect("c1", duration=30)))
+    assert effects[0] == Unheld(3)  # the CONNACK, the idle timer's end, the keepalive
+    assert w.codec.decode(effects[1]) == ConnAck(0)  # type: ignore[arg-type]
 
 
 def test_bad_protocol_id_and_empty_client_id_refused(node: Node, clock: VirtualScheduler):
