@@ -25,8 +25,7 @@ Invariants:
   (the first effect of a list, counting those after it) leave at once when nothing of
   the connection is held. The MQTT channel marks a CONNACK (and its timers) that
   acknowledges nothing the store must keep first: a new session, or one resumed, whose
-  loss in a crash the client sees as session present 0 at its next connect; and the
-  close after a DISCONNECT that came alone (it answers nothing). A CONNACK
+  loss in a crash the client sees as session present 0 at its next connect. A CONNACK
   after a clean start discarded a session, or on a node of a cluster, waits, as does
   whatever follows the marked effects (a SUBACK of the same read). A stream
   connection's first effects (``connection_made``: no input answered yet) are not

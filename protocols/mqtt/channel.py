@@ -109,7 +109,6 @@ _INTS: dict[int, int] = {}
 # made per CONNECT (a fleet uses a handful of keepalives); bounded, in case it does not.
 _TIMERS: dict[tuple[str, float], SetTimer] = {}
 _CANCEL_IDLE = CancelTimer("idle")
-_UNHELD_ONE = Unheld(1)
 # a 3.1.1 / 3.1 CONNACK that accepts: its four bytes (session present or not)
 _CONNACK_V3 = (b"\x20\x02\x00\x00", b"\x20\x02\x01\x00")
 
@@ -1371,8 +1370,6 @@ class MqttChannel:
         self._notify_core_closed(
             send_will=p.reason_code == RC.DISCONNECT_WITH_WILL, expiry=expiry
         )
-        if not self._out:  # closing answers nothing: it need not wait for the store
-            self._out.append(_UNHELD_ONE)
         self._close("client disconnected")
 
 

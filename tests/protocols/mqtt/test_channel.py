@@ -14,7 +14,7 @@ from gateway.core.authz import Authorizer, Rule
 from gateway.core.clock import VirtualScheduler
 from gateway.core.node import CoreSettings, Node
 from protocols.context import Delivery
-from protocols.effects import CancelTimer, Close, Effect, SetTimer, Unheld
+from protocols.effects import CancelTimer, Close, Effect, SetTimer
 from protocols.mqtt.channel import MqttChannel, MqttSettings
 from protocols.mqtt.codec import encode
 from protocols.mqtt.connection import Connection, Role
@@ -123,23 +123,6 @@ def client(
     assert isinstance(ack, ConnAck)
     w.connack = ack  # type: ignore[attr-defined]
     return w
-
-
-def test_what_answers_nothing_is_marked_to_leave_before_the_store_commits(
-    node: Node, clock: VirtualScheduler
-) -> None:
-    """A CONNACK and the close after a lone DISCONNECT are marked ``Unheld`` (the shell
-    sends them without waiting for the store); a PUBACK before the close is not."""
-    w = Wire(node, clock, MqttSettings(), 4)
-    effects = w.channel.handle_data(w.client.send(Connect("c", clean_start=False)))
-    assert effects[0] == Unheld(3) and effects[1] == b"\x20\x02\x00\x00"
-    w._run(effects)
-    effects = w.channel.handle_data(w.client.send(Disconnect()))
-    assert effects == [Unheld(1), Close("client disconnected")]
-    w = client(node, clock, "c2", level=4)
-    data = w.client.send(Publish("t", b"x", qos=1, packet_id=1)) + w.client.send(Disconnect())
-    effects = w.channel.handle_data(data)
-    assert effects[0] == b"\x40\x02\x00\x01" and not any(type(e) is Unheld for e in effects)
 
 
 def test_connect_publish_subscribe_roundtrip(node: Node, clock: VirtualScheduler) -> None:
