@@ -14,7 +14,7 @@ from gateway.core.authz import Authorizer, Rule
 from gateway.core.clock import VirtualScheduler
 from gateway.core.node import CoreSettings, Node
 from protocols.context import Delivery
-from protocols.effects import CancelTimer, Close, Effect, SetTimer
+from protocols.effects import CancelTimer, Close, Effect, SetTimer, Unheld
 from protocols.mqtt.channel import MqttChannel, MqttSettings
 from protocols.mqtt.codec import encode
 from protocols.mqtt.connection import Connection, Role
@@ -123,6 +123,20 @@ def client(
     assert isinstance(ack, ConnAck)
     w.connack = ack  # type: ignore[attr-defined]
     return w
+
+
+def test_a_connack_is_marked_to_leave_before_the_store_commits(
+    node: Node, clock: VirtualScheduler
+) -> None:
+    """The CONNACK and its timers are marked ``Unheld`` (the shell sends them without
+    waiting for the store); a SUBACK in the same read is not."""
+    w = Wire(node, clock, MqttSettings(), 4)
+    data = w.client.send(Connect("c", clean_start=False))
+    data += w.client.send(Subscribe(1, (Subscription("t", qos=1),)))
+    effects = w.channel.handle_data(data)
+    assert effects[0] == Unheld(3)  # CONNACK, the idle timer's end, the keepalive
+    assert effects[1] == b"\x20\x02\x00\x00" and type(effects[2]) is CancelTimer
+    assert type(effects[3]) is SetTimer and effects[4][:1] == b"\x90"  # type: ignore[index]
 
 
 def test_connect_publish_subscribe_roundtrip(node: Node, clock: VirtualScheduler) -> None:
