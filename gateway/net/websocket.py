@@ -238,27 +238,40 @@ class WebSocketChannel:
 
     def frame(self, effects: list[Effect]) -> list[Effect]:
         """The inner channel's effects with its writes framed (one binary frame per
-        write) and its Close preceded by a close frame."""
+        write) and its Close preceded by a close frame. A leading ``Unheld`` is recounted
+        in the effects its inner effects became."""
         if self.closed or not effects:
             return []
         ws = self.ws
         out: list[Effect] = []
+        unheld = 0  # inner effects the leading Unheld still covers
+        first = effects[0]
+        if type(first) is Unheld:
+            out.append(first)
+            unheld = first.count
+            effects = effects[1:]
         for e in effects:
             if type(e) is bytes:
                 if ws.state is State.OPEN:  # else the client closed: nothing goes out
                     ws.send_binary(e)
                     self._drain(out)
             elif type(e) is Unheld:
-                continue  # it counts the inner writes, not the frames: hold them all
+                continue  # not leading: it means nothing
             elif isinstance(e, Close):
                 if ws.state is State.OPEN:
                     ws.send_close(1000)
                 self._drain(out)
                 self.closed = True
                 out.append(e)
+                if unheld:  # the close was among the covered effects
+                    out[0] = Unheld(len(out) - 1)
                 return out
             else:
                 out.append(e)
+            if unheld:
+                unheld -= 1
+                if not unheld:
+                    out[0] = Unheld(len(out) - 1)
         return out
 
     def _drain(self, out: list[Effect]) -> None:

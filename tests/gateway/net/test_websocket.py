@@ -22,7 +22,7 @@ from gateway.core.clock import VirtualScheduler
 from gateway.core.node import CoreSettings, Node
 from gateway.net.websocket import WebSocketChannel, WebSocketSettings, forwarded_peer
 from protocols.context import ConnectionHandle, Delivery
-from protocols.effects import CancelTimer, Close, Effect, SetTimer
+from protocols.effects import CancelTimer, Close, Effect, SetTimer, Unheld
 from protocols.mqtt.channel import MqttChannel, MqttSettings
 from protocols.mqtt.connection import Connection, Role
 from protocols.mqtt.packets import (
@@ -240,6 +240,23 @@ def test_packet_spanning_frames_and_packets_sharing_a_frame(
     w.send_client_data()
     got = w.take()
     assert len(got) == 1 and isinstance(got[0], Publish) and got[0].payload == b"y" * 300
+
+
+def test_an_unheld_connack_is_recounted_in_frames(node: Node, clock: VirtualScheduler):
+    w = WsWire(node, clock, subprotocols=["mqtt"])
+    w.handshake()
+    w.ws.send_binary(w.mqtt.send(Connect("c1", clean_start=False))
+                     + w.mqtt.send(Subscribe(1, (Subscription("t", 1),))))
+    data = b"".join(d for d in w.ws.data_to_send() if d)
+    effects = w.channel.handle_data(data)
+    assert type(effects[0]) is Unheld
+    n = effects[0].count
+    covered, rest = effects[1:n + 1], effects[n + 1:]
+    w._run(covered)
+    assert w.take() == [ConnAck(False, 0)]  # the CONNACK's frame, and its timers
+    assert [type(e) for e in covered if type(e) is not bytes] == [CancelTimer, SetTimer]
+    w._run(rest)
+    assert w.take() == [SubAck(1, (1,))]  # not covered: a shell holds it for the store
 
 
 def test_mqtt5_over_websocket(node: Node, clock: VirtualScheduler):
