@@ -276,11 +276,29 @@ def _client_tls() -> ssl.SSLContext:
     return _TLS[0]
 
 
+SOURCE_IP_EVERY = 2000  # connrate: connects from one source address before the next
+
+
+def source_ip(spec: WorkerSpec, nth: int) -> str:
+    """The source address of a worker's ``nth`` connect: ``spec.source_ip`` for the first
+    ``SOURCE_IP_EVERY``, then another one (second octet 2..251) per ``SOURCE_IP_EVERY``.
+    A client that closes first (MQTT's rule after DISCONNECT) keeps each port in
+    TIME_WAIT for a minute, and with tens of thousands of connects from one address the
+    kernel's search for a free port to bind took the load generator's whole core."""
+    block = nth // SOURCE_IP_EVERY
+    if not block:
+        return spec.source_ip
+    octets = spec.source_ip.split(".")
+    octets[1] = str(2 + (block - 1) % 250)
+    return ".".join(octets)
+
+
 async def open_client(
     loop: asyncio.AbstractEventLoop,
     spec: WorkerSpec,
     client_id: str,
     clean: bool = True,
+    nth: int = 0,
     **kwargs: Any,
 ) -> Client:
     _, client = await asyncio.wait_for(
@@ -288,7 +306,7 @@ async def open_client(
             lambda: Client(loop, **kwargs),
             spec.host,
             spec.port,
-            local_addr=(spec.source_ip, 0),
+            local_addr=(source_ip(spec, nth), 0),
             ssl=_client_tls() if spec.tls else None,
         ),
         CONNECT_TIMEOUT,
@@ -568,7 +586,7 @@ async def _connrate(pipe: Connection, ws: WorkerSpec) -> dict[str, Any]:
                 return
             cid = f"{ws.client_prefix}{i}"
             try:
-                c = await open_client(loop, ws, cid, ws.clean)
+                c = await open_client(loop, ws, cid, ws.clean, nth=i)
             except (TimeoutError, OSError, ConnectionError) as exc:
                 failed += 1
                 if len(errors) < 5:

@@ -443,6 +443,13 @@ def main(argv: list[str] | None = None) -> int:
         "per this many bytes, not per send() of the broker (default 0: off)",
     )
     ap.add_argument(
+        "--conn-count",
+        type=int,
+        metavar="N",
+        help="connects per connrate run (8,000; --quick 3,000); the run's time cap grows to "
+        "N / 2,000 seconds if that is longer. Persistent sessions stay: N of them at the end",
+    )
+    ap.add_argument(
         "--wait-quiet",
         type=float,
         default=0.0,
@@ -478,6 +485,11 @@ def main(argv: list[str] | None = None) -> int:
     ):
         if value is not None:
             setattr(params, attr, value)
+    if args.conn_count is not None:
+        if args.conn_count < 1:
+            ap.error("--conn-count must be at least 1")
+        params.conn_count = args.conn_count
+        params.conn_duration = max(params.conn_duration, args.conn_count / 2000)
     if params.idle_conns > 18000:
         # the broker holds one descriptor per connection; the process limit is 20,000
         ap.error("--idle-conns above 18000 would approach the process file limit")

@@ -74,3 +74,29 @@ def test_coalesced_reads_still_receive_the_tail(tmp_path: Path) -> None:
         d = r["details"]
         assert r["error"] is None and r["lost"] == 0, r
         assert d["expected"] > 0 and d["received"] == d["expected"], r
+
+
+def test_connrate_rotates_its_source_address_every_block_of_connects() -> None:
+    from bench.loadgen import SOURCE_IP_EVERY, WorkerSpec, source_ip
+
+    spec = WorkerSpec.__new__(WorkerSpec)
+    spec.source_ip = "127.1.7.1"
+    assert source_ip(spec, 0) == source_ip(spec, SOURCE_IP_EVERY - 1) == "127.1.7.1"
+    assert source_ip(spec, SOURCE_IP_EVERY) == "127.2.7.1"
+    assert source_ip(spec, 3 * SOURCE_IP_EVERY) == "127.4.7.1"
+    assert source_ip(spec, 251 * SOURCE_IP_EVERY) == "127.2.7.1"  # round again
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_conn_count_runs_that_many_connects(tmp_path: Path) -> None:
+    out = tmp_path / "results.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.run", "--tiny", "--brokers", "gatewayd",
+         "--scenarios", "connrate-persist-50", "--conn-count", "4500", "--json", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=110, check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (r,) = json.loads(out.read_text())["results"]
+    assert r["error"] is None and r["details"]["failed"] == 0, r
+    assert r["details"]["connects"] == 4500, r  # three source addresses' worth
