@@ -8,27 +8,29 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
 
+def tiny_run(tmp_path: Path, *args: str, timeout: float = 110) -> tuple[str, list[Any]]:
+    """``bench.run --tiny`` against gatewayd with ``args``: its output and results."""
+    out = tmp_path / "results.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.run", "--tiny", "--brokers", "gatewayd", *args,
+         "--json", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=timeout, check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout, json.loads(out.read_text())["results"]
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_tiny_run_against_gatewayd(tmp_path: Path) -> None:
-    out = tmp_path / "results.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench.run", "--tiny", "--brokers", "gatewayd", "--json", str(out)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=280,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    doc = json.loads(out.read_text())
-    results = doc["results"]
+    stdout, results = tiny_run(tmp_path, timeout=280)
     from bench.scenarios import SCENARIOS
 
     assert sorted(r["scenario"] for r in results) == sorted(SCENARIOS)
@@ -52,8 +54,8 @@ def test_tiny_run_against_gatewayd(tmp_path: Path) -> None:
             assert {"ListenOverflows", "ListenDrops", "TCPSynRetrans"} <= d.keys(), r
         if r["scenario"].startswith("latency"):
             assert d["p50_ms"] <= d["p99_ms"] <= d["p999_ms"] <= d["max_ms"], r
-    assert "| fanin-qos0" in proc.stdout  # the table was printed
-    assert "load average" in proc.stdout and "broker on CPU 0" in proc.stdout
+    assert "| fanin-qos0" in stdout  # the table was printed
+    assert "load average" in stdout and "broker on CPU 0" in stdout
 
 
 @pytest.mark.slow
@@ -61,14 +63,7 @@ def test_tiny_run_against_gatewayd(tmp_path: Path) -> None:
 def test_coalesced_reads_still_receive_the_tail(tmp_path: Path) -> None:
     """``--rcvlowat``: with a mark above what a subscriber's last messages add up to,
     the tail is still read once the publishers are done (else it counts as lost)."""
-    out = tmp_path / "results.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench.run", "--tiny", "--brokers", "gatewayd",
-         "--scenarios", "fanout-qos0,p2p-qos0", "--rcvlowat", "65536", "--json", str(out)],
-        cwd=REPO, capture_output=True, text=True, timeout=110, check=False,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    results = json.loads(out.read_text())["results"]
+    _, results = tiny_run(tmp_path, "--scenarios", "fanout-qos0,p2p-qos0", "--rcvlowat", "65536")
     assert len(results) == 2
     for r in results:
         d = r["details"]
@@ -90,13 +85,6 @@ def test_connrate_rotates_its_source_address_every_block_of_connects() -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_conn_count_runs_that_many_connects(tmp_path: Path) -> None:
-    out = tmp_path / "results.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench.run", "--tiny", "--brokers", "gatewayd",
-         "--scenarios", "connrate-persist-50", "--conn-count", "4500", "--json", str(out)],
-        cwd=REPO, capture_output=True, text=True, timeout=110, check=False,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    (r,) = json.loads(out.read_text())["results"]
+    _, (r,) = tiny_run(tmp_path, "--scenarios", "connrate-persist-50", "--conn-count", "4500")
     assert r["error"] is None and r["details"]["failed"] == 0, r
     assert r["details"]["connects"] == 4500, r  # three source addresses' worth
