@@ -53,3 +53,9 @@ class Unheld:
 
 
 Effect = bytes | SetTimer | CancelTimer | Close | Pause | Unheld
+
+
+def mark_unheld(out: list[Effect], start: int) -> None:
+    """Put an :class:`Unheld` at ``start`` of ``out`` covering what ``out`` holds from
+    there on (a channel's CONNACK and its timers)."""
+    out.insert(start, Unheld(len(out) - start))

@@ -54,7 +54,7 @@ from protocols.context import (
     SubOptions,
     subscribe_refused,
 )
-from protocols.effects import CancelTimer, Close, Effect, Pause, SetTimer, Unheld
+from protocols.effects import CancelTimer, Close, Effect, Pause, SetTimer, mark_unheld
 from protocols.mqtt.codec import (
     encode,
     encode_publish,
@@ -933,7 +933,7 @@ class MqttChannel:
         if keepalive:
             self._out.append(_timer("keepalive", keepalive * s.keepalive_multiplier))
         if result.connack_early:  # the CONNACK and its timers need not wait for the store
-            self._out.insert(start, Unheld(len(self._out) - start))
+            mark_unheld(self._out, start)
         if self._held:
             held, self._held = self._held, None
             self._send_deliveries(held)

@@ -61,7 +61,7 @@ from protocols.context import (
     SubOptions,
     subscribe_refused,
 )
-from protocols.effects import CancelTimer, Close, Effect, SetTimer, Unheld
+from protocols.effects import CancelTimer, Close, Effect, SetTimer, mark_unheld
 from protocols.mqtt.topics import is_wildcard, validate_topic_filter
 from protocols.mqttsn.codec import Codec, LocalProtocolError, RemoteProtocolError, Role
 from protocols.mqttsn.packets import (
@@ -453,7 +453,7 @@ class MqttSnChannel(ChannelBase):
         if p.duration:
             self._out.append(SetTimer("keepalive", p.duration * s.keepalive_multiplier))
         if result.connack_early:  # the CONNACK and its timers need not wait for the store
-            self._out.insert(start, Unheld(len(self._out) - start))
+            mark_unheld(self._out, start)
         self._pump()  # anything the core pushed while the session opened
         result.session.resume()
 
