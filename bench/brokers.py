@@ -363,6 +363,9 @@ def use_gatewayd_commit(rev: str) -> str:
 
 class Mosquitto(Broker):
     name = "mosquitto"
+    # mosquitto.conf lines added for every run (bench.run --mosquitto-set), e.g.
+    # "set_tcp_nodelay true"
+    extra_lines: list[str] = []  # noqa: RUF012 - set once by bench.run, for every run
 
     def command(self) -> list[str]:
         conf = self.tmp / "mosquitto.conf"
@@ -382,6 +385,7 @@ class Mosquitto(Broker):
                 f"certfile {cert}",
                 f"keyfile {key}",
             ]
+        lines += self.extra_lines
         if os.geteuid() == 0:
             lines.insert(0, "user root")
         conf.write_text("\n".join(lines) + "\n")

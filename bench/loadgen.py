@@ -61,6 +61,9 @@ class PubSpec:
     targets: list[tuple[int, list[int]]]
     cap: int  # most messages this publisher sends
     rate: float | None = None  # messages/s (open loop, timestamped) or None (closed loop)
+    # open loop: where in its period this publisher's schedule starts (0 <= phase < 1), so
+    # that many slow publishers (devices) do not all send in the same millisecond
+    phase: float = 0.0
 
 
 @dataclass
@@ -374,14 +377,24 @@ async def closed_loop_publisher(
     return sent
 
 
+def open_loop_due(elapsed_ns: int, rate: float, phase: float) -> tuple[int, int]:
+    """An open-loop schedule: message k is due ``(k + phase) / rate`` seconds after the
+    start. Returns (messages due by ``elapsed_ns``, ns from then until the next is due)."""
+    period = 1e9 / rate
+    offset = phase * period
+    due = 0 if elapsed_ns < offset else int((elapsed_ns - offset) / period) + 1
+    return due, int(offset + due * period) - elapsed_ns
+
+
 async def open_loop_publisher(
     client: Client, spec: PubSpec, ws: WorkerSpec, shared: Shared, start: int, deadline: int
 ) -> int:
-    """Timestamped messages at ``spec.rate`` per second, checked every millisecond."""
+    """Timestamped messages at ``spec.rate`` per second: what is due is sent, then the
+    publisher sleeps until the next message is due (at least 1 ms)."""
     assert spec.rate is not None
     msg = wire.TimestampedPublish(spec.topic, spec.qos)
     sent_arr, idx, qos, inflight, cap = shared.sent, spec.index, spec.qos, ws.inflight, spec.cap
-    per_ns = spec.rate / 1e9
+    rate, phase = spec.rate, spec.phase
     assert client.transport is not None
     write = client.transport.write
     sent = 0
@@ -390,7 +403,8 @@ async def open_loop_publisher(
         now = monotonic_ns()
         if now >= deadline or sent >= cap:
             break
-        n = min(int((now - start) * per_ns) + 1 - sent, cap - sent)
+        due, wait_ns = open_loop_due(now - start, rate, phase)
+        n = min(due - sent, cap - sent)
         if qos:
             n = min(n, inflight - (sent - client.acked))
         if n > 0:
@@ -401,7 +415,8 @@ async def open_loop_publisher(
             write(b"".join(parts))
             sent += n
             sent_arr[idx] = sent
-        await asyncio.sleep(0.001)
+        # behind (the inflight window was full): look again in 1 ms
+        await asyncio.sleep(0.001 if sent < due else max(0.001, wait_ns / 1e9))
     return sent
 
 

@@ -33,6 +33,7 @@ from bench.brokers import (
     BROKERS,
     Broker,
     Gatewayd,
+    Mosquitto,
     machine_busy_seconds,
     setup,
     use_gatewayd_commit,
@@ -427,6 +428,14 @@ def main(argv: list[str] | None = None) -> int:
         help="a configuration key for every gatewayd broker, e.g. "
         "listeners.tcp.default.backlog=1024 (as a GATEWAY_* variable; repeatable)",
     )
+    ap.add_argument(
+        "--mosquitto-set",
+        action="append",
+        default=[],
+        metavar="LINE",
+        help='a mosquitto.conf line for every mosquitto broker, e.g. "set_tcp_nodelay true" '
+        "(repeatable)",
+    )
     ap.add_argument("--workers", type=int, help="load-generator processes")
     ap.add_argument("--clients", type=int, help="N of fan-in/fan-out/p2p")
     ap.add_argument("--duration", type=float, help="seconds of publishing per scenario")
@@ -525,6 +534,12 @@ def main(argv: list[str] | None = None) -> int:
         if not eq or not key.strip():
             ap.error(f"--gatewayd-set wants KEY=VALUE, got {item!r}")
         Gatewayd.settings["GATEWAY_" + key.strip().upper().replace(".", "__")] = value
+    for line in args.mosquitto_set:
+        if not line.strip() or "\n" in line:
+            ap.error(f"--mosquitto-set wants one mosquitto.conf line, got {line!r}")
+        Mosquitto.extra_lines.append(line.strip())
+    if Mosquitto.extra_lines:
+        pinning += "; mosquitto.conf adds " + ", ".join(repr(x) for x in Mosquitto.extra_lines)
     if args.gatewayd_commit:
         use_gatewayd_commit(args.gatewayd_commit)
     setup(brokers)

@@ -26,6 +26,11 @@ Scenarios (``name``: what it measures):
   after, after a warm-up of a few connections).
 - ``latency-qos{0,1}``: N pairs publishing timestamped messages at a fixed total rate
   (10,000 msg/s); p50/p99 of receive time minus send time.
+- ``latency-devices-qos{0,1}``: the same total rate from many slow publishers, as a unit
+  sees it: D devices (2,000; quick 1,000), each on its own topic at 10,000 / D msg/s and
+  at its own phase (spread evenly over its period, shuffled), to one backend subscriber
+  on ``<prefix>/devices/#``; p50/p99 latency, and the broker's CPU per message at that
+  load.
 """
 
 from __future__ import annotations
@@ -62,6 +67,7 @@ class Params:
     idle_conns: int = 5000  # idle-memory: connections held (<= ~8000, fd limit 20000)
     latency_rate: float = 10_000.0  # messages/s offered, total
     latency_pairs: int = 4
+    devices: int = 2000  # latency-devices: publishers sharing latency_rate
     latency_duration: float = 5.0
     storm_conns: int = 5000  # storm-5000: connections opened at once
     loadgen_cpus: tuple[int, ...] = ()  # CPUs the load-generator workers are pinned to
@@ -79,6 +85,7 @@ class Params:
             conn_duration=3.0,
             idle_conns=1000,
             latency_duration=1.5,
+            devices=1000,
         )
 
     @classmethod
@@ -98,6 +105,7 @@ class Params:
             latency_rate=500.0,
             latency_pairs=2,
             latency_duration=0.5,
+            devices=20,
             storm_conns=50,
         )
 
@@ -132,6 +140,8 @@ SCENARIOS = [
     "idle-memory",
     "latency-qos0",
     "latency-qos1",
+    "latency-devices-qos0",
+    "latency-devices-qos1",
 ]
 
 # Not in the default run: QoS 1 to persistent sessions (clean session 0), whose every
@@ -250,10 +260,10 @@ def _first_error(items: list[dict[str, Any]]) -> str | None:
 def _topology(
     kind: str, n: int, qos: int, prefix: str, latency: bool
 ) -> tuple[list[PubSpec], list[SubSpec]]:
-    if kind == "fanin":
-        subs = [SubSpec(0, f"{prefix}s0", f"{prefix}/fanin/#", qos, latency)]
+    if kind in ("fanin", "devices"):
+        subs = [SubSpec(0, f"{prefix}s0", f"{prefix}/{kind}/#", qos, latency)]
         pubs = [
-            PubSpec(i, f"{prefix}p{i}", f"{prefix}/fanin/{i}", qos, [(0, list(range(n)))], 0)
+            PubSpec(i, f"{prefix}p{i}", f"{prefix}/{kind}/{i}", qos, [(0, list(range(n)))], 0)
             for i in range(n)
         ]
     elif kind == "fanout":
@@ -267,6 +277,15 @@ def _topology(
     else:
         raise ValueError(kind)
     return pubs, subs
+
+
+def spread_phases(pubs: list[PubSpec]) -> None:
+    """Give open-loop publishers phases spread evenly over their period, in a fixed
+    shuffle (the same every run), so that devices of one rate do not send together."""
+    slots = list(range(len(pubs)))
+    random.Random(len(pubs)).shuffle(slots)
+    for p, slot in zip(pubs, slots, strict=True):
+        p.phase = slot / len(pubs)
 
 
 def _assign(
@@ -311,11 +330,16 @@ def run_traffic(
     rate: float | None = None,
     persistent: bool = False,
 ) -> Result:
-    """Closed-loop throughput (rate None) or open-loop latency (rate = total msg/s)."""
+    """Closed-loop throughput (rate None) or open-loop latency (rate = total msg/s);
+    kind ``devices`` is fan-in from ``params.devices`` open-loop publishers."""
     global _run_counter
     _run_counter += 1
     latency = rate is not None
-    n = params.latency_pairs if latency else params.clients
+    n = (
+        params.devices if kind == "devices"
+        else params.latency_pairs if latency
+        else params.clients
+    )
     duration = params.latency_duration if latency else params.duration
     prefix = f"b{_run_counter}{kind}{qos}"
     pubs, subs = _topology(kind, n, qos, prefix, latency)
@@ -326,8 +350,11 @@ def run_traffic(
         p.cap = cap
         if rate is not None:
             p.rate = rate / len(pubs)
+    if kind == "devices":
+        spread_phases(pubs)
     feeders = {s: f for p in pubs for s, f in p.targets}
-    name = f"{'latency' if latency else kind}-qos{qos}" + ("-persistent" if persistent else "")
+    label = "latency-devices" if kind == "devices" else "latency" if latency else kind
+    name = f"{label}-qos{qos}" + ("-persistent" if persistent else "")
     metric = "p99 latency" if latency else "delivered"
     unit = "ms" if latency else "msg/s"
 
@@ -630,4 +657,6 @@ def run_scenario(name: str, broker: Broker, params: Params) -> Result:
         return run_traffic(broker, params, kind, qos, persistent=True)
     if kind == "latency":
         return run_traffic(broker, params, "p2p", qos, rate=params.latency_rate)
+    if kind == "latency-devices":
+        return run_traffic(broker, params, "devices", qos, rate=params.latency_rate)
     return run_traffic(broker, params, kind, qos)

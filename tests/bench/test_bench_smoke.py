@@ -88,3 +88,45 @@ def test_conn_count_runs_that_many_connects(tmp_path: Path) -> None:
     _, (r,) = tiny_run(tmp_path, "--scenarios", "connrate-persist-50", "--conn-count", "4500")
     assert r["error"] is None and r["details"]["failed"] == 0, r
     assert r["details"]["connects"] == 4500, r  # three source addresses' worth
+
+
+def test_open_loop_schedule_starts_at_the_phase_and_keeps_the_rate() -> None:
+    from bench.loadgen import open_loop_due
+
+    # 10 msg/s: a period of 100 ms; phase 0.25 puts message k at 25 ms + k * 100 ms
+    assert open_loop_due(0, 10.0, 0.25) == (0, 25_000_000)
+    assert open_loop_due(25_000_000, 10.0, 0.25) == (1, 100_000_000)
+    assert open_loop_due(124_999_999, 10.0, 0.25) == (1, 1)
+    assert open_loop_due(1_025_000_000, 10.0, 0.25) == (11, 100_000_000)
+    # phase 0 is the old schedule: message 0 at once, message k at k / rate
+    assert open_loop_due(0, 2500.0, 0.0) == (1, 400_000)
+
+
+def test_devices_get_distinct_phases_spread_over_the_period() -> None:
+    from bench.loadgen import PubSpec
+    from bench.scenarios import spread_phases
+
+    pubs = [PubSpec(i, f"p{i}", f"t/{i}", 1, [], 1) for i in range(200)]
+    spread_phases(pubs)
+    phases = [p.phase for p in pubs]
+    assert sorted(phases) == [i / 200 for i in range(200)]
+    assert phases != sorted(phases)  # shuffled: neighbours in the list are not in step
+    again = [PubSpec(i, f"p{i}", f"t/{i}", 1, [], 1) for i in range(200)]
+    spread_phases(again)
+    assert [p.phase for p in again] == phases  # the same every run
+
+
+def test_mosquitto_set_adds_its_lines_to_the_config(tmp_path: Path) -> None:
+    """``--mosquitto-set``: each line reaches mosquitto.conf, and the tables say so."""
+    from bench.brokers import Mosquitto
+
+    broker = Mosquitto()
+    Mosquitto.extra_lines = ["set_tcp_nodelay true"]
+    try:
+        broker.command()
+        conf = (broker.tmp / "mosquitto.conf").read_text().splitlines()
+    finally:
+        Mosquitto.extra_lines = []
+        broker.cleanup()
+    assert "set_tcp_nodelay true" in conf
+    assert "allow_anonymous true" in conf
