@@ -295,10 +295,15 @@ def _assign(
     pubs: list[PubSpec],
     subs: list[SubSpec],
     duration: float,
+    *,
+    subs_apart: bool = False,
 ) -> list[WorkerSpec]:
-    nw = max(1, min(params.workers, len(pubs) + len(subs)))
-    specs = [
-        WorkerSpec(
+    """Clients spread round-robin over ``params.workers`` processes. ``subs_apart``: the
+    subscribers get a process of their own (an extra one), so that their reads never wait
+    behind the timers of many publishers sharing one event loop (the device scenarios)."""
+
+    def spec(w: int) -> WorkerSpec:
+        return WorkerSpec(
             mode,
             broker.host,
             broker.port,
@@ -309,8 +314,16 @@ def _assign(
             cpus=params.loadgen_cpus,
             rcvlowat=params.rcvlowat,
         )
-        for w in range(nw)
-    ]
+
+    if subs_apart and subs and pubs:
+        nw = max(1, min(params.workers, len(pubs)))
+        specs = [spec(w) for w in range(nw + 1)]
+        specs[0].subs.extend(subs)
+        for k, p in enumerate(pubs):
+            specs[1 + k % nw].pubs.append(p)
+        return specs
+    nw = max(1, min(params.workers, len(pubs) + len(subs)))
+    specs = [spec(w) for w in range(nw)]
     k = 0
     for s in subs:
         specs[k % nw].subs.append(s)
@@ -359,7 +372,10 @@ def run_traffic(
     unit = "ms" if latency else "msg/s"
 
     shared = Shared(len(pubs), len(subs))
-    workers = _Workers(_assign(broker, params, "traffic", pubs, subs, duration), shared)
+    specs = _assign(
+        broker, params, "traffic", pubs, subs, duration, subs_apart=kind == "devices"
+    )
+    workers = _Workers(specs, shared)
     ready = workers.collect("ready", 60.0)
     err = _first_error(ready)
     if err:

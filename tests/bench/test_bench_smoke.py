@@ -130,3 +130,24 @@ def test_mosquitto_set_adds_its_lines_to_the_config(tmp_path: Path) -> None:
         broker.cleanup()
     assert "set_tcp_nodelay true" in conf
     assert "allow_anonymous true" in conf
+
+
+def test_device_subscribers_get_a_load_generator_process_of_their_own() -> None:
+    """``subs_apart``: the backend's reads never queue behind 1,000 device timers."""
+    from types import SimpleNamespace
+
+    from bench.loadgen import PubSpec, SubSpec
+    from bench.scenarios import Params, _assign
+
+    broker: Any = SimpleNamespace(host="127.0.0.1", port=1883)
+    pubs = [PubSpec(i, f"p{i}", f"t/{i}", 1, [(0, [i])], 1) for i in range(10)]
+    subs = [SubSpec(0, "s0", "t/#", 1)]
+    for workers in (1, 3):
+        specs = _assign(broker, Params(workers=workers), "traffic", pubs, subs, 1.0,
+                        subs_apart=True)
+        assert len(specs) == workers + 1
+        assert specs[0].subs == subs and specs[0].pubs == []
+        assert all(s.subs == [] for s in specs[1:])
+        assert sorted(p.index for s in specs[1:] for p in s.pubs) == list(range(10))
+    (together,) = _assign(broker, Params(workers=1), "traffic", pubs, subs, 1.0)
+    assert together.subs == subs and len(together.pubs) == 10
