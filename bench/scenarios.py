@@ -348,11 +348,8 @@ def run_traffic(
     global _run_counter
     _run_counter += 1
     latency = rate is not None
-    n = (
-        params.devices if kind == "devices"
-        else params.latency_pairs if latency
-        else params.clients
-    )
+    devices = kind == "devices"
+    n = params.devices if devices else params.latency_pairs if latency else params.clients
     duration = params.latency_duration if latency else params.duration
     prefix = f"b{_run_counter}{kind}{qos}"
     pubs, subs = _topology(kind, n, qos, prefix, latency)
@@ -363,18 +360,16 @@ def run_traffic(
         p.cap = cap
         if rate is not None:
             p.rate = rate / len(pubs)
-    if kind == "devices":
+    if devices:
         spread_phases(pubs)
     feeders = {s: f for p in pubs for s, f in p.targets}
-    label = "latency-devices" if kind == "devices" else "latency" if latency else kind
+    label = "latency-devices" if devices else "latency" if latency else kind
     name = f"{label}-qos{qos}" + ("-persistent" if persistent else "")
     metric = "p99 latency" if latency else "delivered"
     unit = "ms" if latency else "msg/s"
 
     shared = Shared(len(pubs), len(subs))
-    specs = _assign(
-        broker, params, "traffic", pubs, subs, duration, subs_apart=kind == "devices"
-    )
+    specs = _assign(broker, params, "traffic", pubs, subs, duration, subs_apart=devices)
     workers = _Workers(specs, shared)
     ready = workers.collect("ready", 60.0)
     err = _first_error(ready)

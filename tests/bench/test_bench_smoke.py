@@ -117,7 +117,7 @@ def test_devices_get_distinct_phases_spread_over_the_period() -> None:
 
 
 def test_mosquitto_set_adds_its_lines_to_the_config(tmp_path: Path) -> None:
-    """``--mosquitto-set``: each line reaches mosquitto.conf, and the tables say so."""
+    """``--mosquitto-set``: each line reaches mosquitto.conf beside the bench's own."""
     from bench.brokers import Mosquitto
 
     broker = Mosquitto()
