@@ -34,6 +34,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from bench.procstat import CLK_TCK, cpu_seconds
+from tests.harness.compiled import compiled_tree
 from tests.harness.gatewayd import HOST, GatewaydProcess, free_port, free_port_run
 
 __all__ = ["BROKERS", "HOST", "Broker", "free_port", "free_port_run", "running", "setup"]
@@ -532,10 +533,41 @@ class GatewaydWorkersMemory(GatewaydWorkers):
     OPTIONAL_CONFIG = GatewaydMemory.OPTIONAL_CONFIG
 
 
+class GatewaydCompiled(Gatewayd):
+    """gatewayd with its hot path compiled with mypyc (setup.py's HOT_PATH), as the image
+    and the Ansible wheelhouse ship it on the build host's arch: a compiled copy of
+    ``Gatewayd.src`` (so ``--gatewayd-commit`` applies), built once into the build cache
+    (tests.harness.compiled)."""
+
+    name = "gatewayd-compiled"
+
+    def __init__(self, tls: bool = False) -> None:
+        type(self).use_compiled()
+        super().__init__(tls)
+
+    @classmethod
+    def use_compiled(cls) -> None:
+        if cls.src is Gatewayd.src:
+            cls.src = compiled_tree(Gatewayd.src)
+            cls.source = f"{Gatewayd.source or working_tree_source()}, compiled"
+
+    @classmethod
+    def version(cls) -> str:
+        cls.use_compiled()
+        return super().version()
+
+
+class GatewaydCompiledMemory(GatewaydCompiled):
+    """gatewayd-compiled, memory only (``[durability] enable = false``)."""
+
+    name = "gatewayd-compiled-memory"
+    OPTIONAL_CONFIG = GatewaydMemory.OPTIONAL_CONFIG
+
+
 BROKERS: dict[str, type[Broker]] = {
     b.name: b for b in (
         Gatewayd, GatewaydMemory, GatewaydExt, GatewaydWorkers, GatewaydWorkersMemory,
-        Mosquitto, Amqtt,
+        GatewaydCompiled, GatewaydCompiledMemory, Mosquitto, Amqtt,
     )
 }
 

@@ -15,14 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Any, Protocol
 
 from protocols.effects import Effect
+from protocols.empties import EMPTY_DICT
 from protocols.mqtt.packets import NO_PROPERTIES, Properties
 
 # The attributes of a client that has none (most): shared and read-only; see set_attr.
-_NO_ATTRS: Any = MappingProxyType({})
+_NO_ATTRS: Any = EMPTY_DICT
 
 
 @dataclass(slots=True)

@@ -2,10 +2,14 @@
 
 An object with one instance per connection (a channel, a session, a shell) pays 8 bytes
 per slot for every connection, also for attributes that stay at their default for almost
-all of them (a will, an enhanced-authentication exchange, a lingering close). A
-:class:`Rare` class attribute stores such an attribute in the instance's ``_rare`` dict
-instead, made on the first write of a non-default value and dropped again when every
-rare attribute is back at its default.
+all of them (a will, an enhanced-authentication exchange, a lingering close). Such an
+attribute is a property over the instance's ``_rare`` dict instead: the getter reads
+``_rare`` (the default while it is None or lacks the name), the setter stores through
+:func:`rare_set`, which makes the dict on the first non-default value and drops it again
+when every rare attribute is back at its default.
+
+Plain properties, not a descriptor class: they compile with mypyc (docs/performance.md),
+and a compiled class reads them with a direct call.
 
 Invariants:
 - Reading a rare attribute never allocates; it returns the default until a value is set.
@@ -14,50 +18,20 @@ Invariants:
 
 from __future__ import annotations
 
-from typing import Any, Generic, Protocol, TypeVar, overload
-
-T = TypeVar("T")
+from typing import Any
 
 
-class HasRare(Protocol):
-    _rare: dict[str, Any] | None
-
-
-class Rare(Generic[T]):
-    """A class attribute: ``will: Rare[Message | None] = Rare(None)``."""
-
-    __slots__ = ("default", "name")
-
-    def __init__(self, default: T) -> None:
-        self.default = default
-        self.name = ""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
-    @overload
-    def __get__(self, obj: None, objtype: type | None = None) -> Rare[T]: ...
-    @overload
-    def __get__(self, obj: HasRare, objtype: type | None = None) -> T: ...
-    def __get__(self, obj: HasRare | None, objtype: type | None = None) -> T | Rare[T]:
-        if obj is None:
-            return self
-        rare = obj._rare
-        if rare is None:
-            return self.default
-        value: T = rare.get(self.name, self.default)
-        return value
-
-    def __set__(self, obj: HasRare, value: T) -> None:
-        rare = obj._rare
-        default = value is self.default or value == self.default
-        if rare is None:
-            if not default:
-                obj._rare = {self.name: value}
-            return
-        if default:
-            rare.pop(self.name, None)
+def rare_set(
+    rare: dict[str, Any] | None, name: str, value: object, default: object
+) -> dict[str, Any] | None:
+    """The ``_rare`` dict after setting ``name`` to ``value``; assign it back."""
+    if value is default or value == default:
+        if rare is not None:
+            rare.pop(name, None)
             if not rare:
-                obj._rare = None
-        else:
-            rare[self.name] = value
+                return None
+        return rare
+    if rare is None:
+        return {name: value}
+    rare[name] = value
+    return rare

@@ -25,7 +25,8 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from protocols.context import ConnectionHandle, Delivery, Message, SubOptions
-from protocols.rare import Rare
+from protocols.empties import EMPTY_DEQUE, EMPTY_DICT
+from protocols.rare import rare_set
 
 DropCallback = Callable[[str, Delivery], None]
 AckCallback = Callable[["Session", Delivery], None]
@@ -33,39 +34,9 @@ AckCallback = Callable[["Session", Delivery], None]
 NEVER_EXPIRE = 0xFFFFFFFF
 
 
-class _NoQueue(deque[Delivery]):
-    """The shared empty queue of every session that never queued anything: an idle
-    session holds no deque of its own (an empty deque costs ~600 bytes). Appending to it
-    is a bug, so it is loud."""
-
-    def append(self, x: Delivery) -> None:
-        raise RuntimeError("append to the shared empty queue; use Session.queue_restored")
-
-    def extend(self, xs: object) -> None:
-        raise RuntimeError("extend of the shared empty queue")
-
-
-_NO_QUEUE = _NoQueue()
-
-
-class _NoDict(dict[Any, Any]):
-    """The shared empty dict of every session that has no subscription, inflight
-    delivery or awaited PUBREL yet: an idle session holds no dict of its own (an empty
-    dict costs 64 bytes, and a session has four). Reading, ``pop``, ``clear`` and
-    iteration work as on any empty dict; writing is a bug, so it is loud. Writers go
-    through :meth:`Session.subscribed`, ``_own_inflight`` and the like."""
-
-    def __setitem__(self, key: Any, value: Any) -> None:
-        raise RuntimeError("write to a session's shared empty dict")
-
-    def setdefault(self, key: Any, default: Any = None) -> Any:
-        raise RuntimeError("write to a session's shared empty dict")
-
-    def update(self, *args: Any, **kwargs: Any) -> None:
-        raise RuntimeError("write to a session's shared empty dict")
-
-
-_NO_DICT: Any = _NoDict()
+# shared empties (protocols.empties): an idle session holds no queue or dict of its own
+_NO_QUEUE: Any = EMPTY_DEQUE
+_NO_DICT: Any = EMPTY_DICT
 
 
 class SessionConfig:
@@ -104,10 +75,10 @@ class Journal(Protocol):
 
 
 class Session:
-    # Only what is set for few sessions at a time is kept out of the slots (a Rare value
-    # costs a dict): the will-delay timer runs only between a disconnect and the will.
-    # A will, an expiry and the expiry timer of an offline session are common.
-    will_timer: Rare[Any] = Rare(None)
+    # Only what is set for few sessions at a time is kept out of the slots, in a property
+    # over ``_rare`` (protocols.rare; a rare value costs a dict): the will-delay timer
+    # runs only between a disconnect and the will. A will, an expiry and the expiry timer
+    # of an offline session are common.
 
     __slots__ = (
         "client_id",
@@ -130,6 +101,18 @@ class Session:
         "journal",
     )
 
+    _rare: dict[str, Any] | None  # the rare attributes' values (protocols.rare)
+
+    @property
+    def will_timer(self) -> Any:
+        r = self._rare
+        v: Any = None if r is None else r.get("will_timer")
+        return v
+
+    @will_timer.setter
+    def will_timer(self, value: Any) -> None:
+        self._rare = rare_set(self._rare, "will_timer", value, None)
+
     def __init__(
         self,
         client_id: str,
@@ -149,7 +132,7 @@ class Session:
         self.config = config
         # incoming QoS 2 packet ids whose PUBREL we await -> time received
         self.awaiting_rel: dict[int, float] = _NO_DICT
-        self._rare: dict[str, Any] | None = None  # the Rare attributes of the class
+        self._rare = None
         self.expiry_interval = 0
         self.will: Message | None = None
         self.will_delay = 0

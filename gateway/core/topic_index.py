@@ -35,8 +35,9 @@ Callers strip any ``$share/<group>/`` prefix before calling anything here.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from types import MappingProxyType
 from typing import Any
+
+from protocols.empties import EMPTY_DICT
 
 __all__ = [
     "TopicIndex",
@@ -47,7 +48,7 @@ __all__ = [
 ]
 
 DEFAULT_CACHE_SIZE = 4096
-_NO_CHILDREN: Any = MappingProxyType({})
+_NO_CHILDREN: Any = EMPTY_DICT
 
 
 def is_valid_topic_name(topic: str) -> bool:

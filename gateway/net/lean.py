@@ -43,7 +43,7 @@ import os
 import select
 import socket
 from collections.abc import Callable, Iterable
-from typing import Any, ClassVar
+from typing import Any
 
 log = logging.getLogger("gateway.net")
 
@@ -87,14 +87,14 @@ class LeanTransport:
     ``abort``, ``is_closing``, ``pause_reading``, ``resume_reading``, ``is_reading``,
     ``get_write_buffer_size``, ``set_write_buffer_limits``, ``get_extra_info``."""
 
-    __slots__ = ("fd", "flags", "protocol", "wbuf")
+    __slots__ = ("fd", "flags", "hub", "protocol", "wbuf")
 
-    # The listener's hub: a class attribute of a subclass made per hub (Hub.kind), so a
-    # connection holds no slot for it (4 slots: a 64-byte object, 80 with a 5th)
-    hub: ClassVar[Hub]
-
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, hub: Hub) -> None:
         self.fd = fd
+        # the listener's hub. A slot: a class attribute of a subclass made per hub would
+        # save it (80 -> 64 bytes in pure Python), but a compiled class cannot be
+        # subclassed at run time, and compiled it costs nothing (80 bytes either way)
+        self.hub = hub
         self.protocol: Any = None  # an asyncio.Protocol; None after connection_lost
         self.wbuf: bytearray | None = None  # unsent output; None while there is none
         self.flags = 0
@@ -361,9 +361,6 @@ class Hub:
         self.accepted_addr: Any = None
         self.listening: list[socket.socket] = []
         self.serving = True
-        self.kind: type[LeanTransport] = type(
-            "LeanTransport", (LeanTransport,), {"__slots__": (), "hub": self}
-        )
         loop.add_reader(self.ep.fileno(), self._ready)
 
     def mask(self, t: LeanTransport) -> int:
@@ -453,7 +450,7 @@ class Hub:
         table = self.table
         if fd >= len(table):
             table.extend([None] * (fd + 1 - len(table)))
-        t = self.kind(fd)
+        t = LeanTransport(fd, self)
         table[fd] = t
         self.count += 1
         self.ep.register(fd, EPOLLIN)

@@ -48,7 +48,7 @@ from typing import Any, ClassVar, Protocol
 
 from protocols.context import Delivery
 from protocols.effects import CancelTimer, Close, Effect, Pause, SetTimer, Unheld
-from protocols.rare import Rare
+from protocols.rare import rare_set
 
 log = logging.getLogger("gateway.net")
 
@@ -224,12 +224,23 @@ class EffectLoop:
     )
 
     channel: Channel | None
+
+    _rare: dict[str, Any] | None  # the rare attributes' values (protocols.rare)
+
     # name -> entry of the timers after the first (rare: a stalled packet's timer while
     # the keepalive runs); protocols.rare keeps it out of the slots
-    timers: Rare[dict[str, TimerEntry] | None] = Rare(None)
+    @property
+    def timers(self) -> dict[str, TimerEntry] | None:
+        r = self._rare
+        v: dict[str, TimerEntry] | None = None if r is None else r.get("timers")
+        return v
+
+    @timers.setter
+    def timers(self, value: dict[str, TimerEntry] | None) -> None:
+        self._rare = rare_set(self._rare, "timers", value, None)
 
     def __init__(self, site: Site) -> None:
-        self._rare: dict[str, Any] | None = None  # the Rare attributes of the class
+        self._rare = None
         self.site = site  # the listener's, shared
         self.channel = None
         self.held: list[Effect] | None = None

@@ -38,7 +38,7 @@ from gateway.net.shell import CommitGate, EffectLoop, Site
 from protocols import ratelimit
 from protocols.context import Delivery
 from protocols.effects import Effect
-from protocols.rare import Rare
+from protocols.rare import rare_set
 
 log = logging.getLogger("gateway.net")
 
@@ -160,14 +160,39 @@ class StreamSite(Site):
 class StreamShell(EffectLoop, asyncio.Protocol):
     # one per connection: slots (an instance dict would cost ~100 bytes more); the
     # timers of a closing, rate-limited or slow-reading connection are rare: kept out
-    linger: Rare[asyncio.TimerHandle | None] = Rare(None)
-    resume: Rare[asyncio.TimerHandle | None] = Rare(None)  # reading paused until
-    send_timer: Rare[asyncio.TimerHandle | None] = Rare(None)
+    # (protocols.rare): linger, resume (reading paused until), send_timer
 
     __slots__ = ("transport", "wbuf", "write_blocked")
 
-    channel: StreamChannel | None
-    site: StreamSite  # the listener's (limits, factory, gate, loop): one slot, shared
+    @property
+    def linger(self) -> asyncio.TimerHandle | None:
+        r = self._rare
+        v: asyncio.TimerHandle | None = None if r is None else r.get("linger")
+        return v
+
+    @linger.setter
+    def linger(self, value: asyncio.TimerHandle | None) -> None:
+        self._rare = rare_set(self._rare, "linger", value, None)
+
+    @property
+    def resume(self) -> asyncio.TimerHandle | None:
+        r = self._rare
+        v: asyncio.TimerHandle | None = None if r is None else r.get("resume")
+        return v
+
+    @resume.setter
+    def resume(self, value: asyncio.TimerHandle | None) -> None:
+        self._rare = rare_set(self._rare, "resume", value, None)
+
+    @property
+    def send_timer(self) -> asyncio.TimerHandle | None:
+        r = self._rare
+        v: asyncio.TimerHandle | None = None if r is None else r.get("send_timer")
+        return v
+
+    @send_timer.setter
+    def send_timer(self, value: asyncio.TimerHandle | None) -> None:
+        self._rare = rare_set(self._rare, "send_timer", value, None)
 
     def __init__(self, site: StreamSite) -> None:
         super().__init__(site)
@@ -179,11 +204,11 @@ class StreamShell(EffectLoop, asyncio.Protocol):
 
     @property
     def limits(self) -> ListenerLimits:
-        return self.site.limits
+        return cast(StreamSite, self.site).limits
 
     @property
     def factory(self) -> ChannelFactory:
-        return self.site.factory
+        return cast(StreamSite, self.site).factory
 
     # -- asyncio.Protocol ------------------------------------------------------------
 
@@ -193,7 +218,7 @@ class StreamShell(EffectLoop, asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         # (host, port), the host interned: clients behind one address share the string
         peer_t: tuple[str, int] | None = (sys.intern(peer[0]), peer[1]) if peer else None
-        site = self.site
+        site = cast(StreamSite, self.site)  # the listener's: one slot, shared
         refusal = site.limits.admit(peer_t[0] if peer_t else None)
         if refusal is not None:
             site.limits.refuse(peer_t, refusal)
@@ -276,7 +301,7 @@ class StreamShell(EffectLoop, asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         global _reading
-        channel = self.channel
+        channel = cast("StreamChannel | None", self.channel)
         if channel is not None and not self.closed:
             _reading = self
             others: dict[EffectLoop, list[Delivery]] = {}

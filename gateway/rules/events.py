@@ -24,6 +24,7 @@ any (MQTT 3, or none sent).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import secrets
 import time
@@ -118,8 +119,10 @@ def _payload(m: Message) -> str | bytes:
         return m.payload
 
 
+# the dataclass's fields, not its __slots__: a compiled Properties has none
 _PROP_NAMES = {
-    f: "-".join(w.capitalize() for w in f.split("_")) for f in Properties.__slots__
+    f.name: "-".join(w.capitalize() for w in f.name.split("_"))
+    for f in dataclasses.fields(Properties)
 }
 _PROP_NAMES.update({"subscription_identifiers": "Subscription-Identifier",
                     "server_keep_alive": "Server-Keep-Alive"})

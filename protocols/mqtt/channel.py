@@ -37,7 +37,6 @@ import struct
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from types import MappingProxyType
 from typing import Any
 
 from protocols.context import (
@@ -55,6 +54,7 @@ from protocols.context import (
     subscribe_refused,
 )
 from protocols.effects import CancelTimer, Close, Effect, Pause, SetTimer, mark_unheld
+from protocols.empties import EMPTY_DICT, NOT_BUSY
 from protocols.mqtt.codec import (
     encode,
     encode_publish,
@@ -86,7 +86,7 @@ from protocols.mqtt.packets import (
 from protocols.mqtt.reason_codes import ReasonCode, to_v3_connack
 from protocols.mqtt.settings import MqttSettings, State
 from protocols.mqtt.topics import is_wildcard, parse_shared
-from protocols.rare import Rare
+from protocols.rare import rare_set
 from protocols.ratelimit import TokenBucket
 
 __all__ = ["MqttChannel", "MqttSettings", "State"]
@@ -99,9 +99,9 @@ _ACK = struct.Struct(">BBH")  # PUBACK/PUBREC/PUBREL/PUBCOMP: type+flags, length
 _PINGRESP = b"\xd0\x00"
 NO_EXPIRY = 0xFFFFFFFF
 # The alias maps of a connection that has none (most): shared, and writing to it fails.
-_NO_ALIASES: Any = MappingProxyType({})
+_NO_ALIASES: Any = EMPTY_DICT
 # ``_out`` between entry points: no list held by an idle connection; appending is a bug.
-_NOT_BUSY: Any = None
+_NOT_BUSY: Any = NOT_BUSY
 # Keepalive values above 256 (not cached by CPython) shared between connections: a fleet
 # uses a handful of them, and each would otherwise be a 32-byte int per connection.
 _INTS: dict[int, int] = {}
@@ -228,28 +228,8 @@ class _Guard:
 
 class MqttChannel:
     # One channel per connection: slots keep an idle connection small (bench/README.md);
-    # what few connections hold at a time is kept out of them (protocols.rare; a Rare
-    # value costs a dict while set): for authentication the CONNECT (and assigned client
-    # id) while it is decided, the enhanced authentication method and exchange, and data
-    # for the CONNACK.
-    _pending_connect: Rare[tuple[Connect, str | None] | None] = Rare(None)
-    _auth_method: Rare[str | None] = Rare(None)
-    _exchange: Rare[AuthExchange | None] = Rare(None)
-    _auth_data_out: Rare[bytes | None] = Rare(None)
-    # ... and what is set only before the CONNACK or at the end: the peer address (until
-    # ClientInfo holds it), deliveries pushed before the CONNACK, whether the core has
-    # been told of the end
-    peer: Rare[tuple[str, int] | None] = Rare(None)
-    _held: Rare[list[Delivery] | None] = Rare(None)
-    # topic aliases (MQTT 5), in and out: the shared read-only empty mapping until the
-    # first alias (a client that uses aliases holds a _rare dict, idle channels no slot);
-    # replaced with a one-entry dict (an empty one would equal the default), then filled
-    _aliases_in: Rare[dict[int, str]] = Rare(_NO_ALIASES)
-    _aliases_out: Rare[dict[str, int]] = Rare(_NO_ALIASES)
-    _core_closed: Rare[bool] = Rare(False)
-    # a pending authorization decision and what acts on its answer (module docstring)
-    _authz_wait: Rare[tuple[PendingDecision, Callable[[bool], None]] | None] = Rare(None)
-
+    # what few connections hold at a time is kept out of them, in properties over
+    # ``_rare`` (protocols.rare; a rare value costs a dict while set), after __slots__.
     __slots__ = (
         "_rare",
         "expiry_interval",
@@ -270,6 +250,119 @@ class MqttChannel:
         "version",
     )
 
+    # -- rare attributes: for authentication the CONNECT (and assigned client id) while
+    # it is decided, the enhanced authentication method and exchange, and data for the
+    # CONNACK; what is set only before the CONNACK or at the end: the peer address (until
+    # ClientInfo holds it), deliveries pushed before the CONNACK, whether the core has
+    # been told of the end; topic aliases (MQTT 5), in and out: the shared read-only empty
+    # mapping until the first alias, then a one-entry dict (an empty one would equal the
+    # default), then filled; a pending authorization decision and what acts on its answer
+    # (module docstring)
+
+    _rare: dict[str, Any] | None  # the rare attributes' values (protocols.rare)
+
+    @property
+    def _pending_connect(self) -> tuple[Connect, str | None] | None:
+        r = self._rare
+        v: tuple[Connect, str | None] | None = None if r is None else r.get("_pending_connect")
+        return v
+
+    @_pending_connect.setter
+    def _pending_connect(self, value: tuple[Connect, str | None] | None) -> None:
+        self._rare = rare_set(self._rare, "_pending_connect", value, None)
+
+    @property
+    def _auth_method(self) -> str | None:
+        r = self._rare
+        v: str | None = None if r is None else r.get("_auth_method")
+        return v
+
+    @_auth_method.setter
+    def _auth_method(self, value: str | None) -> None:
+        self._rare = rare_set(self._rare, "_auth_method", value, None)
+
+    @property
+    def _exchange(self) -> AuthExchange | None:
+        r = self._rare
+        v: AuthExchange | None = None if r is None else r.get("_exchange")
+        return v
+
+    @_exchange.setter
+    def _exchange(self, value: AuthExchange | None) -> None:
+        self._rare = rare_set(self._rare, "_exchange", value, None)
+
+    @property
+    def _auth_data_out(self) -> bytes | None:
+        r = self._rare
+        v: bytes | None = None if r is None else r.get("_auth_data_out")
+        return v
+
+    @_auth_data_out.setter
+    def _auth_data_out(self, value: bytes | None) -> None:
+        self._rare = rare_set(self._rare, "_auth_data_out", value, None)
+
+    @property
+    def peer(self) -> tuple[str, int] | None:
+        r = self._rare
+        v: tuple[str, int] | None = None if r is None else r.get("peer")
+        return v
+
+    @peer.setter
+    def peer(self, value: tuple[str, int] | None) -> None:
+        self._rare = rare_set(self._rare, "peer", value, None)
+
+    @property
+    def _held(self) -> list[Delivery] | None:
+        r = self._rare
+        v: list[Delivery] | None = None if r is None else r.get("_held")
+        return v
+
+    @_held.setter
+    def _held(self, value: list[Delivery] | None) -> None:
+        self._rare = rare_set(self._rare, "_held", value, None)
+
+    @property
+    def _aliases_in(self) -> dict[int, str]:
+        r = self._rare
+        v: dict[int, str] = _NO_ALIASES if r is None else r.get("_aliases_in", _NO_ALIASES)
+        return v
+
+    @_aliases_in.setter
+    def _aliases_in(self, value: dict[int, str]) -> None:
+        self._rare = rare_set(self._rare, "_aliases_in", value, _NO_ALIASES)
+
+    @property
+    def _aliases_out(self) -> dict[str, int]:
+        r = self._rare
+        v: dict[str, int] = _NO_ALIASES if r is None else r.get("_aliases_out", _NO_ALIASES)
+        return v
+
+    @_aliases_out.setter
+    def _aliases_out(self, value: dict[str, int]) -> None:
+        self._rare = rare_set(self._rare, "_aliases_out", value, _NO_ALIASES)
+
+    @property
+    def _core_closed(self) -> bool:
+        r = self._rare
+        v: bool = False if r is None else r.get("_core_closed", False)
+        return v
+
+    @_core_closed.setter
+    def _core_closed(self, value: bool) -> None:
+        self._rare = rare_set(self._rare, "_core_closed", value, False)
+
+    @property
+    def _authz_wait(self) -> tuple[PendingDecision, Callable[[bool], None]] | None:
+        r = self._rare
+        v: tuple[PendingDecision, Callable[[bool], None]] | None = (
+            None if r is None else r.get("_authz_wait")
+        )
+        return v
+
+    @_authz_wait.setter
+    def _authz_wait(self, value: tuple[PendingDecision, Callable[[bool], None]] | None) -> None:
+        self._rare = rare_set(self._rare, "_authz_wait", value, None)
+
     def __init__(
         self,
         context: GatewayContext,
@@ -283,7 +376,7 @@ class MqttChannel:
         self.context = context
         self.settings = settings
         self.handle = handle
-        self._rare: dict[str, Any] | None = None  # see the Rare attributes of the class
+        self._rare = None
         self.peer = peer
         self.expiry_interval = 0
         self.peer_cert = peer_cert  # a verified TLS client certificate: "cn", "dn", "san"
@@ -292,11 +385,11 @@ class MqttChannel:
         self.version = 4
         self.info: ClientInfo | None = None
         self.session: SessionAPI | None = None
-        self.keepalive = 0.0
+        self.keepalive = 0  # seconds (the CONNECT's, or the server's)
         self.last_rx = 0.0
         self.client_alias_max = 0
         self._monotonic = monotonic
-        # effects of the entry point running now; _NOT_BUSY (None) between entry points
+        # effects of the entry point running now; _NOT_BUSY between entry points
         self._out: list[Effect] = _NOT_BUSY
         # protection (rates, stalled packets): see _Guard for when there is one
         self._guard: _Guard | None = None
@@ -1319,8 +1412,8 @@ class MqttChannel:
             codes.append(code)
             decided = None
         self._send(SubAck(p.packet_id, tuple(codes)))
-        for full, opts, existed in accepted:
-            self.context.deliver_retained(info, full, opts, existed)
+        for full, opts, was in accepted:  # not ``existed``: that one is a bool | int
+            self.context.deliver_retained(info, full, opts, was)
 
     def _subscribe_allowed(
         self,

@@ -4,17 +4,34 @@ from __future__ import annotations
 
 from typing import Any
 
-from protocols.rare import Rare
+from protocols.rare import rare_set
 
 
 class Thing:
-    will: Rare[str | None] = Rare(None)
-    delay: Rare[int] = Rare(0)
-
     __slots__ = ("_rare",)
 
     def __init__(self) -> None:
         self._rare: dict[str, Any] | None = None
+
+    @property
+    def will(self) -> str | None:
+        r = self._rare
+        v: str | None = None if r is None else r.get("will")
+        return v
+
+    @will.setter
+    def will(self, value: str | None) -> None:
+        self._rare = rare_set(self._rare, "will", value, None)
+
+    @property
+    def delay(self) -> int:
+        r = self._rare
+        v: int = 0 if r is None else r.get("delay", 0)
+        return v
+
+    @delay.setter
+    def delay(self, value: int) -> None:
+        self._rare = rare_set(self._rare, "delay", value, 0)
 
 
 def test_defaults_without_storage() -> None:
@@ -37,5 +54,10 @@ def test_set_and_back_to_default_drops_the_dict() -> None:
     assert t._rare is None and t.will is None and t.delay == 0
 
 
-def test_class_access_gives_the_descriptor() -> None:
-    assert isinstance(Thing.will, Rare) and Thing.will.name == "will"
+def test_rare_set_keeps_one_dict() -> None:
+    d = rare_set(None, "a", 1, None)
+    assert d == {"a": 1}
+    assert rare_set(d, "b", 2, None) is d and d == {"a": 1, "b": 2}
+    assert rare_set(d, "a", None, None) is d and d == {"b": 2}
+    assert rare_set(d, "b", None, None) is None
+    assert rare_set(None, "a", None, None) is None
