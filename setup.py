@@ -20,9 +20,10 @@ from setuptools import setup
 #: subscribers' sockets. Not here: protocols/mqtt/packets.py (its frozen dataclasses
 #: would not unpickle from a journal written by the pure build), protocols/context.py
 #: (the same, and shared by every front-end), protocols/empties.py (subclasses of
-#: builtins, which mypyc cannot compile).
+#: builtins, which mypyc cannot compile), protocols/channel_base.py (MQTT-SN's and
+#: CoAP's channels subclass it, and an interpreted class cannot subclass a compiled one:
+#: so every subclass of a class here is here too, like gateway/net/datagram.py's peer).
 HOT_PATH = [
-    "protocols/channel_base.py",
     "protocols/effects.py",
     "protocols/mqtt/channel.py",
     "protocols/mqtt/connection.py",
@@ -35,6 +36,7 @@ HOT_PATH = [
     "gateway/core/node.py",
     "gateway/core/session.py",
     "gateway/core/topic_index.py",
+    "gateway/net/datagram.py",
     "gateway/net/lean.py",
     "gateway/net/shell.py",
     "gateway/net/stream.py",

@@ -58,6 +58,7 @@ from gateway.store.faults import classify
 from gateway.store.sessions import SCHEMA, SessionStore
 from gateway.store.space import StoreGuard
 from gateway.store.writer import GroupCommitter
+from gateway.version import build
 from gateway.workers.plan import node_data_dir
 
 log = logging.getLogger("gateway")
@@ -445,7 +446,7 @@ async def serve(config: GatewayConfig, worker: int | None = None) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     loop.add_signal_handler(signal.SIGHUP, gateway.reload)
-    log.info("gatewayd %s started", config.node.name)
+    log.info("gatewayd %s started (%s build)", config.node.name, build())
     # What start-up made lives as long as the process, and so do most objects that
     # survive a full collection: kept out of the next ones (gateway.gcpolicy)
     gc_policy = GcPolicy()

@@ -222,9 +222,15 @@ is QoS 1/2 and the node's store cannot make it durable now (disk full, a write e
 size cap). The channel answers at once: MQTT 5 with reason code 0x97 (quota exceeded),
 MQTT 3.1.1 by closing the connection without an acknowledgement (the client re-sends)."""
 
-def subscribe_refused(result: bool | int) -> int:
-    """The reason code when :meth:`GatewayContext.subscribe` refused, else 0."""
-    return 0 if result is True or result is False else int(result)
+SUBSCRIBED = 0
+"""``GatewayContext.subscribe``: a new subscription."""
+RESUBSCRIBED = 1
+"""``GatewayContext.subscribe``: it replaced the client's subscription to the same filter."""
+
+
+def subscribe_refused(result: int) -> int:
+    """The reason code (>= 0x80) when :meth:`GatewayContext.subscribe` refused, else 0."""
+    return result if result >= 0x80 else 0
 
 
 AUTH_PENDING = -1
@@ -316,11 +322,12 @@ class GatewayContext(Protocol):
 
     def subscribe(
         self, client: ClientInfo, topic_filter: str, options: SubOptions
-    ) -> bool | int:
-        """Add or replace a subscription; returns True when it already existed, False
-        when it is new, or a reason code (an ``int`` >= 0x80, never a ``bool``: see
+    ) -> int:
+        """Add or replace a subscription; returns :data:`RESUBSCRIBED` when it already
+        existed, :data:`SUBSCRIBED` when it is new, or a reason code (>= 0x80: see
         :func:`subscribe_refused`) when the core refused it (an exclusive subscription
-        another client holds: 0x97, quota exceeded)."""
+        another client holds: 0x97, quota exceeded). Plain ints, not ``bool | int``: a
+        compiled caller (mypyc) stores such a union as an int, and True is 1 there."""
         ...
 
     def deliver_retained(

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from gateway.version import DISTRIBUTION, version
+from gateway.version import DISTRIBUTION, build, version
 
-__all__ = ["DISTRIBUTION", "version"]
+__all__ = ["DISTRIBUTION", "build", "version"]

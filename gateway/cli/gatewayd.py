@@ -11,7 +11,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from gateway.cli import version
+from gateway.cli import build, version
 from gateway.config import ConfigError, GatewayConfig, load_config
 
 PROG = "gatewayd"
@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     # internal: run as worker I of a multi-worker node (started by the supervisor)
     parser.add_argument("--worker", type=int, metavar="I", help=argparse.SUPPRESS)
     parser.add_argument("--supervisor", type=int, metavar="PID", help=argparse.SUPPRESS)
-    parser.add_argument("--version", action="version", version=f"{PROG} {version()}")
+    parser.add_argument("--version", action="version", version=f"{PROG} {version()} ({build()})")
     return parser
 
 

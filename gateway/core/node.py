@@ -44,6 +44,8 @@ from gateway.core.session import NEVER_EXPIRE, Session, SessionConfig
 from protocols.context import (
     AUTH_PENDING,
     PUBLISH_REFUSED,
+    RESUBSCRIBED,
+    SUBSCRIBED,
     AuthExchange,
     ClientInfo,
     ConnectionHandle,
@@ -658,10 +660,10 @@ class Node:
 
     def subscribe(
         self, client: ClientInfo, topic_filter: str, options: SubOptions
-    ) -> bool | int:
-        """Add or replace a subscription: True when it existed, False when new, or a
-        reason code (an ``int`` >= 0x80, never a ``bool``) when a ``client.subscribe``
-        subscriber refused it (an exclusive subscription another client holds: 0x97).
+    ) -> int:
+        """Add or replace a subscription: ``RESUBSCRIBED`` when it existed, ``SUBSCRIBED``
+        when new, or a reason code (>= 0x80) when a ``client.subscribe`` subscriber
+        refused it (an exclusive subscription another client holds: 0x97).
         The filter goes through ``topic.rewrite`` and ``client.subscribe`` first."""
         hooks = self.hooks
         if hooks.has("topic.rewrite"):
@@ -678,7 +680,7 @@ class Node:
             self.store.subscribed(client.client_id, topic_filter, options)
         self.broker.subscribe(client.client_id, topic_filter, options)
         self.hooks.run("session.subscribed", client, topic_filter, options)
-        return existed
+        return RESUBSCRIBED if existed else SUBSCRIBED
 
     def deliver_retained(
         self, client: ClientInfo, topic_filter: str, options: SubOptions, existed: bool

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from gateway.core.node import Node
-from protocols.context import ClientInfo, SubOptions, subscribe_refused
+from protocols.context import RESUBSCRIBED, ClientInfo, SubOptions, subscribe_refused
 
 __all__ = ["AutoSubscribe", "TopicTemplate", "fill"]
 
@@ -135,7 +135,7 @@ class AutoSubscribe:
             metrics.incr("auto_subscribe.denied")
             return None
         metrics.incr("auto_subscribe.subscribed")
-        return topic, opts, existed is True
+        return topic, opts, existed == RESUBSCRIBED
 
     def _answered(self, client: ClientInfo, topic: str, opts: SubOptions, ok: bool) -> None:
         """A decision that came later: subscribe if the same connection still holds the

@@ -53,9 +53,8 @@ DatagramFactory = Callable[["DatagramPeer", Address], DatagramChannel]
 
 
 class DatagramPeer(EffectLoop):
-    """One remote address of a datagram listener: its channel and its timers."""
-
-    channel: DatagramChannel | None
+    """One remote address of a datagram listener: its channel (a ``DatagramChannel``;
+    typed as EffectLoop's, since a compiled subclass may not narrow it) and its timers."""
 
     def __init__(self, shell: DatagramShell, addr: Address) -> None:
         super().__init__(shell.site)
@@ -113,7 +112,7 @@ class DatagramShell(asyncio.DatagramProtocol):
             peer = self._new_peer(key)
             if peer is None:
                 return
-        channel = peer.channel
+        channel = cast("DatagramChannel | None", peer.channel)
         if channel is None or peer.closed:
             return
         try:
@@ -146,8 +145,8 @@ class DatagramShell(asyncio.DatagramProtocol):
         self.peers[addr] = peer
         self.limits.current += 1
         try:
-            peer.channel = self.factory(peer, addr)
-            effects = peer.channel.connection_made()
+            peer.channel = channel = self.factory(peer, addr)
+            effects = channel.connection_made()
         except Exception:
             log.exception("cannot make a channel for %s:%d", *addr)
             self._drop(peer)

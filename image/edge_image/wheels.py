@@ -1,12 +1,15 @@
 """The wheelhouse stage: our wheel and every runtime dependency, for the target's Python.
 
 - Native (the host runs the target's binaries natively): ``scripts/wheelhouse`` with
-  Debian's ``/usr/bin/python3``, keyed by gateway/, protocols/, pyproject.toml.
+  Debian's ``/usr/bin/python3``, keyed by gateway/, protocols/, pyproject.toml, setup.py,
+  mypyc.ini. It holds our wheel twice, pure and with the hot path compiled (setup.py);
+  pip installs the compiled one.
 - Foreign (arm64 on amd64): no emulation. A native ``scripts/wheelhouse`` run resolves
   the dependency set; its pure-Python wheels (``*-none-any``, ours included) serve any
   arch, and each binary wheel is swapped for PyPI's manylinux wheel of the same version
   for the target (``pip download --platform ... --only-binary=:all:``). Extras whose
-  packages have no such wheel are left out (:data:`FOREIGN_EXTRAS`).
+  packages have no such wheel are left out (:data:`FOREIGN_EXTRAS`). Ours is pure there
+  (``--pure``): compiling it would need the target's compiler, under emulation.
 
 Invariant: ``requirements.txt`` pins exactly the wheels in the directory by sha256.
 """
@@ -30,7 +33,7 @@ from edge_image.common import (
     run,
 )
 
-SOURCES = ["pyproject.toml", "README.md", "gateway", "protocols"]
+SOURCES = ["pyproject.toml", "setup.py", "mypyc.ini", "README.md", "gateway", "protocols"]
 #: Extras of a foreign-arch wheelhouse: none. systemd-python (sd_notify through
 #: libsystemd; gatewayd writes to $NOTIFY_SOCKET itself without it) and python-mbedtls
 #: (CoAP over DTLS) have no aarch64 wheel on PyPI; compiling them under emulation takes
@@ -41,7 +44,7 @@ FOREIGN_EXTRAS = ""
 def source_key() -> str:
     h = hashlib.sha256()
     hash_files(h, [REPO / "gateway", REPO / "protocols", REPO / "pyproject.toml",
-                   REPO / "scripts/wheelhouse"], REPO)
+                   REPO / "setup.py", REPO / "mypyc.ini", REPO / "scripts/wheelhouse"], REPO)
     return h.hexdigest()[:16]
 
 
@@ -76,7 +79,7 @@ def foreign(cache: Path, arch: Arch) -> tuple[Path, str, bool]:
     tmp.mkdir()
     try:
         run([REPO / "scripts/wheelhouse", native_dir, "--python", "/usr/bin/python3",
-             "--extras", FOREIGN_EXTRAS], timeout=1800)
+             "--extras", FOREIGN_EXTRAS, "--pure"], timeout=1800)
         lines = []
         for whl in sorted(native_dir.glob("*.whl")):
             name, version = whl.name.split("-")[:2]

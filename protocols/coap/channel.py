@@ -69,6 +69,7 @@ from protocols.coap.codec import (
 )
 from protocols.coap.endpoint import CoapEndpoint, query_of
 from protocols.context import (
+    RESUBSCRIBED,
     ClientInfo,
     ConnectionHandle,
     Delivery,
@@ -666,7 +667,7 @@ class CoapChannel(CoapEndpoint):
             self._respond(msg, Code.SERVICE_UNAVAILABLE)
             return
         self._respond(msg, Code.CONTENT, observe=self._next_seq())
-        self.context.deliver_retained(info, full, opts, existed is True)
+        self.context.deliver_retained(info, full, opts, existed == RESUBSCRIBED)
 
     def _unsubscribe(self, msg: Message, topic: str) -> None:
         full = self.settings.mountpoint + topic

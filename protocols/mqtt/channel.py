@@ -41,6 +41,7 @@ from typing import Any
 
 from protocols.context import (
     AUTH_PENDING,
+    RESUBSCRIBED,
     AuthExchange,
     AuthStep,
     ClientInfo,
@@ -1405,14 +1406,14 @@ class MqttChannel:
                 existed = self.context.subscribe(info, full, opts)
                 code = subscribe_refused(existed)  # e.g. 0x97: an exclusive topic is held
                 if not code:
-                    accepted.append((full, opts, existed is True))
+                    accepted.append((full, opts, existed == RESUBSCRIBED))
                     code = qos
             if code >= 0x80 and not v5:
                 code = 0x80
             codes.append(code)
             decided = None
         self._send(SubAck(p.packet_id, tuple(codes)))
-        for full, opts, was in accepted:  # not ``existed``: that one is a bool | int
+        for full, opts, was in accepted:
             self.context.deliver_retained(info, full, opts, was)
 
     def _subscribe_allowed(

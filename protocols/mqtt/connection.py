@@ -147,7 +147,7 @@ class Connection:
         if error is not None:
             raise RemoteProtocolError(error.violation, error.detail)
 
-    def receive_data(self, data: bytes) -> None:
+    def receive_data(self, data: bytes | bytearray | memoryview) -> None:
         """Append bytes read from the peer (an empty ``data`` is ignored)."""
         self._raise_again()
         buffer = self._buffer

@@ -52,6 +52,7 @@ from typing import Any
 
 from protocols.channel_base import ChannelBase
 from protocols.context import (
+    RESUBSCRIBED,
     ClientInfo,
     ConnectionHandle,
     Delivery,
@@ -948,7 +949,7 @@ class MqttSnChannel(ChannelBase):
             self._send(SubAck(p.msg_id, 0, qos, RC.CONGESTION))
             return
         self._send(SubAck(p.msg_id, tid, qos, RC.ACCEPTED))
-        self.context.deliver_retained(info, full, opts, existed is True)
+        self.context.deliver_retained(info, full, opts, existed == RESUBSCRIBED)
 
     def _on_unsubscribe(self, p: Unsubscribe) -> None:
         info = self.info

@@ -72,7 +72,8 @@ def playbook(inventory: Path, play: str, *args: str, timeout: float = 900) -> Ru
 
 def _sources_key() -> str:
     digest = hashlib.sha256()
-    files = [REPO / "pyproject.toml", REPO / "scripts/wheelhouse",
+    files = [REPO / "pyproject.toml", REPO / "setup.py", REPO / "mypyc.ini",
+             REPO / "scripts/wheelhouse",
              *sorted((REPO / "gateway").rglob("*.py")), *sorted((REPO / "protocols").rglob("*.py"))]
     for path in files:
         digest.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes())

@@ -154,6 +154,9 @@ def test_root_is_read_only_and_status_shows_the_image(unit: Vm) -> None:
     assert r.returncode != 0 and "Read-only file system" in r.stderr, r
     status = unit.ssh("/opt/gateway/bin/gatewayctl status").stdout
     assert "edge-gateway test (slot A)" in status, status
+    # the wheelhouse's compiled wheel (setup.py's hot path) is the one installed
+    version = unit.ssh("/opt/gateway/bin/gatewayd --version").stdout
+    assert version.strip().endswith("(compiled)"), version
     assert unit.ssh("passwd -S root").stdout.split()[1] == "L"  # locked, no password
 
 

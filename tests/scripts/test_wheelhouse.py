@@ -28,7 +28,14 @@ def test_an_offline_install_from_the_wheelhouse_runs(tmp_path: Path) -> None:
     names = {line.split("==")[0] for line in pins}
     assert {"edge-gateway", "pydantic", "aiohttp", "websockets", "aiocoap"} <= names
     assert all("--hash=sha256:" in line for line in pins)
-    assert len((out / "SHA256SUMS").read_text().splitlines()) == len(pins)
+    wheels = list(out.glob("*.whl"))
+    assert len((out / "SHA256SUMS").read_text().splitlines()) == len(wheels)
+    # ours twice: pure Python, and the hot path compiled for this platform (both pinned)
+    ours = sorted(w.name for w in out.glob("edge_gateway-*.whl"))
+    assert len(ours) == 2 and ours[1].endswith("-py3-none-any.whl"), ours
+    assert "linux" in ours[0], ours
+    (pin,) = [line for line in pins if line.startswith("edge-gateway==")]
+    assert pin.count("--hash=sha256:") == 2
 
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
@@ -40,10 +47,12 @@ def test_an_offline_install_from_the_wheelhouse_runs(tmp_path: Path) -> None:
     r3 = subprocess.run([str(env_dir / "bin/gatewayd"), "--version"], capture_output=True,
                         text=True, timeout=60)
     assert r3.returncode == 0 and "0." in r3.stdout, r3.stdout + r3.stderr
-    # the installed copy is the wheel, not this checkout
-    r4 = subprocess.run([str(py), "-c", "import gateway; print(gateway.__file__)"],
+    # the installed copy is the wheel, not this checkout, and pip took the compiled one
+    r4 = subprocess.run([str(py), "-c", "import gateway, gateway.app, gateway.core.node as n; "
+                         "print(gateway.__file__, n.__file__)"],
                         capture_output=True, text=True, timeout=60, cwd=tmp_path)
-    assert str(env_dir) in r4.stdout
+    assert str(env_dir) in r4.stdout, r4.stdout + r4.stderr
+    assert r4.stdout.split()[1].endswith(".so"), r4.stdout
 
 
 @pytest.mark.parametrize(("args", "says"), [

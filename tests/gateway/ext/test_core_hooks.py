@@ -21,7 +21,14 @@ from gateway.ext.auto_subscribe import AutoSubscribe, TopicTemplate, fill
 from gateway.ext.delayed import MAX_INTERVAL, DelayedPublisher, Pending, parse_delayed
 from gateway.ext.exclusive import ExclusiveSubscriptions
 from gateway.ext.rewrite import Rewriter, compile_rules, filter_matches
-from protocols.context import PUBLISH_REFUSED, ClientInfo, Message, SubOptions
+from protocols.context import (
+    PUBLISH_REFUSED,
+    RESUBSCRIBED,
+    SUBSCRIBED,
+    ClientInfo,
+    Message,
+    SubOptions,
+)
 from tests.gateway.core.test_node import connect
 
 NOW = 1_700_000_000.0
@@ -212,18 +219,18 @@ def test_exclusive_refuses_second_holder_releases_on_unsubscribe_and_end(node: N
     ex.attach()
     a, _, _ = connect(node, "a")
     b, _, _ = connect(node, "b")
-    assert node.subscribe(a, "$exclusive/x", SubOptions()) is False
+    assert node.subscribe(a, "$exclusive/x", SubOptions()) == SUBSCRIBED
     assert node.subscribe(b, "$exclusive/x", SubOptions()) == 0x97
-    assert node.subscribe(a, "$exclusive/x", SubOptions(qos=1)) is True  # the holder again
+    assert node.subscribe(a, "$exclusive/x", SubOptions(qos=1)) == RESUBSCRIBED  # the holder again
     assert set(node.sessions["a"].subscriptions) == {"x"}
     assert "x" not in node.sessions["b"].subscriptions
     assert node.subscribe(b, "$exclusive/", SubOptions()) == 0x8F
     assert node.unsubscribe(a, "$exclusive/x")
-    assert node.subscribe(b, "$exclusive/x", SubOptions()) is False
+    assert node.subscribe(b, "$exclusive/x", SubOptions()) == SUBSCRIBED
     hb = node.sessions["b"].handle
     assert hb is not None
     node.close(b, hb, send_will=False)  # expiry 0: the session ends
-    assert node.subscribe(a, "$exclusive/x", SubOptions()) is False
+    assert node.subscribe(a, "$exclusive/x", SubOptions()) == SUBSCRIBED
     assert ex.holders == {"x": "a"} and ex.held == {"a": {"x"}}
     assert not node.authorize(a, "subscribe", "$exclusive/private/y")
 

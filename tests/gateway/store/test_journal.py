@@ -21,7 +21,7 @@ from gateway.store.db import ensure_schema, open_db
 from gateway.store.journal_log import durable_copy
 from gateway.store.sessions import INLINE_MAX
 from gateway.store.writer import GroupCommitter, Op
-from protocols.context import ClientInfo, Message, SubOptions
+from protocols.context import RESUBSCRIBED, ClientInfo, Message, SubOptions
 
 from .test_sessions import committed, make_node, open_session
 
@@ -368,7 +368,7 @@ def test_inline_body_gets_a_messages_row_when_a_later_turn_queues_it_again(
         assert (count(db, "queue"), count(db, "messages")) == (1, 0)
         b, hb = open_session(node, "b", expiry=3600)
         existed = node.subscribe(b, "t", SubOptions(qos=1))
-        node.deliver_retained(b, "t", SubOptions(qos=1), existed)
+        node.deliver_retained(b, "t", SubOptions(qos=1), existed == RESUBSCRIBED)
         await committed(committer)
         assert [d.message.payload for d in hb.delivered] == [b"kept"]
         assert hb.delivered[0].message is ha.delivered[0].message  # the same message

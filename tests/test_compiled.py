@@ -1,0 +1,99 @@
+"""The compiled build (setup.py's HOT_PATH, scripts/compile): every hot-path module loads
+compiled, everything else imports beside it, and the tests of what the compiled modules
+do pass against it.
+
+The suite itself runs on pure Python: some tests subclass or patch classes that a
+compiled build fixes. Here a second pytest process runs the tests of the MQTT codec and
+channel, the core, the transports, the store and the front-ends, with real clients, with
+the compiled copy first on the path (``PYTHONSAFEPATH``, ``--import-mode=append``).
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.harness.compiled import compiled_tree
+
+REPO = Path(__file__).resolve().parents[1]
+# the build takes about a minute, the inner suite 3-4 (one process)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
+
+#: Test files that only pure Python can run, and why.
+PURE_ONLY = {
+    # fakes that subclass EffectLoop / StreamShell (an interpreted class cannot)
+    "tests/gateway/net/test_timer_wheel.py": "subclasses EffectLoop",
+    "tests/gateway/net/test_commit_gate.py": "subclasses EffectLoop",
+    # a float's identity: compiled code unboxes floats
+    "tests/protocols/mqtt/test_rx_time.py": "asserts a float object's identity",
+}
+SUITE = ["tests/protocols", "tests/gateway/core", "tests/gateway/net", "tests/gateway/store",
+         "tests/gateway/ext", "tests/gateway/frontends", "tests/interop"]
+
+
+def hot_path() -> list[str]:
+    tree = ast.parse((REPO / "setup.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "HOT_PATH":
+            paths: list[str] = ast.literal_eval(node.value)
+            return paths
+    raise AssertionError("setup.py has no HOT_PATH")
+
+
+def compiled_env(tree: Path) -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=str(tree), PYTHONSAFEPATH="1")
+
+
+@pytest.fixture(scope="module")
+def tree() -> Path:
+    return compiled_tree()
+
+
+def test_every_hot_path_module_loads_compiled(tree: Path) -> None:
+    modules = [p.removesuffix(".py").replace("/", ".") for p in hot_path()]
+    code = f"import importlib\nfor m in {modules!r}: print(importlib.import_module(m).__file__)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env=compiled_env(tree), cwd=tree, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    files = r.stdout.split()
+    assert len(files) == len(modules) and all(f.endswith(".so") for f in files), files
+    assert all(f.startswith(str(tree)) for f in files)
+
+
+def test_every_other_module_imports_beside_them(tree: Path) -> None:
+    """An interpreted subclass of a compiled class fails when its module loads."""
+    code = (
+        "import importlib, pkgutil\n"
+        "for pkg in ('gateway', 'protocols'):\n"
+        "    for i in pkgutil.walk_packages(importlib.import_module(pkg).__path__, pkg + '.'):\n"
+        "        importlib.import_module(i.name)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env=compiled_env(tree), cwd=tree, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_the_hot_paths_tests_pass_compiled(tree: Path) -> None:
+    ignores = [f"--ignore={path}" for path in PURE_ONLY]
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "--import-mode=append", "-q", "-x",
+         "-p", "no:cacheprovider", "-m", "not slow", *ignores, *SUITE],
+        capture_output=True, text=True, env=compiled_env(tree), cwd=REPO, timeout=2400,
+    )
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    assert " passed" in r.stdout.splitlines()[-1]
+
+
+def test_scripts_compile_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    for args, says in [((str(tmp_path),), "is not a source tree"),
+                       (("--bogus",), "unknown option --bogus"),
+                       (("a", "b"), "only one DIR")]:
+        r = subprocess.run([str(REPO / "scripts/compile"), *args], capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 2, (args, r.stderr)
+        assert says in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
