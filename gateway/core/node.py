@@ -624,7 +624,10 @@ class Node:
         callbacks = active.get("message.publish")
         # the retainer alone has nothing to do with a message that is not retained
         if callbacks and (message.retain or callbacks != self._retainer_only):
-            result: Message | None = hooks.run_fold("message.publish", (), message)
+            # the fold's type is its accumulator's: Message | None, as a callback may drop
+            # it (Stop(None)); a compiled caller checks a value against it (performance.md)
+            acc: Message | None = message
+            result = hooks.run_fold("message.publish", (), acc)
             if result is None:
                 self.metrics.dropped("hook")
                 return 0
@@ -669,7 +672,8 @@ class Node:
         if hooks.has("topic.rewrite"):
             topic_filter = hooks.run_fold("topic.rewrite", (client, "subscribe"), topic_filter)
         if hooks.has("client.subscribe"):
-            folded: str | int = hooks.run_fold("client.subscribe", (client, options), topic_filter)
+            acc_filter: str | int = topic_filter  # a callback may answer a reason code
+            folded = hooks.run_fold("client.subscribe", (client, options), acc_filter)
             if isinstance(folded, int):
                 return folded
             topic_filter = folded
