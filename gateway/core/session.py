@@ -77,8 +77,8 @@ class Journal(Protocol):
 class Session:
     # Only what is set for few sessions at a time is kept out of the slots, in a property
     # over ``_rare`` (protocols.rare; a rare value costs a dict): the will-delay timer
-    # runs only between a disconnect and the will. A will, an expiry and the expiry timer
-    # of an offline session are common.
+    # runs only between a disconnect and the will, and few wills have a delay. A will, an
+    # expiry and the expiry timer of an offline session are common.
 
     __slots__ = (
         "client_id",
@@ -93,7 +93,6 @@ class Session:
         "_rare",
         "expiry_interval",
         "will",
-        "will_delay",
         "expiry_timer",
         "created_at",
         "_next_pid",
@@ -112,6 +111,17 @@ class Session:
     @will_timer.setter
     def will_timer(self, value: Any) -> None:
         self._rare = rare_set(self._rare, "will_timer", value, None)
+
+    # the will's delay (MQTT 5 Will Delay Interval): most wills have none
+    @property
+    def will_delay(self) -> int:
+        r = self._rare
+        v: int = 0 if r is None else r.get("will_delay", 0)
+        return v
+
+    @will_delay.setter
+    def will_delay(self, value: int) -> None:
+        self._rare = rare_set(self._rare, "will_delay", value, 0)
 
     def __init__(
         self,
@@ -135,7 +145,6 @@ class Session:
         self._rare = None
         self.expiry_interval = 0
         self.will: Message | None = None
-        self.will_delay = 0
         self.expiry_timer: Any = None
         self._next_pid = 1
         self.created_at = config.now()

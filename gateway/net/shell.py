@@ -189,6 +189,21 @@ WHEEL_MIN_DELAY = 2.0
 TimerEntry = asyncio.TimerHandle | Bucket
 
 
+class Hold:
+    """A connection's output held until the store commits what it may acknowledge: the
+    effects, and how many were ever held and released (the marks of its commit
+    callbacks). Made by the first hold and dropped when everything held has gone, so an
+    idle connection keeps none; a callback of a dropped hold finds another (or none) in
+    the connection's ``held`` and does nothing."""
+
+    __slots__ = ("effects", "held", "released")
+
+    def __init__(self) -> None:
+        self.effects: list[Effect] = []
+        self.held = 0
+        self.released = 0
+
+
 class Site:
     """What every connection of one listener shares: its commit gate and event loop (a
     stream listener's adds its limits and channel factory). One per listener; each
@@ -210,9 +225,7 @@ class EffectLoop:
     made only for a second timer, ``held`` only for a commit hold)."""
 
     __slots__ = (
-        "_held_total",
         "_rare",
-        "_released_total",
         "_t_entry",
         "_t_name",
         "_w_next",
@@ -243,9 +256,7 @@ class EffectLoop:
         self._rare = None
         self.site = site  # the listener's, shared
         self.channel = None
-        self.held: list[Effect] | None = None
-        self._held_total = 0  # effects ever held, and ever released (commit marks)
-        self._released_total = 0
+        self.held: Hold | None = None  # output waiting for the store (made when needed)
         # the first timer inline, the others in ``timers`` (name -> entry)
         self._t_name: str | None = None
         self._t_entry: TimerEntry | None = None
@@ -307,7 +318,7 @@ class EffectLoop:
         effects = self.channel.deliver(deliveries)
         if not effects:
             return
-        if self.held:
+        if self.held is not None:
             self._run(effects)
             return
         if self.site.gate is not None:
@@ -447,9 +458,9 @@ class EffectLoop:
         if not effects:
             return
         gate = self.site.gate
-        if gate is not None and (self.held or gate.dirty):
+        if gate is not None and (self.held is not None or gate.dirty):
             first = effects[0]
-            if type(first) is Unheld and not self.held:  # e.g. a CONNACK: out now
+            if type(first) is Unheld and self.held is None:  # e.g. a CONNACK: out now
                 n = first.count + 1
                 self._execute(effects[1:n])
                 effects = effects[n:]
@@ -459,13 +470,13 @@ class EffectLoop:
             # since an earlier hold registered its callback, so they wait for a callback
             # registered now. Callbacks run in registration order; each releases what
             # was held up to its registration.
-            held = self.held
-            if held is None:
-                held = self.held = []
-            held.extend(effects)
-            self._held_total += len(effects)
-            mark = self._held_total
-            gate.after_commit(lambda: self._release(mark), self._abandon)
+            hold = self.held
+            if hold is None:
+                hold = self.held = Hold()
+            hold.effects.extend(effects)
+            hold.held += len(effects)
+            mark = hold.held
+            gate.after_commit(lambda: self._release(hold, mark), self._abandon)
             return
         self._execute(effects)
 
@@ -477,20 +488,18 @@ class EffectLoop:
         sees an ordinary loss of its connection (its will, if any, goes)."""
         if self.held is None or self.closed:
             return
-        self.held = None
-        self._released_total = self._held_total
+        self.held = None  # its pending callbacks find no hold: they do nothing
         self._execute([Close("the store cannot write: held output dropped")])
 
-    def _release(self, mark: int) -> None:
-        n = mark - self._released_total
-        held = self.held
-        if n <= 0 or held is None:
+    def _release(self, hold: Hold, mark: int) -> None:
+        n = mark - hold.released
+        if n <= 0 or hold is not self.held:
             return
-        effects = held[:n]
-        del held[:n]
-        if not held:
-            self.held = None  # an idle connection keeps no empty list
-        self._released_total = mark
+        effects = hold.effects[:n]
+        del hold.effects[:n]
+        if not hold.effects:
+            self.held = None  # an idle connection keeps no hold
+        hold.released = mark
         if self._writable():
             self._execute(effects)
 

@@ -378,7 +378,6 @@ class MqttChannel:
         self.settings = settings
         self.handle = handle
         self._rare = None
-        self.peer = peer
         self.expiry_interval = 0
         self.peer_cert = peer_cert  # a verified TLS client certificate: "cn", "dn", "san"
         self.conn = Connection(Role.SERVER, max_incoming_packet_size=settings.max_packet_size)
@@ -404,6 +403,9 @@ class MqttChannel:
                 if settings.bytes_rate
                 else None,
             )
+        # last: a property setter (a method call) before the plain attributes would make
+        # a compiled channel keep a bitmap of which of them are set, 16 bytes more each
+        self.peer = peer
 
     # -- entry points from the shell ---------------------------------------------------
 

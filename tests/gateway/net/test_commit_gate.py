@@ -122,6 +122,20 @@ def test_order_is_kept_and_nothing_waits_once_everything_is_committed() -> None:
     assert loop.written == [b"a", b"b", b"c"]
 
 
+def test_a_dropped_holds_callbacks_release_nothing_of_a_later_hold() -> None:
+    gate = TwoPhaseCommitter()
+    loop = Recorder(gate)
+    gate.add("w1")
+    loop.run(b"a")  # held; its callback waits for w1's batch
+    loop._abandon()  # the store failed: a is dropped (the Recorder stays open)
+    assert loop.held is None
+    gate.add("w2")
+    loop.run(b"b", b"c")  # a new hold, whose callback is registered after a's
+    gate.flush()
+    gate.complete()  # a's callback first: it finds another hold and does nothing
+    assert loop.written == [b"b", b"c"] and loop.held is None
+
+
 class EchoChannel:
     """Turns each delivery into its payload (the bytes a channel would write)."""
 
