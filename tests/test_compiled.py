@@ -3,9 +3,11 @@ compiled, everything else imports beside it, and the tests of what the compiled 
 do pass against it.
 
 The suite itself runs on pure Python: some tests subclass or patch classes that a
-compiled build fixes. Here a second pytest process runs the tests of the MQTT codec and
-channel, the core, the transports, the store and the front-ends, with real clients, with
-the compiled copy first on the path (``PYTHONSAFEPATH``, ``--import-mode=append``).
+compiled build fixes. Here a second pytest process (two xdist workers) runs the quick
+tests of protocols/, gateway/ (the core, the transports, the store, the front-ends, the
+cluster, the bridge, rules, auth, admin...), the interop suite with real clients, the
+conformance and fuzz tests, with the compiled copy first on the path
+(``PYTHONSAFEPATH``, ``--import-mode=append``).
 """
 
 from __future__ import annotations
@@ -21,19 +23,21 @@ import pytest
 from tests.harness.compiled import compiled_tree
 
 REPO = Path(__file__).resolve().parents[1]
-# the build takes about a minute, the inner suite 3-4 (one process)
+# the build takes about a minute, the inner suite about 5 (two workers)
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
-#: Test files that only pure Python can run, and why.
+#: Test files (or single tests) that only pure Python can run, and why.
 PURE_ONLY = {
     # fakes that subclass EffectLoop / StreamShell (an interpreted class cannot)
     "tests/gateway/net/test_timer_wheel.py": "subclasses EffectLoop",
     "tests/gateway/net/test_commit_gate.py": "subclasses EffectLoop",
     # a float's identity: compiled code unboxes floats
     "tests/protocols/mqtt/test_rx_time.py": "asserts a float object's identity",
+    # expects the version line of the pure build
+    "tests/gateway/config/test_config.py::test_versions": "names the build: pure",
 }
-SUITE = ["tests/protocols", "tests/gateway/core", "tests/gateway/net", "tests/gateway/store",
-         "tests/gateway/ext", "tests/gateway/frontends", "tests/interop"]
+SUITE = ["tests/protocols", "tests/gateway", "tests/interop", "tests/conformance",
+         "tests/fuzz"]
 
 
 def hot_path() -> list[str]:
@@ -79,9 +83,9 @@ def test_every_other_module_imports_beside_them(tree: Path) -> None:
 
 
 def test_the_hot_paths_tests_pass_compiled(tree: Path) -> None:
-    ignores = [f"--ignore={path}" for path in PURE_ONLY]
+    ignores = [f"--deselect={t}" if "::" in t else f"--ignore={t}" for t in PURE_ONLY]
     r = subprocess.run(
-        [sys.executable, "-m", "pytest", "--import-mode=append", "-q", "-x",
+        [sys.executable, "-m", "pytest", "--import-mode=append", "-q", "-n", "2",
          "-p", "no:cacheprovider", "-m", "not slow", *ignores, *SUITE],
         capture_output=True, text=True, env=compiled_env(tree), cwd=REPO, timeout=2400,
     )

@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 import logging
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -129,7 +129,9 @@ class Node:
         self.sockname_unused: set[Callable[..., Any]] = set()
         # MQTT 5 enhanced authentication methods ("SCRAM-SHA-256" -> exchange factory),
         # registered by gateway.auth
-        self.auth_methods: dict[str, Callable[[ClientInfo], AuthExchange]] = {}
+        # (a MutableMapping, not a dict: the ban guard wraps it in a dict subclass whose
+        # get() checks bans, and compiled code calls dict.get without looking for one)
+        self.auth_methods: MutableMapping[str, Callable[[ClientInfo], AuthExchange]] = {}
         self.cluster: Any = None  # gateway.cluster.Cluster, when clustered
         # shared by every session (six slots and three bound methods less per session)
         self._session_config = SessionConfig(

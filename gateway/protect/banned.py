@@ -26,7 +26,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import sqlite3
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from gateway.core.clock import TimerHandle
@@ -147,7 +147,7 @@ class _BanCheckedMethods(dict[str, Callable[[ClientInfo], AuthExchange]]):
     """``node.auth_methods`` whose factories check bans first (module docstring)."""
 
     def __init__(
-        self, guard: BanGuard, methods: dict[str, Callable[[ClientInfo], AuthExchange]]
+        self, guard: BanGuard, methods: Mapping[str, Callable[[ClientInfo], AuthExchange]]
     ) -> None:
         super().__init__(methods)
         self.guard = guard

@@ -103,6 +103,17 @@ NO_EXPIRY = 0xFFFFFFFF
 _NO_ALIASES: Any = EMPTY_DICT
 # ``_out`` between entry points: no list held by an idle connection; appending is a bug.
 _NOT_BUSY: Any = NOT_BUSY
+
+
+def _effects_outside_an_entry_point() -> None:
+    """Pure Python raises at the append (NotBusy.append); compiled, ``list.append`` is
+    inlined and the effect lands in the shared list: found here, at the next entry
+    point's end, instead of growing silently."""
+    lost = list(_NOT_BUSY)
+    _NOT_BUSY.clear()
+    raise RuntimeError(f"effects made outside an entry point: {lost!r}")
+
+
 # Keepalive values above 256 (not cached by CPython) shared between connections: a fleet
 # uses a handful of them, and each would otherwise be a 32-byte int per connection.
 _INTS: dict[int, int] = {}
@@ -590,6 +601,8 @@ class MqttChannel:
         out = self._out = []
         self._send_deliveries(deliveries)
         self._out = _NOT_BUSY
+        if _NOT_BUSY:
+            _effects_outside_an_entry_point()
         return out
 
     def release(self, packet_id: int) -> list[Effect]:
@@ -654,6 +667,8 @@ class MqttChannel:
         if not outer:
             return []
         out, self._out = self._out, _NOT_BUSY
+        if _NOT_BUSY:
+            _effects_outside_an_entry_point()
         return out
 
     def _send(self, packet: Packet) -> None:

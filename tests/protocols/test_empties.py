@@ -36,3 +36,14 @@ def test_every_write_raises_and_leaves_it_empty(write: object) -> None:
     with pytest.raises(RuntimeError):
         write()  # type: ignore[operator]
     assert not EMPTY_DICT and not EMPTY_DEQUE and not NOT_BUSY
+
+
+def test_a_compiled_channel_still_finds_effects_made_outside_an_entry_point() -> None:
+    """Compiled, list.append is inlined past NotBusy.append: the channel finds such an
+    effect in the shared list when its next entry point ends, and raises there."""
+    from protocols.mqtt import channel
+
+    list.append(NOT_BUSY, b"stray")  # what compiled code's append does
+    with pytest.raises(RuntimeError, match="outside an entry point"):
+        channel._effects_outside_an_entry_point()
+    assert not NOT_BUSY

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from gateway.net.shell import Hold
 from gateway.net.stream import (
     SMALL_FANOUT,
     SMALL_INPUT,
@@ -410,7 +411,8 @@ def test_connection_lost_lets_go_of_the_channel() -> None:
     """The channel (and its receive buffer) is not kept alive by a reference cycle
     through the shell once the connection is gone."""
     shell, _, _, _ = make_shell()
-    shell.held = [b"unsent"]
+    shell.held = Hold()
+    shell.held.effects.append(b"unsent")
     shell.connection_lost(None)
-    assert shell.channel is None and not shell.held
+    assert shell.channel is None and shell.held is None
     shell.deliver([])  # a late delivery from the core is ignored
