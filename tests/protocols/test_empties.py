@@ -38,12 +38,19 @@ def test_every_write_raises_and_leaves_it_empty(write: object) -> None:
     assert not EMPTY_DICT and not EMPTY_DEQUE and not NOT_BUSY
 
 
-def test_a_compiled_channel_still_finds_effects_made_outside_an_entry_point() -> None:
-    """Compiled, list.append is inlined past NotBusy.append: the channel finds such an
-    effect in the shared list when its next entry point ends, and raises there."""
-    from protocols.mqtt import channel
 
-    list.append(NOT_BUSY, b"stray")  # what compiled code's append does
+def test_a_channel_finds_an_effect_made_outside_an_entry_point() -> None:
+    """Compiled, list.append is inlined past NotBusy.append and the effect lands in the
+    shared list: the channel's next entry point raises when it ends, and empties it."""
+    from gateway.core.clock import VirtualScheduler
+    from gateway.core.node import CoreSettings, Node
+    from protocols.mqtt.packets import PingReq
+    from tests.protocols.mqtt.test_channel import client
+
+    clock = VirtualScheduler()
+    w = client(Node(CoreSettings(), clock), clock, "c")
+    list.append(NOT_BUSY, b"stray")  # what compiled code's self._out.append does
     with pytest.raises(RuntimeError, match="outside an entry point"):
-        channel._effects_outside_an_entry_point()
+        w.send(PingReq())
     assert not NOT_BUSY
+    w.send(PingReq())  # the next one is fine again
