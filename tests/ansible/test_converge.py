@@ -425,14 +425,16 @@ def test_a_rules_change_reloads_and_a_config_change_restarts(
 
 def broken_wheelhouse(converged: Converged) -> Path:
     """A copy of the wheelhouse whose edge-gateway wheel (same version 0.1.0, other bytes)
-    builds a gatewayd that exits at start: only its hash tells it apart."""
+    builds a gatewayd that exits at start: only its hash tells it apart. Both of ours
+    (pure and compiled) go: pip would take the compiled one of the good build."""
     import subprocess
     import sys
 
     repo = Path(__file__).resolve().parents[2]
     src = converged.work / "broken-src"
     src.mkdir()
-    for part in ("pyproject.toml", "README.md", "gateway", "protocols"):
+    for part in ("pyproject.toml", "setup.py", "mypyc.ini", "README.md", "gateway",
+                 "protocols"):
         subprocess.run(["cp", "-a", str(repo / part), str(src / part)], check=True)
     cli = src / "gateway/cli/gatewayd.py"
     cli.write_text(cli.read_text().replace(
@@ -440,12 +442,12 @@ def broken_wheelhouse(converged: Converged) -> Path:
         "    raise SystemExit('gatewayd: a broken build (tests/ansible upgrade test)')\n"))
     out = converged.work / "broken-wheelhouse"
     subprocess.run(["cp", "-a", str(converged.wheels), str(out)], check=True)
-    ours = next(out.glob("edge_gateway-*.whl"))
-    ours.unlink()
+    for whl in out.glob("edge_gateway-*.whl"):
+        whl.unlink()
     r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--wheel-dir",
                         str(out), str(src)], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert ours.exists()
+    (ours,) = out.glob("edge_gateway-*.whl")  # the pure one
     digest = hashlib.sha256(ours.read_bytes()).hexdigest()
     lines = [f"edge-gateway=={ours.name.split('-')[1]} --hash=sha256:{digest}"
              if line.startswith("edge-gateway==") else line
