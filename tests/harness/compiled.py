@@ -1,9 +1,8 @@
 """A compiled copy of the source tree (scripts/compile), built once per source state.
 
 The copy lives in the build cache outside the work tree (tests.harness.cache), under
-``compiled/`` and a key that hashes gateway/,
-protocols/, setup.py, mypyc.ini and the mypy version: a second run, or a second process,
-reuses it. ``bench.brokers``' gatewayd-compiled and ``tests/test_compiled.py`` run from
+``compiled/`` and a key that hashes gateway/, protocols/, setup.py, mypyc.ini and the
+mypy version: a second run, or a second process, reuses it. ``bench.brokers``' gatewayd-compiled and ``tests/test_compiled.py`` run from
 it (``PYTHONPATH``).
 
 Invariants:
