@@ -2,8 +2,8 @@
 
 The copy lives in the build cache outside the work tree (tests.harness.cache), under
 ``compiled/`` and a key that hashes gateway/, protocols/, setup.py, mypyc.ini and the
-mypy version: a second run, or a second process, reuses it. ``bench.brokers``' gatewayd-compiled and ``tests/test_compiled.py`` run from
-it (``PYTHONPATH``).
+mypy version: a second run, or a second process, reuses it. ``bench.brokers``'
+gatewayd-compiled and ``tests/test_compiled.py`` run from it (``PYTHONPATH``).
 
 Invariants:
 - A directory under its final name is complete: it is built under a temporary name and
