@@ -3,12 +3,15 @@
 The root is a click group; each family of subcommands lives in its own module under
 ``gateway/cli/ctl/`` and is registered in :data:`SUBCOMMANDS` (one line each), so
 families can grow independently. Errors are one line on stderr and a non-zero exit
-status, never a traceback.
+status, never a traceback. A reader that stops early (``gatewayctl clients | head``,
+``| grep -q``) is not an error: the rest of the output is dropped and the status is 0,
+so a ``pipefail`` script does not fail on it.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -45,8 +48,21 @@ SUBCOMMANDS: list[tuple[str, str]] = [
 ]
 
 
+class _ReaderGone(Exception):
+    """stdout's reader closed the pipe (raised past click, which would exit 1)."""
+
+
+class _Group(click.Group):
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:
+            raise _ReaderGone from None
+
+
 @click.group(
     name=PROG,
+    cls=_Group,
     help="Status and control of an edge gateway node.",
     context_settings={"help_option_names": ["-h", "--help"]},
 )
@@ -79,7 +95,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         return 1
+    except _ReaderGone:
+        _drop_stdout()
+        return 0
+    except OSError as exc:  # e.g. stdout unwritable (a full disk): one line, no traceback
+        _drop_stdout()
+        click.echo(f"{PROG}: {exc}", err=True)
+        return 1
     return 0
+
+
+def _drop_stdout() -> None:
+    """What is still buffered for stdout goes nowhere, so the exit's flush raises
+    nothing."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 if __name__ == "__main__":

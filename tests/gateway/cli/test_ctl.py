@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -126,6 +127,34 @@ def test_trace_prints_live_events(gatewayd: Gatewayd) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.parametrize("args", [["status"], ["metrics"], ["status", "--json"]])
+def test_a_reader_that_stops_early_is_not_an_error(gatewayd: Gatewayd, args: list[str]) -> None:
+    """``gatewayctl status | head -1``: the reader has gone before gatewayctl writes
+    (its end of the pipe is closed first), so every write meets EPIPE."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        r = subprocess.run(
+            [sys.executable, "-m", "gateway.cli.gatewayctl", *args],
+            env={**clean_environ(), **gatewayd.env}, stdout=write_end, stderr=subprocess.PIPE,
+            text=True, timeout=60,
+        )
+    finally:
+        os.close(write_end)
+    assert (r.returncode, r.stderr) == (0, "")
+
+
+def test_an_unwritable_stdout_is_one_line(gatewayd: Gatewayd) -> None:
+    with open("/dev/full", "w") as full:
+        r = subprocess.run(
+            [sys.executable, "-m", "gateway.cli.gatewayctl", "status"],
+            env={**clean_environ(), **gatewayd.env}, stdout=full, stderr=subprocess.PIPE,
+            text=True, timeout=60,
+        )
+    assert r.returncode == 1
+    assert r.stderr == "gatewayctl: [Errno 28] No space left on device\n"
 
 
 def test_node_down_is_one_line_and_exit_3(tmp_path: Path) -> None:
