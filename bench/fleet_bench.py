@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import fleet_duckdb
+from bench import fleet_duckdb, key_value
 from bench.procstat import cpu_seconds
 from gateway.fleet.generate import MANIFEST, FleetSpec, generate_fleet
 from gateway.fleet.settings import JobSettings
@@ -103,17 +103,12 @@ def main() -> None:
     ap.add_argument("--skip-spark", action="store_true")
     ap.add_argument("--skip-duckdb", action="store_true")
     ap.add_argument("--json", type=Path)
-    ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+    ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", type=key_value,
                     help="a Spark setting for the session (repeatable), e.g. "
                          "spark.driver.extraJavaOptions=-XX:+UseParallelGC")
     args = ap.parse_args()
 
-    conf = {}
-    for item in args.conf:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            ap.error(f"--conf {item!r}: expected KEY=VALUE")
-        conf[key] = value
+    conf = dict(args.conf)
     raw = args.dir / "raw"
     manifest = ensure_fleet(raw, FleetSpec(devices=args.devices, days=args.days))
     lines = manifest["telemetry_lines"]

@@ -29,6 +29,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from bench import key_value
 from bench.brokers import (
     BROKERS,
     Broker,
@@ -424,6 +425,7 @@ def main(argv: list[str] | None = None) -> int:
         "--gatewayd-set",
         action="append",
         default=[],
+        type=key_value,
         metavar="KEY=VALUE",
         help="a configuration key for every gatewayd broker, e.g. "
         "listeners.tcp.default.backlog=1024 (as a GATEWAY_* variable; repeatable)",
@@ -529,11 +531,8 @@ def main(argv: list[str] | None = None) -> int:
         os.sched_setaffinity(0, loadgen_cpus)  # the harness polls: keep it off the broker
         pinning = f"broker on CPU {bcpus}, load generator and harness on CPU {lcpus}"
 
-    for item in args.gatewayd_set:
-        key, eq, value = item.partition("=")
-        if not eq or not key.strip():
-            ap.error(f"--gatewayd-set wants KEY=VALUE, got {item!r}")
-        Gatewayd.settings["GATEWAY_" + key.strip().upper().replace(".", "__")] = value
+    for key, value in args.gatewayd_set:
+        Gatewayd.settings["GATEWAY_" + key.upper().replace(".", "__")] = value
     for line in args.mosquitto_set:
         if not line.strip() or "\n" in line:
             ap.error(f"--mosquitto-set wants one mosquitto.conf line, got {line!r}")
