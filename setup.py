@@ -17,7 +17,9 @@ import os
 from setuptools import setup
 
 #: Compiled when EDGE_GATEWAY_COMPILE=1: one connection's input from the socket to the
-#: subscribers' sockets. Not here: protocols/mqtt/packets.py (its frozen dataclasses
+#: subscribers' sockets, and the store's journal on that path (a persistent session's
+#: queue records, the group commit; the log frames it writes are pickles of plain
+#: tuples, the same from either build). Not here: protocols/mqtt/packets.py (its frozen dataclasses
 #: would not unpickle from a journal written by the pure build), protocols/context.py
 #: (the same, and shared by every front-end), protocols/empties.py (subclasses of
 #: builtins, which mypyc cannot compile), protocols/channel_base.py (MQTT-SN's and
@@ -40,6 +42,9 @@ HOT_PATH = [
     "gateway/net/lean.py",
     "gateway/net/shell.py",
     "gateway/net/stream.py",
+    "gateway/store/journal_log.py",
+    "gateway/store/sessions.py",
+    "gateway/store/writer.py",
 ]
 
 

@@ -34,7 +34,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from bench.procstat import CLK_TCK, cpu_seconds
-from tests.harness.compiled import compiled_tree
+from tests.harness.compiled import SOURCES, compiled_tree
 from tests.harness.gatewayd import HOST, GatewaydProcess, free_port, free_port_run
 
 __all__ = ["BROKERS", "HOST", "Broker", "free_port", "free_port_run", "running", "setup"]
@@ -344,14 +344,18 @@ def working_tree_source() -> str:
 
 
 def use_gatewayd_commit(rev: str) -> str:
-    """Run gatewayd from ``rev`` (gateway/ and protocols/ extracted with git archive into a
-    temporary directory) instead of the working tree; returns the commit's short id."""
+    """Run gatewayd from ``rev`` (its sources, :data:`SOURCES`: gateway/, protocols/ and
+    what a compiled build needs, extracted with git archive into a temporary directory)
+    instead of the working tree; returns the commit's short id."""
     commit = _git("rev-parse", "--short", f"{rev}^{{commit}}")
     if not commit:
         raise RuntimeError(f"unknown revision {rev!r}")
     dest = Path(tempfile.mkdtemp(prefix=f"bench-gatewayd-{commit}-"))
+    present = [name for name in SOURCES if subprocess.run(
+        ["git", "-C", str(REPO), "cat-file", "-e", f"{commit}:{name}"], capture_output=True,
+    ).returncode == 0]  # an older commit may lack setup.py or mypyc.ini
     archive = subprocess.run(
-        ["git", "-C", str(REPO), "archive", "--format=tar", commit, "gateway", "protocols"],
+        ["git", "-C", str(REPO), "archive", "--format=tar", commit, *present],
         capture_output=True,
         check=True,
     ).stdout

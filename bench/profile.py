@@ -27,7 +27,15 @@ import sys
 import time
 from pathlib import Path
 
-from bench.brokers import REPO, Broker, Gatewayd, GatewaydMemory, use_gatewayd_commit
+from bench.brokers import (
+    REPO,
+    Broker,
+    Gatewayd,
+    GatewaydCompiled,
+    GatewaydCompiledMemory,
+    GatewaydMemory,
+    use_gatewayd_commit,
+)
 from bench.run import _markdown, renice
 from bench.scenarios import Params, needs_tls, run_scenario
 
@@ -79,10 +87,16 @@ def profile(
     lines: bool = False,
     memory: bool = False,
     gil: bool = False,
+    compiled: bool = False,
 ) -> str:
     py_spy = ensure_py_spy()
-    broker = (GatewaydMemory if memory else Gatewayd)(tls=needs_tls(scenario))
-    kind = (".memory" if memory else "") + (".native" if native else "") + (
+    kinds: dict[tuple[bool, bool], type[Gatewayd]] = {
+        (False, False): Gatewayd, (True, False): GatewaydMemory,
+        (False, True): GatewaydCompiled, (True, True): GatewaydCompiledMemory,
+    }
+    broker = kinds[memory, compiled](tls=needs_tls(scenario))
+    kind = (".memory" if memory else "") + (".compiled" if compiled else "") + (
+        ".native" if native else "") + (
         ".lines" if lines else "") + (".gil" if gil else "")
     raw_path = out / f"{scenario}{kind}.collapsed.txt"
     try:
@@ -168,6 +182,11 @@ def main(argv: list[str] | None = None) -> int:
         "the GIL or in I/O (with the writer thread busy, a plain profile charges the loop "
         "thread's GIL waits to whatever function it was in)",
     )
+    ap.add_argument(
+        "--compiled", action="store_true",
+        help="profile the compiled build (gatewayd-compiled); its compiled functions show "
+        "only with --native, as C functions (CPyDef_<module>___<Class>___<method>)",
+    )
     ap.add_argument("--nice", type=int, default=0, help="as in bench.run (e.g. -20)")
     ap.add_argument(
         "--no-pin",
@@ -180,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         renice(args.nice)
     if args.gatewayd_commit:
         use_gatewayd_commit(args.gatewayd_commit)
-    print(f"gatewayd {Gatewayd.version()}\n")
+    print(f"gatewayd {(GatewaydCompiled if args.compiled else Gatewayd).version()}\n")
     params = Params(duration=args.duration, latency_duration=args.duration)
     if not args.no_pin and (os.cpu_count() or 1) >= 2:
         Broker.cpus = "0"
@@ -199,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.lines,
                 args.memory,
                 args.gil,
+                args.compiled,
             ),
             flush=True,
         )

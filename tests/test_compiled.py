@@ -7,7 +7,8 @@ compiled build fixes. Here a second pytest process (two xdist workers) runs the 
 tests of protocols/, gateway/ (the core, the transports, the store, the front-ends, the
 cluster, the bridge, rules, auth, admin...), the interop suite with real clients, the
 conformance and fuzz tests, with the compiled copy first on the path
-(``PYTHONSAFEPATH``, ``--import-mode=append``).
+(``PYTHONSAFEPATH``, ``--import-mode=append``), for the tests' own imports and for the
+gatewayd processes they start (``$EDGE_GATEWAY_TEST_SRC``).
 """
 
 from __future__ import annotations
@@ -50,7 +51,10 @@ def hot_path() -> list[str]:
 
 
 def compiled_env(tree: Path) -> dict[str, str]:
-    return dict(os.environ, PYTHONPATH=str(tree), PYTHONSAFEPATH="1")
+    """The compiled copy first on the path, for this process's imports and for the
+    gatewayd children the tests start (tests.harness.gatewayd.SRC)."""
+    return dict(os.environ, PYTHONPATH=str(tree), PYTHONSAFEPATH="1",
+                EDGE_GATEWAY_TEST_SRC=str(tree))
 
 
 @pytest.fixture(scope="module")
@@ -82,6 +86,22 @@ def test_every_other_module_imports_beside_them(tree: Path) -> None:
     assert r.returncode == 0, r.stderr[-2000:]
 
 
+def test_the_gatewayd_children_of_tests_run_compiled(tree: Path) -> None:
+    """The interop, conformance and end-to-end tests start gatewayd processes through
+    tests.harness.gatewayd: under compiled_env those run the compiled copy too."""
+    code = (
+        "import subprocess\n"
+        "from tests.harness.gatewayd import gatewayd_command, gatewayd_env\n"
+        "print(subprocess.run(gatewayd_command('--version'), env=gatewayd_env(),\n"
+        "                     capture_output=True, text=True, check=True).stdout)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env=dict(compiled_env(tree), PYTHONPATH=f"{tree}:{REPO}"), cwd=REPO,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "(compiled)" in r.stdout, r.stdout
+
+
 def test_the_hot_paths_tests_pass_compiled(tree: Path) -> None:
     ignores = [f"--deselect={t}" if "::" in t else f"--ignore={t}" for t in PURE_ONLY]
     r = subprocess.run(
@@ -91,6 +111,39 @@ def test_the_hot_paths_tests_pass_compiled(tree: Path) -> None:
     )
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     assert " passed" in r.stdout.splitlines()[-1]
+
+
+def test_either_build_replays_the_journal_the_other_wrote(tree: Path, tmp_path: Path) -> None:
+    """An image upgrade from a pure build to a compiled one (or back) keeps what was
+    acknowledged: QoS 1 messages queued for an offline persistent session, gatewayd
+    killed (-9) with them in the journal log, then started from the other build."""
+    from tests.gateway.admin.gatewayd import Gatewayd
+    from tests.gateway.store.test_storage_faults import Publisher, drain_keeper, keeper_session
+
+    gw = Gatewayd(tmp_path / "gw", src=REPO)
+    try:
+        for writer, reader, build in ((REPO, tree, "compiled"), (tree, REPO, "pure")):
+            gw.src = writer
+            gw.start()
+            keeper_session(gw, 5)
+            pub = Publisher(gw, "pub", 5)
+            mids = [pub.publish(f"t/{build}/{i}", os.urandom(100)) for i in range(200)]
+            pub.wait_answers(mids)
+            assert all(pub.answers[m] == 0 for m in mids)
+            pub.close()
+            assert gw.proc is not None
+            gw.proc.kill()
+            gw.proc.wait()
+            gw.src = reader
+            gw.start()
+            assert gw.process is not None
+            assert f"({build} build)" in gw.process.log_since_start()
+            expected = pub.acked_topics()
+            got = drain_keeper(gw, 5, expected)
+            assert expected <= got, f"{build}: lost {len(expected - got)} acknowledged messages"
+            gw.stop()
+    finally:
+        gw.stop()
 
 
 def test_scripts_compile_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:

@@ -174,10 +174,10 @@ class GroupCommitter:
         # costs the loop no lock of its own)
         self._queue: queue.SimpleQueue[_Batch | Task | threading.Event | None] = (
             queue.SimpleQueue())
-        self._thread = threading.Thread(
+        self._writer_thread = threading.Thread(
             target=self._writer, name="gateway-store-writer", daemon=True
         )
-        self._thread.start()
+        self._writer_thread.start()
         self.commits = 0
         self.ops_committed = 0
         self.failures = 0  # commits that failed
@@ -505,7 +505,7 @@ class GroupCommitter:
         """Until the writer thread has done everything queued so far (``ok`` of the
         batches among it is then final); at once if the thread has stopped (a second
         ``close``)."""
-        if not self._thread.is_alive():
+        if not self._writer_thread.is_alive():
             return
         done = threading.Event()
         self._queue.put(done)
@@ -526,7 +526,7 @@ class GroupCommitter:
         finally:
             self._closed = True
             self._queue.put(None)
-            self._thread.join(timeout=30)
+            self._writer_thread.join(timeout=30)
             self._conn.close()
             if self.log is not None:
                 self.log.close()

@@ -3,8 +3,9 @@ a READY wait and a clean stop.
 
 - :func:`free_port` / :func:`free_port_run`: free loopback ports (probed, then closed).
 - :func:`gatewayd_env`: the environment a gatewayd child gets: ours without any
-  ``GATEWAY_*``, systemd or ``PYTHONPATH`` leftovers, the source tree first on the path,
-  then the test's own ``GATEWAY_*`` variables.
+  ``GATEWAY_*``, systemd or ``PYTHONPATH`` leftovers, the source tree first on the path
+  (:data:`SRC`: this checkout, or the compiled copy ``tests/test_compiled.py`` names in
+  ``$EDGE_GATEWAY_TEST_SRC``), then the test's own ``GATEWAY_*`` variables.
 - :class:`GatewaydProcess`: one ``python -m gateway.cli.gatewayd`` process (or another
   broker's command, for the benchmarks) in its own working directory, its output in a
   log file. ``start()`` returns once it is ready, ``stop()`` sends SIGTERM and waits
@@ -34,6 +35,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+#: the source tree gatewayd children run from (tests/test_compiled.py: the compiled copy)
+SRC = Path(os.environ.get("EDGE_GATEWAY_TEST_SRC") or REPO)
 HOST = "127.0.0.1"
 READY_TIMEOUT = 60.0
 STOP_TIMEOUT = 30.0
@@ -85,7 +88,7 @@ def clean_environ() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_") and k not in drop}
 
 
-def gatewayd_env(extra: Mapping[str, str] | None = None, src: Path = REPO) -> dict[str, str]:
+def gatewayd_env(extra: Mapping[str, str] | None = None, src: Path = SRC) -> dict[str, str]:
     """What a gatewayd child runs with: :func:`clean_environ`, the source tree ``src``
     first on ``PYTHONPATH``, and ``extra`` (its ``GATEWAY_*`` configuration)."""
     env = clean_environ()

@@ -24,7 +24,7 @@ from typing import Any
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 
-from tests.harness.gatewayd import GatewaydProcess, clean_environ, free_port, gatewayd_env
+from tests.harness.gatewayd import SRC, GatewaydProcess, clean_environ, free_port, gatewayd_env
 
 __all__ = ["Client", "Gatewayd", "clean_environ", "clients", "free_port", "q"]
 
@@ -39,6 +39,7 @@ class Gatewayd:
     api_port: int = field(default_factory=free_port)
     node_name: str = "gw-test@127.0.0.1"
     process: GatewaydProcess | None = None
+    src: Path = SRC  # the source tree it runs from (a compiled copy: tests/test_compiled.py)
 
     @property
     def data_dir(self) -> Path:
@@ -61,7 +62,7 @@ class Gatewayd:
         }
 
     def start(self) -> Gatewayd:
-        self.process = GatewaydProcess(self.workdir, gatewayd_env(self.env)).start()
+        self.process = GatewaydProcess(self.workdir, gatewayd_env(self.env, self.src)).start()
         return self
 
     def stop(self) -> None:

@@ -19,7 +19,7 @@ def test_the_writer_thread_is_sched_batch_and_the_caller_is_not(tmp_path: Path) 
                                    loop)
         try:
             committer._wait_writer()  # the thread has run past its start
-            tid = committer._thread.native_id
+            tid = committer._writer_thread.native_id
             assert tid is not None
             assert os.sched_getscheduler(tid) == os.SCHED_BATCH
             assert os.sched_getscheduler(0) == os.SCHED_OTHER
