@@ -54,11 +54,26 @@ def ext_modules() -> list[object]:
         raise SystemExit(f"EDGE_GATEWAY_COMPILE must be 0 or 1, got {flag!r}")
     if flag == "0":
         return []
+    _target_suffix()  # before mypyc is imported
     from mypyc.build import mypycify
 
     # the build's own mypy configuration: pyproject.toml's names a plugin and files that
     # a wheel build does not have
     return list(mypycify(["--config-file", "mypyc.ini", *HOT_PATH], opt_level="3"))
+
+
+def _target_suffix() -> None:
+    """When cross-compiling (image/edge_image/cross.py: the target's sysconfig), the
+    target's extension suffix first in ``EXTENSION_SUFFIXES``: mypyc takes the first one
+    when it is imported, and bakes it into each compiled module's ``__file__`` and
+    ``__spec__.origin`` (the file names setuptools writes are right either way)."""
+    import importlib.machinery
+    import sysconfig
+
+    target = sysconfig.get_config_var("EXT_SUFFIX")
+    suffixes = importlib.machinery.EXTENSION_SUFFIXES
+    if target and target != suffixes[0]:
+        suffixes.insert(0, target)
 
 
 setup(ext_modules=ext_modules())

@@ -45,6 +45,11 @@ class Arch:
     wheel_platforms: tuple[str, ...]  # pip --platform tags of its manylinux wheels
     initramfs_modules: tuple[str, ...] = ()  # a fixed list instead of MODULES=most
 
+    @property
+    def gnu_type(self) -> str:
+        """The GNU triplet of Debian's multiarch paths and of its cross compiler."""
+        return f"{self.uname}-linux-gnu"
+
 
 ARCHES: dict[str, Arch] = {
     "amd64": Arch(

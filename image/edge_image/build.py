@@ -6,7 +6,8 @@ Stages (each cached under ``<cache>/<arch>/<stage>-<key>``, the key a hash of it
 1. base        Debian packages (mmdebstrap) -- the slowest stage, rarely changes
 2. wheelhouse  our wheel + runtime deps (scripts/wheelhouse) for Debian 12's Python of
                the target arch (for a foreign arch: the binary wheels swapped for the
-               index's wheels of that arch; edge_image/wheels.py)
+               index's wheels of that arch, ours cross-compiled; edge_image/wheels.py,
+               edge_image/cross.py)
 3. rootfs      base + the gateway venv + systemd/ units and profiles + image/rootfs/
                overlay + version stamp + initramfs; host keys and machine-id removed
 4. slotfs      the root file system image (ext4, ``mkfs.ext4 -d``): one RAUC slot
@@ -32,11 +33,13 @@ import time
 from pathlib import Path
 
 from edge_image import arch as arches
-from edge_image import layout, wheels
+from edge_image import cross, layout, wheels
 from edge_image.arch import Arch
 from edge_image.common import (
     IMAGE_DIR,
+    MIRROR,
     REPO,
+    SUITE,
     BadInput,
     Progress,
     cache_root,
@@ -52,8 +55,6 @@ from edge_image.common import (
 from edge_image.keys import SigningKeys, resolve
 from edge_image.prune import prune, unmount_leftovers
 
-SUITE = "bookworm"
-MIRROR = os.environ.get("EDGE_GATEWAY_MIRROR", "http://deb.debian.org/debian")
 PACKAGES = [
     "systemd", "systemd-sysv", "systemd-boot", "udev", "dbus", "kmod", "busybox",
     "systemd-resolved", "systemd-timesyncd",
@@ -353,7 +354,8 @@ def main(argv: list[str]) -> int:
     require_root("build")
     require_tools(TOOLS)
     if arches.foreign(arch):
-        require_tools({"arch-test": "arch-test"})  # mmdebstrap's foreign-arch check
+        # mmdebstrap's foreign-arch check; the cross compiler of our compiled wheel
+        require_tools({"arch-test": "arch-test", **dict([cross.compiler(arch)])})
     arches.ensure_binfmt(arch)
     cache = cache_root()
     cache.mkdir(parents=True, exist_ok=True)

@@ -21,6 +21,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGE_DIR = REPO / "image"
+SUITE = "bookworm"
+MIRROR = os.environ.get("EDGE_GATEWAY_MIRROR", "http://deb.debian.org/debian")
 
 
 class BadInput(Exception):

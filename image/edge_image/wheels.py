@@ -8,8 +8,10 @@
   the dependency set; its pure-Python wheels (``*-none-any``, ours included) serve any
   arch, and each binary wheel is swapped for PyPI's manylinux wheel of the same version
   for the target (``pip download --platform ... --only-binary=:all:``). Extras whose
-  packages have no such wheel are left out (:data:`FOREIGN_EXTRAS`). Ours is pure there
-  (``--pure``): compiling it would need the target's compiler, under emulation.
+  packages have no such wheel are left out (:data:`FOREIGN_EXTRAS`). Ours is there
+  twice, like natively: pure, and with the hot path cross-compiled for the target
+  (edge_image/cross.py: the target's cross compiler and a sysroot of its Debian
+  packages, extracted); pip installs the compiled one.
 
 Invariant: ``requirements.txt`` pins exactly the wheels in the directory by sha256.
 """
@@ -21,6 +23,7 @@ import re
 import shutil
 from pathlib import Path
 
+from edge_image import cross
 from edge_image.arch import Arch
 from edge_image.common import (
     REPO,
@@ -69,8 +72,9 @@ def foreign(cache: Path, arch: Arch) -> tuple[Path, str, bool]:
     replaced by PyPI's manylinux wheel of the same version for ``arch``. A dependency
     with native code and no such wheel stops the build (one line naming it); the extras
     whose packages have none (systemd-python, python-mbedtls) are left out for a foreign
-    arch (:data:`FOREIGN_EXTRAS`), so no compiler ever runs under emulation."""
-    key = key_of(source_key(), arch.name, FOREIGN_EXTRAS, *arch.wheel_platforms)
+    arch (:data:`FOREIGN_EXTRAS`), so no compiler ever runs under emulation. Our compiled
+    wheel for ``arch`` is cross-compiled (edge_image/cross.py) and joins the pure one."""
+    key = key_of(source_key(), arch.name, FOREIGN_EXTRAS, *arch.wheel_platforms, "cross")
     final = cache / f"wheelhouse-{key}"
     if (final / "requirements.txt").exists():
         return final, key, True
@@ -80,7 +84,6 @@ def foreign(cache: Path, arch: Arch) -> tuple[Path, str, bool]:
     try:
         run([REPO / "scripts/wheelhouse", native_dir, "--python", "/usr/bin/python3",
              "--extras", FOREIGN_EXTRAS, "--pure"], timeout=1800)
-        lines = []
         for whl in sorted(native_dir.glob("*.whl")):
             name, version = whl.name.split("-")[:2]
             if whl.name.endswith("-none-any.whl"):
@@ -94,11 +97,14 @@ def foreign(cache: Path, arch: Arch) -> tuple[Path, str, bool]:
             if not list(tmp.glob(f"{name}-{version}-*.whl")):
                 raise BadInput(f"{name} {version} has no {arch.name} wheel on the package "
                                f"index and cannot be built without emulation: {r[-200:]}")
+        shutil.copy2(cross.compiled_wheel(cache, arch, source_key()), tmp)
+        pins: dict[str, list[str]] = {}  # "name==version" -> hashes (ours: two wheels)
         for whl in sorted(tmp.glob("*.whl")):
             name, version = whl.name.split("-")[:2]
             digest = hashlib.sha256(whl.read_bytes()).hexdigest()
-            lines.append(f"{re.sub(r'[-_.]+', '-', name).lower()}=={version} "
-                         f"--hash=sha256:{digest}")
+            pin = f"{re.sub(r'[-_.]+', '-', name).lower()}=={version}"
+            pins.setdefault(pin, []).append(f"--hash=sha256:{digest}")
+        lines = [f"{pin} {' '.join(hashes)}" for pin, hashes in pins.items()]
         (tmp / "requirements.txt").write_text("\n".join(lines) + "\n")
         sums = [f"{hashlib.sha256(w.read_bytes()).hexdigest()}  {w.name}"
                 for w in sorted(tmp.glob("*.whl"))]

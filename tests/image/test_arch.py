@@ -8,11 +8,12 @@ from __future__ import annotations
 import os
 import platform
 import subprocess
+import zipfile
 from pathlib import Path
 
 import pytest
 
-from edge_image import arch, layout
+from edge_image import arch, cross, layout
 from edge_image.common import BadInput
 
 
@@ -97,3 +98,44 @@ def test_arm64_base_configures_initramfs_before_the_kernel(tmp_path: Path) -> No
     assert calls == [f"{root} dpkg-divert --quiet --local --rename --divert "
                      f"{arch.PARKED} --remove /usr/sbin/update-initramfs"]
     assert "real" in stub.read_text()
+
+
+def test_the_cross_wheel_check_names_what_is_wrong(tmp_path: Path) -> None:
+    """edge_image/cross.py:check_wheel, on wheels made here (the real one: test_cross.py)."""
+    arm64 = arch.get("arm64")
+    suffix = ".cpython-311-aarch64-linux-gnu.so"
+    elf = {"aarch64": b"\x7fELF" + bytes(14) + (183).to_bytes(2, "little"),
+           "x86_64": b"\x7fELF" + bytes(14) + (62).to_bytes(2, "little")}
+
+    made = iter(range(100))
+
+    def wheel(name: str, modules: list[str], machine: str) -> Path:
+        d = tmp_path / str(next(made))
+        d.mkdir()
+        with zipfile.ZipFile(d / name, "w") as z:
+            for m in modules:
+                z.writestr(m.removesuffix(".py") + suffix, elf[machine])
+        return d
+
+    hot = cross.hot_path()
+    good = wheel("edge_gateway-0.1.0-cp311-cp311-linux_aarch64.whl", hot, "aarch64")
+    assert cross.check_wheel(good, arm64).parent == good
+    for name, modules, machine, says in [
+        ("edge_gateway-0.1.0-py3-none-any.whl", [], "aarch64", "is not tagged for arm64"),
+        ("edge_gateway-0.1.0-cp311-cp311-linux_x86_64.whl", hot, "x86_64",
+         "is not tagged for arm64"),
+        ("edge_gateway-0.1.0-cp311-cp311-linux_aarch64.whl", hot[1:], "aarch64",
+         f"lacks compiled modules: {hot[0]}"),
+        ("edge_gateway-0.1.1-cp311-cp311-linux_aarch64.whl", hot, "x86_64",
+         "is not an aarch64 ELF file"),
+        ("uvloop-0.21-cp311-cp311-linux_aarch64.whl", hot, "aarch64", "expected our one wheel"),
+    ]:
+        with pytest.raises(BadInput, match=says):
+            cross.check_wheel(wheel(name, modules, machine), arm64)
+
+
+def test_a_missing_cross_compiler_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(BadInput, match=r"aarch64-linux-gnu-gcc not found: .*"
+                                       r"\(apt-get install gcc-aarch64-linux-gnu\)"):
+        cross.require_compiler(arch.get("arm64"))
