@@ -354,8 +354,8 @@ def main(argv: list[str]) -> int:
     require_root("build")
     require_tools(TOOLS)
     if arches.foreign(arch):
-        # mmdebstrap's foreign-arch check; the cross compiler of our compiled wheel
-        require_tools({"arch-test": "arch-test", **dict([cross.compiler(arch)])})
+        require_tools({"arch-test": "arch-test"})  # mmdebstrap's foreign-arch check
+        cross.require_compiler(arch)  # our compiled wheel for that arch
     arches.ensure_binfmt(arch)
     cache = cache_root()
     cache.mkdir(parents=True, exist_ok=True)

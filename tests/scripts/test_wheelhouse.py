@@ -3,6 +3,8 @@ package index, and bad input is one line and exit 2."""
 
 from __future__ import annotations
 
+import os
+import platform
 import subprocess
 import sys
 import venv
@@ -55,12 +57,35 @@ def test_an_offline_install_from_the_wheelhouse_runs(tmp_path: Path) -> None:
     assert r4.stdout.split()[1].endswith(".so"), r4.stdout
 
 
+@pytest.mark.slow
+@pytest.mark.image  # beside tests/image/test_cross.py, which builds the same cached wheel
+def test_an_arm64_wheelhouse_has_aarch64_wheels_and_ours_compiled(tmp_path: Path) -> None:
+    """--arch arm64 on this amd64 host: the arm64 image's wheelhouse stage, copied out."""
+    if platform.machine() != "x86_64" or os.geteuid() != 0:
+        pytest.skip("cross-builds arm64 from amd64, as root (mmdebstrap)")
+    out = tmp_path / "arm64"
+    r = run(str(out), "--arch", "arm64")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "wheels, requirements.txt and SHA256SUMS in" in r.stdout
+    wheels = sorted(w.name for w in out.glob("*.whl"))
+    assert all(w.endswith("-none-any.whl") or "aarch64" in w for w in wheels), wheels
+    ours = [w for w in wheels if w.startswith("edge_gateway-")]
+    assert ours == ["edge_gateway-0.1.0-cp311-cp311-linux_aarch64.whl",
+                    "edge_gateway-0.1.0-py3-none-any.whl"], ours
+    pins = (out / "requirements.txt").read_text().splitlines()
+    (pin,) = [line for line in pins if line.startswith("edge-gateway==")]
+    assert pin.count("--hash=sha256:") == 2
+    assert {"uvloop", "pydantic-core", "cryptography"} <= {p.split("==")[0] for p in pins}
+
+
 @pytest.mark.parametrize(("args", "says"), [
     ((), "usage: scripts/wheelhouse DIR"),
     (("a", "b"), "only one DIR"),
     (("out", "--bogus"), "unknown option --bogus"),
     (("out", "--python", "/nonexistent/python9"), "no such interpreter"),
     (("out", "--extras", "sys temd"), "comma-separated list"),
+    (("out", "--arch", "arm64", "--pure"), "--pure does not apply with --arch arm64"),
+    (("out", "--arch", "riscv64"), "unknown arch 'riscv64' (supported: amd64, arm64)"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, args: tuple[str, ...],
                                           says: str) -> None:
