@@ -47,6 +47,7 @@ from edge_image.common import (
 #: tests run under qemu-user).
 SYSROOT_PACKAGES = ["libpython3.11-dev", "libc6-dev", "python3.11-minimal",
                     "libpython3.11-stdlib"]
+#: what our wheel is built from (copied: a build in the checkout would leave build/ there)
 SOURCES = ["pyproject.toml", "setup.py", "mypyc.ini", "README.md", "gateway", "protocols"]
 
 

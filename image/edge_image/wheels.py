@@ -36,7 +36,6 @@ from edge_image.common import (
     run,
 )
 
-SOURCES = ["pyproject.toml", "setup.py", "mypyc.ini", "README.md", "gateway", "protocols"]
 #: Extras of a foreign-arch wheelhouse: none. systemd-python (sd_notify through
 #: libsystemd; gatewayd writes to $NOTIFY_SOCKET itself without it) and python-mbedtls
 #: (CoAP over DTLS) have no aarch64 wheel on PyPI; compiling them under emulation takes
